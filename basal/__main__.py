@@ -1,0 +1,3 @@
+from basal.cli import main
+
+raise SystemExit(main())

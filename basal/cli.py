@@ -1,0 +1,82 @@
+"""The `basal` command line. Each subcommand parses its flags and calls into `basal.core`; nothing else here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from basal import __version__
+
+
+def _synth_model(a: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from basal.core.synth import PRESETS, preset_config, synth_model
+
+    cfg = preset_config(a.preset, a.layers)
+    print(f"writing {a.preset} ({PRESETS[a.preset].description}; {cfg.num_hidden_layers} layers, "
+          f"{cfg.n_params / 1e9:.2f}B parameters, bf16) to {a.out}", file=sys.stderr)
+    with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=a.quiet) as bar:
+        def on_total(n: int) -> None:
+            bar.total = n
+            bar.refresh()
+
+        synth_model(a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total)
+    print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
+    return 0
+
+
+def _check_reference(a: argparse.Namespace) -> int:
+    from basal.core.model_dir import ModelDir
+    from basal.core.reference import ReferenceChecker, manifest_temperatures
+
+    model = ModelDir.load(a.model) if a.model else None
+    temps = None if model else manifest_temperatures(Path(a.export[0]))
+    checker = ReferenceChecker(model, temps)
+    for export in a.export:
+        checker.check_file(Path(export))
+    report = checker.report
+    for line in report.mismatches[: a.show]:
+        print(line)
+    if len(report.mismatches) > a.show:
+        print(f"... and {len(report.mismatches) - a.show} more mismatches")
+    if model is None:
+        print("(no --model: token ids and letter ids were not checked)")
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
+    p.add_argument("--version", action="version", version=f"basal {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth-model", help="write a synthetic Basal model directory (real shapes, random weights)")
+    s.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    s.add_argument("--preset", default="demo", choices=["demo", "mini", "4.5B", "max"])
+    s.add_argument("--layers", type=int, default=None, help="cut the preset to N layers (fast tests, benchmarks)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(run=_synth_model)
+
+    c = sub.add_parser("check-reference", help="rebuild an upstream reference export and compare everything")
+    c.add_argument("export", nargs="+", help="reference export JSONL file(s) (systemone.jsonl, bench.jsonl)")
+    c.add_argument("--model", default=None, help="model directory: also compare token ids and letter ids")
+    c.add_argument("--show", type=int, default=20, help="mismatches to print (default 20)")
+    c.set_defaults(run=_check_reference)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from basal.core.errors import ModelDirError
+
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return a.run(a)
+    except (ModelDirError, FileExistsError, ValueError) as e:
+        print(f"basal {a.command}: {e}", file=sys.stderr)
+        return 2

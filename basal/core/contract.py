@@ -1,0 +1,448 @@
+"""Request contracts of the two HTTP dialects and the answers they return.
+
+* ``/v1/systemone`` — the TypeSafe System One API (systemone-api.md §2–§7): strict. Shape errors are
+  FastAPI-style 422 lists (``{"detail": [{"type", "loc", "msg", ...}]}``, every error at once, the question
+  type inside ``loc``); semantic limits are 400 with Jev's exact bodies; valid requests that basal does not
+  support yet are 422 ``{"error": "unsupported", "detail": [...]}``.
+* ``/v1/basal`` — the upstream basal-serve dialect (basal-contract.md §1.5, §2.3): lenient ``to_items``,
+  every error 422 ``{"error": "..."}``.
+
+Both produce the same plan, a `DecisionRequest` of `Question`s; nothing past this module sees raw JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from basal.core.errors import RequestError
+from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
+from basal.core.render import MAX_DEPTH, depth_of, text_of
+
+Dialect = Literal["systemone", "basal"]
+Kind = Literal["choice", "noul", "score"]
+MAX_CHOICES = 255  # TypeSafe's limit; 11..255 needs the grouped strategy (not in basal yet)
+MAX_LEVELS = 10
+EXTENSION_QUESTION_KEYS = frozenset({"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"})
+EXTENSION_TYPES = frozenset({"multi", "act"})
+EXTENSION_REQUEST_KEYS = ("facts",)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plan: what the engine runs and the answer builder needs.
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    kind: Kind  # answer shape
+    item: Item  # what the model sees; one option -> answered with p = 1 without running the model
+    legend: tuple[Any, ...] = ()  # score legend values (TypeSafe: levels as sent; upstream: shown texts)
+
+    @property
+    def name(self) -> str:
+        return self.item.name
+
+    @property
+    def needs_model(self) -> bool:
+        return len(self.item.options) >= 2
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    dialect: Dialect
+    model: str
+    questions: tuple[Question, ...]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Answers (wire types). Field order follows the live API / upstream engine.
+
+Probabilities = dict[str, float]
+
+
+class NoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
+    noul: float
+
+
+class ChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
+    choice: str
+    confidence: float
+    probabilities: Probabilities
+
+
+class ScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
+    score: float
+    confidence: float
+    legend: dict[str, Any]
+    probabilities: Probabilities
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int = 0
+
+
+class SystemOneResponse(msgspec.Struct):
+    model: str
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
+    usage: Usage
+
+
+class BasalNoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
+    noul: float
+    probabilities: Probabilities
+    confidence: float
+
+
+class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
+    choice: str
+    probabilities: Probabilities
+    confidence: float
+
+
+class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
+    score: float
+    legend: dict[str, Any]
+    probabilities: Probabilities
+    confidence: float
+
+
+class BasalUsage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+    questions: int
+    branches: int
+    latency_ms: float
+
+
+class BasalResponse(msgspec.Struct):
+    model: str
+    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer]
+    usage: BasalUsage
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON bodies
+
+_BYTE_AT = re.compile(r"\(byte (\d+)\)")
+
+
+def decode_body(body: bytes, dialect: Dialect) -> Any:
+    """Raw body -> Python JSON value (same values as ``json.loads``), or the dialect's invalid-JSON error."""
+    try:
+        return msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError) as e:
+        message = str(e) if isinstance(e, msgspec.DecodeError) else "JSON nested too deeply"
+        if dialect == "basal":
+            raise RequestError(422, {"error": f"invalid JSON: {message}"}, upstream=f"JSONDecodeError: {message}") from e
+        m = _BYTE_AT.search(message)
+        offset = len(body[: int(m.group(1))].decode("utf-8", errors="ignore")) if m else 0
+        raise RequestError(
+            422,
+            {"detail": [{"type": "json_invalid", "loc": ["body", offset], "msg": "JSON decode error", "input": {},
+                         "ctx": {"error": message}}]},
+        ) from e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/systemone — TypeSafe System One
+
+
+def _usage_error(message: str) -> RequestError:
+    return RequestError(400, {"detail": {"error_type": "api_usage_error", "message": message}})
+
+
+class _ShapeErrors:
+    """FastAPI/pydantic-style 422 error list, collected over the whole body."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
+        err: dict[str, Any] = {"type": type_, "loc": ["body", *loc], "msg": msg}
+        if type_ != "missing":
+            err["input"] = _preview(value)
+        if ctx:
+            err["ctx"] = ctx
+        self.items.append(err)
+
+    def missing(self, loc: list[Any]) -> None:
+        self.add("missing", loc, "Field required")
+
+    def entry(self, value: Any, loc: list[Any], nullable: bool) -> bool:
+        """A content value (state, instructions, criterion): string, object or array (or null where allowed)."""
+        if value is None and nullable:
+            return True
+        if not isinstance(value, str | dict | list):
+            allowed = "a string, an object, an array or null" if nullable else "a string, an object or an array"
+            self.add("entry_type", loc, f"Input should be {allowed}", value)
+            return False
+        if depth_of(value) > MAX_DEPTH:
+            self.add("too_deep", loc, f"Value is nested deeper than {MAX_DEPTH} levels", None, max_depth=MAX_DEPTH)
+            return False
+        return True
+
+
+def _preview(value: Any) -> Any:
+    """Input echoed in a 422 error, cut so an error body never grows with the request."""
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + "…"
+    if isinstance(value, dict | list) and len(msgspec.json.encode(value)) > 200:
+        return "…"
+    return value
+
+
+def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> DecisionRequest:
+    """Validate a decoded ``/v1/systemone`` body and plan its questions.
+
+    `resolve_model` maps a requested model name (or alias) to the served name, or None if not served.
+    Order of checks as on the hosted API: body shape (422, all errors), then model and limits (400, first),
+    then what basal does not support yet (422 unsupported).
+    """
+    errors = _ShapeErrors()
+    if not isinstance(raw, dict):
+        errors.add("dict_type", [], "Input should be a valid dictionary", raw)
+        raise RequestError(422, {"detail": errors.items})
+    for key in ("model", "state", "questions"):
+        if key not in raw:
+            errors.missing([key])
+    if "model" in raw and not isinstance(raw["model"], str):
+        errors.add("string_type", ["model"], "Input should be a valid string", raw["model"])
+    if "state" in raw:
+        errors.entry(raw["state"], ["state"], nullable=False)
+    questions = raw.get("questions")
+    if "questions" in raw:
+        if not isinstance(questions, dict):
+            errors.add("dict_type", ["questions"], "Input should be a valid dictionary", questions)
+        elif not questions:
+            errors.add("too_short", ["questions"], "Dictionary should have at least 1 item after validation",
+                       questions, field_type="Dictionary", min_length=1, actual_length=0)
+        else:
+            for qid, q in questions.items():
+                _check_question_shape(qid, q, errors)
+    if errors.items:
+        raise RequestError(422, {"detail": errors.items})
+
+    model = resolve_model(raw["model"])
+    if model is None:
+        raise _usage_error(f"Unknown model: {raw['model']}")
+    unsupported: list[dict[str, Any]] = []
+    for key in EXTENSION_REQUEST_KEYS:
+        if key in raw:
+            unsupported.append(_unsupported([key], f'"{key}" is a basal-1.5 extension that this server does not '
+                                                   "support yet"))
+    state_text = text_of(raw["state"])
+    planned = []
+    for qid, q in questions.items():
+        question = _plan_systemone(qid, q, state_text, unsupported)
+        if question is not None:
+            planned.append(question)
+    if unsupported:
+        raise RequestError(422, {"error": "unsupported", "detail": unsupported})
+    return DecisionRequest("systemone", model, tuple(planned))
+
+
+def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
+    return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
+
+
+_COMMON_KEYS = frozenset({"type", "instructions", "criteria"})
+_ALLOWED_KEYS = {"noul": _COMMON_KEYS, "choice": _COMMON_KEYS | {"option_keys"}, "score": _COMMON_KEYS}
+
+
+def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
+    if not isinstance(q, dict):
+        errors.add("model_attributes_type", ["questions", qid], "Input should be a valid dictionary", q)
+        return
+    qtype = q.get("type")
+    if "type" not in q:
+        errors.missing(["questions", qid, "type"])
+        return
+    if not isinstance(qtype, str):
+        errors.add("string_type", ["questions", qid, "type"], "Input should be a valid string", qtype)
+        return
+    if qtype not in _ALLOWED_KEYS:
+        return  # an unknown type is a 400 (checked with the limits); extensions are 422 unsupported
+    loc = ["questions", qid, qtype]
+    for key in q:
+        if key not in _ALLOWED_KEYS[qtype] and key not in EXTENSION_QUESTION_KEYS:
+            errors.add("extra_forbidden", [*loc, key], "Extra inputs are not permitted", q[key])
+    if "instructions" in q:
+        errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
+    criteria = q.get("criteria")
+    if qtype == "noul":
+        if criteria is None:
+            return
+        if not isinstance(criteria, dict):
+            errors.add("dict_type", [*loc, "criteria"], "Input should be a valid dictionary", criteria)
+            return
+        for side, value in criteria.items():
+            if side in ("true", "false"):
+                errors.entry(value, [*loc, "criteria", side], nullable=True)
+            else:
+                errors.add("extra_forbidden", [*loc, "criteria", side], "Extra inputs are not permitted", value)
+    elif qtype == "choice":
+        if "option_keys" in q and q["option_keys"] not in ("show", "hide"):
+            errors.add("literal_error", [*loc, "option_keys"], "Input should be 'show' or 'hide'", q["option_keys"],
+                       expected="'show' or 'hide'")
+        if "criteria" not in q:
+            errors.missing([*loc, "criteria"])
+        elif not isinstance(criteria, dict):
+            errors.add("dict_type", [*loc, "criteria"], "Input should be a valid dictionary", criteria)
+        else:
+            for key, value in criteria.items():
+                errors.entry(value, [*loc, "criteria", key], nullable=True)
+    else:  # score
+        if "criteria" not in q:
+            errors.missing([*loc, "criteria"])
+        elif not isinstance(criteria, list):
+            errors.add("list_type", [*loc, "criteria"], "Input should be a valid list", criteria)
+        elif not criteria:
+            errors.add("too_short", [*loc, "criteria"], "List should have at least 1 item after validation",
+                       criteria, field_type="List", min_length=1, actual_length=0)
+        else:
+            for i, value in enumerate(criteria):
+                errors.entry(value, [*loc, "criteria", i], nullable=False)
+
+
+def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]]) -> Question | None:
+    """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
+    qtype = q["type"]
+    if qtype in EXTENSION_TYPES:
+        unsupported.append(_unsupported(["questions", qid, "type"],
+                                        f'"{qtype}" questions are a basal-1.5 extension that this server does not '
+                                        "support yet"))
+        return None
+    if qtype == "box":
+        unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
+        return None
+    if qtype not in _ALLOWED_KEYS:
+        raise _usage_error("Invalid request.")
+    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
+        unsupported.append(_unsupported(["questions", qid, qtype, key],
+                                        f'"{key}" is a basal-1.5 extension that this server does not support yet'))
+    instructions = q.get("instructions")
+    question_text = "" if instructions is None else text_of(instructions)
+    lang = lang_of(state_text + question_text)
+    criteria = q.get("criteria")
+    legend: tuple[Any, ...] = ()
+    if qtype == "noul":
+        sides = criteria or {}
+        if instructions is None and sides.get("true") is None and sides.get("false") is None:
+            raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {qid}"})
+        yes, no = DEFAULT_YES_NO[lang]
+        keys = ["true", "false"]
+        options = [text_of(yes if sides.get("true") is None else sides["true"]),
+                   text_of(no if sides.get("false") is None else sides["false"])]
+    elif qtype == "choice":
+        if not criteria:
+            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
+        if len(criteria) > MAX_CHOICES:
+            raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
+        if len(criteria) > MAX_OPTIONS:
+            unsupported.append(_unsupported(["questions", qid, "choice", "criteria"],
+                                            f"{len(criteria)} options: choices with more than {MAX_OPTIONS} "
+                                            "options are not supported yet"))
+            return None
+        keys, options = named_options(criteria, q.get("option_keys", "show"))
+    else:
+        if len(criteria) > MAX_LEVELS:
+            raise RequestError(400, {"detail": f"Too many score levels. Must have at most {MAX_LEVELS} levels."})
+        keys = [str(i) for i in range(len(criteria))]
+        options = [text_of(level) for level in criteria]
+        legend = tuple(criteria)
+    item = Item(qid, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
+    return Question(qtype, item, legend)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/basal — the upstream basal-serve dialect (lenient; upstream messages where upstream has them)
+
+
+def _basal_error(message: str, kind: str = "ValueError") -> RequestError:
+    return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
+
+
+def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> DecisionRequest:
+    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model."""
+    if not isinstance(raw, dict):
+        raise _basal_error("the request body must be a JSON object", "TypeError")
+    for key in ("state", "questions"):
+        if key not in raw:
+            raise _basal_error(f'the request has no "{key}"', "KeyError")
+    requested = raw.get("model")
+    if requested is not None and not isinstance(requested, str):
+        raise _basal_error('"model" must be a string', "TypeError")
+    model = resolve_model(requested)
+    if model is None:
+        raise _basal_error(f"unknown model: {requested}")
+    questions = raw["questions"]
+    if not isinstance(questions, dict):
+        raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
+    if depth_of(raw["state"]) > MAX_DEPTH:
+        raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
+    for key in EXTENSION_REQUEST_KEYS:
+        if key in raw:
+            raise _basal_error(f'"{key}" (basal-1.5 extension) is not supported yet', "unsupported")
+    state_text = text_of(raw["state"])
+    return DecisionRequest("basal", model, tuple(_plan_basal(name, q, state_text) for name, q in questions.items()))
+
+
+def _plan_basal(name: str, q: Any, state_text: str) -> Question:
+    if not isinstance(q, dict):
+        raise _basal_error(f"question {name!r} must be an object", "AttributeError")
+    qtype = q.get("type", "choice")
+    if not isinstance(qtype, str):
+        raise _basal_error(f"question {name!r}: type must be a string", "TypeError")
+    if qtype in EXTENSION_TYPES:
+        raise _basal_error(f"question {name!r}: {qtype!r} questions (basal-1.5 extension) are not supported yet",
+                           "unsupported")
+    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
+        raise _basal_error(f"question {name!r}: {key!r} (basal-1.5 extension) is not supported yet", "unsupported")
+    if any(depth_of(v) > MAX_DEPTH for v in q.values()):
+        raise _basal_error(f"question {name!r} is nested deeper than {MAX_DEPTH} levels")
+    question_text = text_of(q.get("instructions", ""))
+    lang = lang_of(state_text + question_text)
+    kind: Kind
+    if qtype == "noul":  # upstream falls back to the default text for any falsy side ("", {}, [], null)
+        kind = "noul"
+        sides = q.get("criteria") or {}
+        if not isinstance(sides, dict):
+            raise _basal_error(f"question {name!r}: noul criteria must be an object", "AttributeError")
+        yes, no = DEFAULT_YES_NO[lang]
+        keys, options = ["true", "false"], [text_of(sides.get("true") or yes), text_of(sides.get("false") or no)]
+    elif qtype == "score":
+        kind = "score"
+        levels = q.get("criteria") or q.get("levels") or []
+        if isinstance(levels, dict):
+            keys, options = named_options(levels, _basal_option_keys(q))
+        elif isinstance(levels, list):
+            keys, options = [str(i) for i in range(len(levels))], [text_of(v) for v in levels]
+        else:
+            raise _basal_error(f"question {name!r}: score criteria must be a list or an object", "TypeError")
+    else:  # choice; an unknown type name is asked as a choice and gets no temperature (T = 1)
+        kind = "choice"
+        criteria = q.get("criteria") or {}
+        if isinstance(criteria, list):
+            if not all(isinstance(k, str) for k in criteria):
+                raise _basal_error(f"question {name!r}: a criteria list must hold option names (strings)",
+                                   "TypeError")
+            criteria = dict.fromkeys(criteria)
+        if not isinstance(criteria, dict):
+            raise _basal_error(f"question {name!r}: choice criteria must be an object or a list", "TypeError")
+        keys, options = named_options(criteria, _basal_option_keys(q))
+    if not 2 <= len(options) <= MAX_OPTIONS:
+        raise _basal_error(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
+    item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
+    return Question(kind, item, tuple(options) if kind == "score" else ())
+
+
+def _basal_option_keys(q: dict[str, Any]) -> str:
+    option_keys = q.get("option_keys", "show")
+    if option_keys not in ("show", "hide"):
+        raise _basal_error(f'option_keys must be "show" or "hide", got {option_keys!r}')
+    return option_keys
