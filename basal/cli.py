@@ -16,9 +16,13 @@ def _synth_model(a: argparse.Namespace) -> int:
     from basal.core.synth import PRESETS, preset_config, synth_model
 
     cfg = preset_config(a.preset, a.layers)
-    print(f"writing {a.preset} ({PRESETS[a.preset].description}; {cfg.num_hidden_layers} layers, "
-          f"{cfg.n_params / 1e9:.2f}B parameters, bf16) to {a.out}", file=sys.stderr)
+    print(
+        f"writing {a.preset} ({PRESETS[a.preset].description}; {cfg.num_hidden_layers} layers, "
+        f"{cfg.n_params / 1e9:.2f}B parameters, bf16) to {a.out}",
+        file=sys.stderr,
+    )
     with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=a.quiet) as bar:
+
         def on_total(n: int) -> None:
             bar.total = n
             bar.refresh()
@@ -74,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from basal.core.errors import ModelDirError
 
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if a.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return a.run(a)
     except (ModelDirError, FileExistsError, ValueError) as e:

@@ -27,7 +27,9 @@ Dialect = Literal["systemone", "basal"]
 Kind = Literal["choice", "noul", "score"]
 MAX_CHOICES = 255  # TypeSafe's limit; 11..255 needs the grouped strategy (not in basal yet)
 MAX_LEVELS = 10
-EXTENSION_QUESTION_KEYS = frozenset({"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"})
+EXTENSION_QUESTION_KEYS = frozenset(
+    {"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"}
+)
 EXTENSION_TYPES = frozenset({"multi", "act"})
 EXTENSION_REQUEST_KEYS = ("facts",)
 
@@ -138,13 +140,24 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
     except (msgspec.DecodeError, RecursionError) as e:
         message = str(e) if isinstance(e, msgspec.DecodeError) else "JSON nested too deeply"
         if dialect == "basal":
-            raise RequestError(422, {"error": f"invalid JSON: {message}"}, upstream=f"JSONDecodeError: {message}") from e
+            raise RequestError(
+                422, {"error": f"invalid JSON: {message}"}, upstream=f"JSONDecodeError: {message}"
+            ) from e
         m = _BYTE_AT.search(message)
         offset = len(body[: int(m.group(1))].decode("utf-8", errors="ignore")) if m else 0
         raise RequestError(
             422,
-            {"detail": [{"type": "json_invalid", "loc": ["body", offset], "msg": "JSON decode error", "input": {},
-                         "ctx": {"error": message}}]},
+            {
+                "detail": [
+                    {
+                        "type": "json_invalid",
+                        "loc": ["body", offset],
+                        "msg": "JSON decode error",
+                        "input": {},
+                        "ctx": {"error": message},
+                    }
+                ]
+            },
         ) from e
 
 
@@ -219,8 +232,15 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
         if not isinstance(questions, dict):
             errors.add("dict_type", ["questions"], "Input should be a valid dictionary", questions)
         elif not questions:
-            errors.add("too_short", ["questions"], "Dictionary should have at least 1 item after validation",
-                       questions, field_type="Dictionary", min_length=1, actual_length=0)
+            errors.add(
+                "too_short",
+                ["questions"],
+                "Dictionary should have at least 1 item after validation",
+                questions,
+                field_type="Dictionary",
+                min_length=1,
+                actual_length=0,
+            )
         else:
             for qid, q in questions.items():
                 _check_question_shape(qid, q, errors)
@@ -233,8 +253,9 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
     unsupported: list[dict[str, Any]] = []
     for key in EXTENSION_REQUEST_KEYS:
         if key in raw:
-            unsupported.append(_unsupported([key], f'"{key}" is a basal-1.5 extension that this server does not '
-                                                   "support yet"))
+            unsupported.append(
+                _unsupported([key], f'"{key}" is a basal-1.5 extension that this server does not support yet')
+            )
     state_text = text_of(raw["state"])
     planned = []
     for qid, q in questions.items():
@@ -287,8 +308,13 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
                 errors.add("extra_forbidden", [*loc, "criteria", side], "Extra inputs are not permitted", value)
     elif qtype == "choice":
         if "option_keys" in q and q["option_keys"] not in ("show", "hide"):
-            errors.add("literal_error", [*loc, "option_keys"], "Input should be 'show' or 'hide'", q["option_keys"],
-                       expected="'show' or 'hide'")
+            errors.add(
+                "literal_error",
+                [*loc, "option_keys"],
+                "Input should be 'show' or 'hide'",
+                q["option_keys"],
+                expected="'show' or 'hide'",
+            )
         if "criteria" not in q:
             errors.missing([*loc, "criteria"])
         elif not isinstance(criteria, dict):
@@ -302,8 +328,15 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
         elif not isinstance(criteria, list):
             errors.add("list_type", [*loc, "criteria"], "Input should be a valid list", criteria)
         elif not criteria:
-            errors.add("too_short", [*loc, "criteria"], "List should have at least 1 item after validation",
-                       criteria, field_type="List", min_length=1, actual_length=0)
+            errors.add(
+                "too_short",
+                [*loc, "criteria"],
+                "List should have at least 1 item after validation",
+                criteria,
+                field_type="List",
+                min_length=1,
+                actual_length=0,
+            )
         else:
             for i, value in enumerate(criteria):
                 errors.entry(value, [*loc, "criteria", i], nullable=False)
@@ -313,9 +346,12 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
     if qtype in EXTENSION_TYPES:
-        unsupported.append(_unsupported(["questions", qid, "type"],
-                                        f'"{qtype}" questions are a basal-1.5 extension that this server does not '
-                                        "support yet"))
+        unsupported.append(
+            _unsupported(
+                ["questions", qid, "type"],
+                f'"{qtype}" questions are a basal-1.5 extension that this server does not support yet',
+            )
+        )
         return None
     if qtype == "box":
         unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
@@ -323,8 +359,12 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
     if qtype not in _ALLOWED_KEYS:
         raise _usage_error("Invalid request.")
     for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
-        unsupported.append(_unsupported(["questions", qid, qtype, key],
-                                        f'"{key}" is a basal-1.5 extension that this server does not support yet'))
+        unsupported.append(
+            _unsupported(
+                ["questions", qid, qtype, key],
+                f'"{key}" is a basal-1.5 extension that this server does not support yet',
+            )
+        )
     instructions = q.get("instructions")
     question_text = "" if instructions is None else text_of(instructions)
     lang = lang_of(state_text + question_text)
@@ -336,17 +376,22 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
             raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {qid}"})
         yes, no = DEFAULT_YES_NO[lang]
         keys = ["true", "false"]
-        options = [text_of(yes if sides.get("true") is None else sides["true"]),
-                   text_of(no if sides.get("false") is None else sides["false"])]
+        options = [
+            text_of(yes if sides.get("true") is None else sides["true"]),
+            text_of(no if sides.get("false") is None else sides["false"]),
+        ]
     elif qtype == "choice":
         if not criteria:
             raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
         if len(criteria) > MAX_CHOICES:
             raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
         if len(criteria) > MAX_OPTIONS:
-            unsupported.append(_unsupported(["questions", qid, "choice", "criteria"],
-                                            f"{len(criteria)} options: choices with more than {MAX_OPTIONS} "
-                                            "options are not supported yet"))
+            unsupported.append(
+                _unsupported(
+                    ["questions", qid, "choice", "criteria"],
+                    f"{len(criteria)} options: choices with more than {MAX_OPTIONS} options are not supported yet",
+                )
+            )
             return None
         keys, options = named_options(criteria, q.get("option_keys", "show"))
     else:
@@ -399,8 +444,9 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
     if not isinstance(qtype, str):
         raise _basal_error(f"question {name!r}: type must be a string", "TypeError")
     if qtype in EXTENSION_TYPES:
-        raise _basal_error(f"question {name!r}: {qtype!r} questions (basal-1.5 extension) are not supported yet",
-                           "unsupported")
+        raise _basal_error(
+            f"question {name!r}: {qtype!r} questions (basal-1.5 extension) are not supported yet", "unsupported"
+        )
     for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
         raise _basal_error(f"question {name!r}: {key!r} (basal-1.5 extension) is not supported yet", "unsupported")
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
@@ -429,8 +475,7 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
         criteria = q.get("criteria") or {}
         if isinstance(criteria, list):
             if not all(isinstance(k, str) for k in criteria):
-                raise _basal_error(f"question {name!r}: a criteria list must hold option names (strings)",
-                                   "TypeError")
+                raise _basal_error(f"question {name!r}: a criteria list must hold option names (strings)", "TypeError")
             criteria = dict.fromkeys(criteria)
         if not isinstance(criteria, dict):
             raise _basal_error(f"question {name!r}: choice criteria must be an object or a list", "TypeError")

@@ -49,16 +49,20 @@ class LlamaConfig:
                 raise ModelDirError(f"{where}: {what}; basal serves Llama-format Basal checkpoints only")
 
         need(cfg.get("model_type") == "llama", f"model_type is {cfg.get('model_type')!r}, not 'llama'")
-        need(cfg.get("architectures") in (None, ["LlamaForCausalLM"]),
-             f"architectures is {cfg.get('architectures')!r}, not ['LlamaForCausalLM']")
+        need(
+            cfg.get("architectures") in (None, ["LlamaForCausalLM"]),
+            f"architectures is {cfg.get('architectures')!r}, not ['LlamaForCausalLM']",
+        )
         need(cfg.get("hidden_act", "silu") == "silu", f"hidden_act is {cfg.get('hidden_act')!r}, not 'silu'")
         need(not cfg.get("tie_word_embeddings", False), "tie_word_embeddings is true")
         need(cfg.get("pretraining_tp", 1) == 1, "pretraining_tp is not 1")
         need(cfg.get("rope_scaling") is None, "rope_scaling is set (only default RoPE is supported)")
         rope = cfg.get("rope_parameters")
-        need(isinstance(rope, dict) and "rope_theta" in rope,
-             "rope_theta must be given inside rope_parameters (transformers 5 layout); a top-level value or the "
-             "default 10000 would give wrong positions")
+        need(
+            isinstance(rope, dict) and "rope_theta" in rope,
+            "rope_theta must be given inside rope_parameters (transformers 5 layout); a top-level value or the "
+            "default 10000 would give wrong positions",
+        )
         need(rope.get("rope_type", "default") == "default", f"rope_type is {rope.get('rope_type')!r}, not 'default'")
         attention_bias, mlp_bias = bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False))
         need(attention_bias == mlp_bias, "attention_bias and mlp_bias differ")
@@ -99,9 +103,15 @@ class LlamaConfig:
                 "mlp.down_proj.weight": (d, f),
             }
             if self.bias:
-                layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
-                          "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.bias": (d,),
-                          "mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (d,)}
+                layer |= {
+                    "self_attn.q_proj.bias": (q,),
+                    "self_attn.k_proj.bias": (kv,),
+                    "self_attn.v_proj.bias": (kv,),
+                    "self_attn.o_proj.bias": (d,),
+                    "mlp.gate_proj.bias": (f,),
+                    "mlp.up_proj.bias": (f,),
+                    "mlp.down_proj.bias": (d,),
+                }
             shapes |= {p + k: v for k, v in layer.items()}
         shapes |= {"model.norm.weight": (d,), "lm_head.weight": (self.vocab_size, d)}
         return shapes
@@ -150,8 +160,16 @@ class ModelDir:
             raise ModelDirError(f"{root}: tokenizer.json is missing")
         calibration = _read_calibration(root / "CALIBRATION.json")
         files = _weight_files(root)
-        return cls(root, str(basal.get("name") or root.name), str(basal.get("version", "")), config, calibration,
-                   bos, files, bool(basal.get("synthetic", False)))
+        return cls(
+            root,
+            str(basal.get("name") or root.name),
+            str(basal.get("version", "")),
+            config,
+            calibration,
+            bos,
+            files,
+            bool(basal.get("synthetic", False)),
+        )
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -166,13 +184,16 @@ class ModelDir:
         expected = self.config.weight_shapes()
         missing = sorted(set(expected) - set(index))
         if missing:
-            raise ModelDirError(f"{self.path}: weights missing from the checkpoint: {', '.join(missing[:5])}"
-                                + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+            raise ModelDirError(
+                f"{self.path}: weights missing from the checkpoint: {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            )
         for name, shape in expected.items():
             f, _ = index[name]
             if f.tensors[name].shape != shape:
-                raise ModelDirError(f"{name}: shape {f.tensors[name].shape} in the checkpoint, config.json implies "
-                                    f"{shape}")
+                raise ModelDirError(
+                    f"{name}: shape {f.tensors[name].shape} in the checkpoint, config.json implies {shape}"
+                )
         return index
 
 
@@ -204,8 +225,10 @@ def _check_readout(basal: dict[str, Any], where: Path) -> None:
     if templates != TEMPLATES_1_5 and templates != expected:
         problems.append("readout.templates differ from the Basal prompt contract")
     if problems:
-        raise ModelDirError(f"{where}: another prompt contract ({'; '.join(problems)}); basal implements the Basal "
-                            "1.0/1.5 letter-readout contract only")
+        raise ModelDirError(
+            f"{where}: another prompt contract ({'; '.join(problems)}); basal implements the Basal "
+            "1.0/1.5 letter-readout contract only"
+        )
 
 
 def _check_chat_template(path: Path) -> None:
@@ -213,8 +236,10 @@ def _check_chat_template(path: Path) -> None:
         raise ModelDirError(f"chat_template.jinja is missing in {path.parent}")
     text = path.read_text(encoding="utf-8")
     if text.removesuffix("\n") != CHAT_TEMPLATE:
-        raise ModelDirError(f"{path}: the chat template differs from the Basal contract; prompts would not match "
-                            "what the model was trained on")
+        raise ModelDirError(
+            f"{path}: the chat template differs from the Basal contract; prompts would not match "
+            "what the model was trained on"
+        )
 
 
 def _read_calibration(path: Path) -> Calibration:

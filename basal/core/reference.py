@@ -83,8 +83,9 @@ def _maxdiff(a: Any, b: Any) -> str:
 class ReferenceChecker:
     def __init__(self, model: ModelDir | None = None, temperatures: dict[str, float] | None = None):
         self.model = model
-        self.temperatures = temperatures if temperatures is not None else (
-            model.calibration.temperatures if model else None)
+        self.temperatures = (
+            temperatures if temperatures is not None else (model.calibration.temperatures if model else None)
+        )
         self.report = Report()
 
     # -- records --------------------------------------------------------------------------------------------
@@ -108,12 +109,14 @@ class ReferenceChecker:
         lang = lang_of(state + question)
         r.check("language", lang == rec["lang"], where, f"{lang} vs {rec['lang']}")
         qtype = rec.get("type", "choice")
-        item = Item(str(rec.get("id")), qtype, tuple(str(i) for i in range(len(options))), options, lang, state,
-                    question)
+        item = Item(
+            str(rec.get("id")), qtype, tuple(str(i) for i in range(len(options))), options, lang, state, question
+        )
         dist = self.check_orders(item, rec, where)
         if dist is not None:
-            r.check("argmax", dist.argmax == rec["argmax_cal"] and int(np.argmax(dist.p_avg)) == rec["argmax_avg"],
-                    where)
+            r.check(
+                "argmax", dist.argmax == rec["argmax_cal"] and int(np.argmax(dist.p_avg)) == rec["argmax_avg"], where
+            )
 
     def check_request(self, rec: dict[str, Any], where: str) -> None:
         r = self.report
@@ -124,16 +127,24 @@ class ReferenceChecker:
             if e.upstream and e.upstream.startswith("unsupported:"):
                 r.skip("request uses a basal-1.5 extension (multi/act/facts/evidence) that basal does not support yet")
                 return
-            r.check("upstream error", expected is not None and e.upstream == expected, where,
-                    f"basal: {e.upstream!r}, upstream: {expected!r}")
+            r.check(
+                "upstream error",
+                expected is not None and e.upstream == expected,
+                where,
+                f"basal: {e.upstream!r}, upstream: {expected!r}",
+            )
             return
         if "upstream_error" in rec:
             r.check("upstream error", False, where, f"upstream rejected it ({rec['upstream_error']}), basal accepts it")
             return
         questions = {q.name: q for q in plan.questions}
         items = rec.get("items", [])
-        r.check("question names", list(questions) == [it["name"] for it in items], where,
-                f"{list(questions)} vs {[it['name'] for it in items]}")
+        r.check(
+            "question names",
+            list(questions) == [it["name"] for it in items],
+            where,
+            f"{list(questions)} vs {[it['name'] for it in items]}",
+        )
         dists = {}
         for it in items:
             q = questions.get(it["name"])
@@ -144,8 +155,12 @@ class ReferenceChecker:
             r.check("options", list(q.item.options) == it["options"], w, f"{q.item.options} vs {it['options']}")
             r.check("language", q.item.lang == it["lang"], w, f"{q.item.lang} vs {it['lang']}")
             r.check("state text", q.item.state_text == it["state_text"], w)
-            r.check("question text", q.item.question_text == it["question_text"], w,
-                    f"{q.item.question_text!r} vs {it['question_text']!r}")
+            r.check(
+                "question text",
+                q.item.question_text == it["question_text"],
+                w,
+                f"{q.item.question_text!r} vs {it['question_text']!r}",
+            )
             if "letter_error" in it:
                 r.skip("item without logits (upstream: letters are not single tokens)")
                 continue
@@ -160,8 +175,9 @@ class ReferenceChecker:
         r = self.report
         orders = rec["orders"]
         perms = option_orders(len(item.options))
-        if not r.check("permutations", [o["perm"] for o in orders] == perms, where,
-                       f"{[o['perm'] for o in orders]} vs {perms}"):
+        if not r.check(
+            "permutations", [o["perm"] for o in orders] == perms, where, f"{[o['perm'] for o in orders]} vs {perms}"
+        ):
             return None
         for o, perm in zip(orders, perms, strict=True):
             prompt = item.prompt(perm, self.model.bos if self.model else "<s>")
@@ -195,21 +211,28 @@ class ReferenceChecker:
             exact_ok = all(have[k] == want[k] for k in ("type", "choice", "legend") if k in want)
             numbers_ok = all(_close(have[k], want[k], UPSTREAM) for k in ("noul", "score", "confidence") if k in want)
             probs_ok = list(have.get("probabilities", {})) == list(want.get("probabilities", {})) and _close(
-                list(have["probabilities"].values()), list(want["probabilities"].values()), UPSTREAM)
-            r.check("upstream answer", same_fields and exact_ok and numbers_ok and probs_ok, w,
-                    f"basal {json.dumps(have, ensure_ascii=False)[:300]} vs upstream "
-                    f"{json.dumps(want, ensure_ascii=False)[:300]}")
+                list(have["probabilities"].values()), list(want["probabilities"].values()), UPSTREAM
+            )
+            r.check(
+                "upstream answer",
+                same_fields and exact_ok and numbers_ok and probs_ok,
+                w,
+                f"basal {json.dumps(have, ensure_ascii=False)[:300]} vs upstream "
+                f"{json.dumps(want, ensure_ascii=False)[:300]}",
+            )
         usage = expected.get("usage", {})
         if "input_tokens" in usage:
             tokens = sum(len(o["input_ids"]) for it in items for o in it.get("orders", []))
-            r.check("usage.input_tokens", tokens == usage["input_tokens"], where, f"{tokens} vs {usage['input_tokens']}")
+            r.check(
+                "usage.input_tokens", tokens == usage["input_tokens"], where, f"{tokens} vs {usage['input_tokens']}"
+            )
         if "questions" in usage:
             r.check("usage.questions", len(questions) == usage["questions"], where)
 
 
 def _first_difference(a: str, b: str) -> str:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"at char {n}: {a[max(0, n - 20):n + 20]!r} vs {b[max(0, n - 20):n + 20]!r}"
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"at char {n}: {a[max(0, n - 20) : n + 20]!r} vs {b[max(0, n - 20) : n + 20]!r}"
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -10,6 +10,7 @@ single tokens after the prefill, as on the real tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -41,9 +42,19 @@ class Preset:
 
 
 def _llama(d: int, f: int, layers: int, heads: int, kv: int, hd: int, vocab: int, max_pos: int) -> LlamaConfig:
-    return LlamaConfig(hidden_size=d, intermediate_size=f, num_hidden_layers=layers, num_attention_heads=heads,
-                       num_key_value_heads=kv, head_dim=hd, vocab_size=vocab, rms_norm_eps=1e-5,
-                       rope_theta=1_000_000.0, max_position_embeddings=max_pos, bias=False)
+    return LlamaConfig(
+        hidden_size=d,
+        intermediate_size=f,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hd,
+        vocab_size=vocab,
+        rms_norm_eps=1e-5,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=max_pos,
+        bias=False,
+    )
 
 
 PRESETS = {
@@ -59,17 +70,21 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizer
 
-_PL = ("klient zamówienie faktura paczka umowa termin zwrot dostawa reklamacja płatność karta konto bank sklep "
-       "towar cena kwota dni tydzień miesiąc rok stan pytanie opcje odpowiedź wniosek regulamin pracownik premia "
-       "sprzedaż plan zgłoszenie dział adres numer telefon dokument podpis uszkodzona opóźnienie pilne niska "
-       "średnia wysoka tak nie czy jest był została został nie może można należy wypłacić przysługuje odstąpić "
-       "oświadczenie wysłał odebrał zażółć gęślą jaźń źródło łódź ćma żółw się że jak który która które gdzie kiedy "
-       "oraz albo lub ponieważ jednak według przed po od do na w z o u przy dla bez").split()
-_EN = ("customer order invoice package contract deadline refund delivery complaint payment card account bank store "
-       "item price amount days week month year state question options answer request policy employee bonus sales "
-       "plan ticket team address number phone document signature damaged late urgent low medium high yes no is "
-       "was were can may should must the a an of to in on at for with without before after and or because however "
-       "which what where when who how evaluate choose exactly one given treat data not instructions only").split()
+_PL = (
+    "klient zamówienie faktura paczka umowa termin zwrot dostawa reklamacja płatność karta konto bank sklep "
+    "towar cena kwota dni tydzień miesiąc rok stan pytanie opcje odpowiedź wniosek regulamin pracownik premia "
+    "sprzedaż plan zgłoszenie dział adres numer telefon dokument podpis uszkodzona opóźnienie pilne niska "
+    "średnia wysoka tak nie czy jest był została został nie może można należy wypłacić przysługuje odstąpić "
+    "oświadczenie wysłał odebrał zażółć gęślą jaźń źródło łódź ćma żółw się że jak który która które gdzie kiedy "
+    "oraz albo lub ponieważ jednak według przed po od do na w z o u przy dla bez"
+).split()
+_EN = (
+    "customer order invoice package contract deadline refund delivery complaint payment card account bank store "
+    "item price amount days week month year state question options answer request policy employee bonus sales "
+    "plan ticket team address number phone document signature damaged late urgent low medium high yes no is "
+    "was were can may should must the a an of to in on at for with without before after and or because however "
+    "which what where when who how evaluate choose exactly one given treat data not instructions only"
+).split()
 _PUNCT = [".", ",", ":", ";", "?", "!", " -", " (", ")", " 12", " 5521", " 30", " 129,99 zł", " 45 PLN", " 2026"]
 
 
@@ -98,16 +113,22 @@ def train_tokenizer(seed: int, vocab_size: int = TOKENIZER_VOCAB) -> Tokenizer:
     # Train on words (as sentencepiece does), then serve with split=false like the real tokenizer.
     bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
     alphabet = sorted(set("".join(_corpus(seed, 200))) - {" "} | set(LETTERS) | {"▁"})
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + byte_tokens,
-                                  initial_alphabet=alphabet, min_frequency=2, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS + byte_tokens,
+        initial_alphabet=alphabet,
+        min_frequency=2,
+        show_progress=False,
+    )
     bpe.train_from_iterator(_corpus(seed), trainer=trainer)
     spec = json.loads(bpe.to_str())
     # byte tokens are vocabulary entries for byte fallback, not special tokens matched in text
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIAL_TOKENS]
     spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
     tok = Tokenizer.from_str(json.dumps(spec))
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     return tok
 
 
@@ -193,27 +214,51 @@ def synth_model(
     try:
         _write_json(tmp / "config.json", config_json(cfg, tok))
         (tmp / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
-        _write_json(tmp / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "<|im_end|>",
-                                                     "unk_token": "<unk>", "model_max_length": cfg.max_position_embeddings,
-                                                     "tokenizer_class": "PreTrainedTokenizerFast"})
+        _write_json(
+            tmp / "tokenizer_config.json",
+            {
+                "bos_token": "<s>",
+                "eos_token": "<|im_end|>",
+                "unk_token": "<unk>",
+                "model_max_length": cfg.max_position_embeddings,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            },
+        )
         (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-        _write_json(tmp / "basal.json", {
-            "name": f"basal-synthetic-{preset}",
-            "version": "synthetic",
-            "synthetic": True,
-            "note": f"Synthetic {PRESETS[preset].description}: random weights (seed {seed}); answers carry no meaning.",
-            "readout": {"kind": "letter logits", "letters": LETTERS, "prefill": PREFILL,
-                        "templates": "basal-1.0 (unchanged prompt contract)"},
-        })
-        _write_json(tmp / "CALIBRATION.json", {"temperature_per_prim": TEMPERATURES,
-                                                "thresholds": {"0.01": {"confidence": 0.93},
-                                                               "0.05": {"confidence": 0.74}}})
+        _write_json(
+            tmp / "basal.json",
+            {
+                "name": f"basal-synthetic-{preset}",
+                "version": "synthetic",
+                "synthetic": True,
+                "note": f"Synthetic {PRESETS[preset].description}: random weights (seed {seed}); "
+                "answers carry no meaning.",
+                "readout": {
+                    "kind": "letter logits",
+                    "letters": LETTERS,
+                    "prefill": PREFILL,
+                    "templates": "basal-1.0 (unchanged prompt contract)",
+                },
+            },
+        )
+        _write_json(
+            tmp / "CALIBRATION.json",
+            {
+                "temperature_per_prim": TEMPERATURES,
+                "thresholds": {"0.01": {"confidence": 0.93}, "0.05": {"confidence": 0.74}},
+            },
+        )
         specs = _tensor_specs(cfg)
         if on_total:
             on_total(sum(s.nbytes for s in specs))
         index = {s.name: i for i, s in enumerate(specs)}
-        write_safetensors(tmp / "model.safetensors", specs, lambda s: _random_weight(s, index[s.name], seed),
-                          {"format": "pt", "basal_synthetic_seed": str(seed)}, on_bytes)
+        write_safetensors(
+            tmp / "model.safetensors",
+            specs,
+            lambda s: _random_weight(s, index[s.name], seed),
+            {"format": "pt", "basal_synthetic_seed": str(seed)},
+            on_bytes,
+        )
         if out.exists():
             out.rmdir()
         tmp.rename(out)
@@ -238,8 +283,6 @@ def demo_model() -> ModelDir:
     """The built-in demo model: synthesized on first use into the cache folder (a few MB, about a second)."""
     path = cache_dir() / "models" / "demo-seed0-v1"
     if not (path / "model.safetensors").is_file():
-        try:
+        with contextlib.suppress(FileExistsError):  # another process finished first
             synth_model(path, "demo", seed=0)
-        except FileExistsError:  # another process finished first
-            pass
     return ModelDir.load(path)

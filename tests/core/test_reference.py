@@ -1,0 +1,89 @@
+"""check-reference on the golden samples, on records upstream rejected, and on tampered records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from basal.cli import main
+from basal.core.reference import ReferenceChecker, manifest_temperatures
+from tests.conftest import GOLDEN, golden_records
+
+
+def _write(tmp_path, records, name="export.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return path
+
+
+def test_golden_samples_all_match():
+    temps = manifest_temperatures(GOLDEN / "systemone-sample.jsonl")
+    assert temps == {"choice": 1.4983070768766815, "noul": 1.5422108254079405, "score": 2.058604473286984}
+    checker = ReferenceChecker(temperatures=temps)
+    for name in ("systemone-sample.jsonl", "bench-sample.jsonl"):
+        checker.check_file(GOLDEN / name)
+    report = checker.report
+    assert report.ok, report.mismatches
+    assert report.records == 10
+    assert report.passed["prompt text"] == 24 and report.passed["upstream answer"] == 4
+    assert report.passed["p_cal"] == 12 and report.passed["temperature"] == 12
+
+
+UPSTREAM_ERRORS = [  # basal-contract.md §2.4: upstream's own messages for out-of-range option counts
+    ("so-score-one-level", "ValueError: question 'alarm': 1 options (supported: 2..10)"),
+    ("so-eleven-options", "ValueError: question 'cat': 11 options (supported: 2..10)"),
+]
+
+
+@pytest.mark.parametrize(("case_id", "error"), UPSTREAM_ERRORS)
+def test_upstream_errors_are_reproduced(tmp_path, case_id, error):
+    (case,) = [c for c in golden_records("systemone_cases.jsonl") if c["id"] == case_id]
+    checker = ReferenceChecker()
+    checker.check_file(_write(tmp_path, [{**case, "items": [], "upstream_error": error}]))
+    assert checker.report.ok and checker.report.passed["upstream error"] == 1
+    wrong = ReferenceChecker()
+    wrong.check_file(_write(tmp_path, [{**case, "items": [], "upstream_error": error.replace("options", "choices")}]))
+    assert not wrong.report.ok
+
+
+def test_extension_records_are_skipped_not_failed(tmp_path):
+    cases = [{**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl")]
+    checker = ReferenceChecker()
+    checker.check_file(_write(tmp_path, cases))
+    assert checker.report.ok and sum(checker.report.skipped.values()) == len(cases)
+
+
+@pytest.mark.parametrize("tamper", ["prompt", "logit", "answer", "lang", "tokens"])
+def test_tampered_records_are_caught(tmp_path, tamper):
+    records = golden_records("systemone-sample.jsonl")
+    item = records[0]["items"][0]
+    if tamper == "prompt":
+        item["orders"][1]["prompt"] = item["orders"][1]["prompt"].replace("A. ", "A.  ", 1)
+    elif tamper == "logit":
+        item["orders"][0]["letter_logits"][0] += 1e-6  # moves the probabilities by ~5e-10, far over 1e-12
+    elif tamper == "answer":
+        records[0]["upstream_answer"]["answers"]["kind"]["confidence"] += 1e-5
+    elif tamper == "lang":
+        item["lang"] = "en"
+    else:
+        records[0]["upstream_answer"]["usage"]["input_tokens"] += 1
+    checker = ReferenceChecker()
+    checker.check_file(_write(tmp_path, records))
+    assert not checker.report.ok
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    assert main(["check-reference", str(GOLDEN / "systemone-sample.jsonl"), str(GOLDEN / "bench-sample.jsonl")]) == 0
+    assert "10 records: all match" in capsys.readouterr().out
+    records = golden_records("bench-sample.jsonl")
+    records[0]["p_cal"][0] += 1e-6
+    assert main(["check-reference", str(_write(tmp_path, records))]) == 1
+    assert "MISMATCHES" in capsys.readouterr().out
+
+
+def test_with_a_model_token_ids_are_compared(demo_dir, capsys):
+    # the golden ids come from the real basal-1.5 tokenizer, so a synthetic tokenizer must be reported as different
+    assert main(["check-reference", "--model", str(demo_dir), str(GOLDEN / "bench-sample.jsonl")]) == 1
+    out = capsys.readouterr().out
+    assert "token ids" in out and "letter ids" in out and "temperature" in out

@@ -1,0 +1,65 @@
+"""Synthetic model directories: loadable, contract-clean, reproducible, real shapes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from basal.core.model_dir import ModelDir
+from basal.core.synth import PRESETS, demo_model, synth_model
+
+
+def _digest(path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
+
+
+def test_same_seed_same_bytes_other_seed_other_weights(demo_dir, tmp_path):
+    again = synth_model(tmp_path / "again", "demo", seed=0)
+    assert _digest(again) == _digest(demo_dir)
+    other = synth_model(tmp_path / "other", "demo", seed=1)
+    assert _digest(other)["model.safetensors"] != _digest(demo_dir)["model.safetensors"]
+
+
+def test_generated_directory_passes_the_contract(demo_model):
+    tok = demo_model.tokenizer
+    assert len(set(tok.letter_ids(10))) == 10
+    assert demo_model.synthetic
+    assert len(demo_model.open_weights()) == len(demo_model.config.weight_shapes())
+    assert (demo_model.path / "model.safetensors").stat().st_size < 5_000_000  # "a few MB"
+
+
+@pytest.mark.parametrize("preset", ["mini", "4.5B", "max"])
+def test_real_shapes(preset):
+    cfg = PRESETS[preset].config
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd
+    # GEMM shapes of the reference engines' tables (basal-contract.md §4.2)
+    expected = {
+        "mini": (2048, 1536, 1536, 17920, 8960),
+        "4.5B": (2560, 2048, 2048, 22016, 11008),
+        "max": (6144, 4096, 4096, 28672, 14336),
+    }[preset]
+    assert (qkv, d, cfg.num_attention_heads * hd, 2 * f, f) == expected
+
+
+def test_mini_cut_to_one_layer_writes_real_shapes(tmp_path):
+    model = ModelDir.load(synth_model(tmp_path / "mini1", "mini", layers=1))
+    weights = model.open_weights()
+    f, name = weights["model.layers.0.mlp.gate_proj.weight"]
+    assert f.tensors[name].shape == (8960, 1536)
+    assert weights["lm_head.weight"][0].tensors["lm_head.weight"].shape == (32000, 1536)
+    assert model.config.num_hidden_layers == 1
+
+
+def test_refuses_to_overwrite(demo_dir):
+    with pytest.raises(FileExistsError):
+        synth_model(demo_dir, "demo")
+
+
+def test_demo_model_is_created_once_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASAL_HOME", str(tmp_path))
+    first = demo_model()
+    assert first.path.is_relative_to(tmp_path) and first.synthetic
+    mtime = (first.path / "model.safetensors").stat().st_mtime_ns
+    assert (demo_model().path / "model.safetensors").stat().st_mtime_ns == mtime
