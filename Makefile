@@ -16,15 +16,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check basal tests bench
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not slow"
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check basal tests bench
-	$(PY) -m ruff format --check basal tests bench
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
