@@ -1,0 +1,86 @@
+"""The Backend protocol and backend selection.
+
+A backend loads a model directory, caches the K/V of the template prefixes once, and runs `PackedBatch`es.
+`run` is a generator that yields after every layer, so that a long-lane job can pause at layer boundaries (the
+engine drives it; a backend never sleeps or reorders), and returns ``float32[readouts, letters]``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from collections.abc import Generator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from basal.core.model_dir import ModelDir
+from basal.core.tree import PackedBatch
+
+BACKENDS = ("torch", "mlx")
+DTYPES = ("f32", "f16", "bf16")
+
+
+class Backend(Protocol):
+    name: str  # "torch" | "mlx"
+    device: str  # "cpu", "cuda:0", "metal", ...
+    dtype: str  # "f32" | "f16" | "bf16"
+    model: ModelDir
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        """Compute and keep the K/V of a template prefix (positions 0..n-1); batches refer to it by `key`."""
+        ...
+
+    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+        """Forward over the packed tree; yields after every layer; returns float32[readouts, letters]."""
+        ...
+
+
+def run_to_end(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
+    """Drive a `Backend.run` generator without pausing."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def _apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def pick_backend(name: str = "auto") -> str:
+    """``auto``: CUDA -> torch, Apple Silicon with MLX -> mlx, else torch on the CPU."""
+    if name != "auto":
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r}; choose auto, {', '.join(BACKENDS)}")
+        return name
+    import torch
+
+    if torch.cuda.is_available():
+        return "torch"
+    if _apple_silicon() and importlib.util.find_spec("mlx") is not None and load_backend_class("mlx") is not None:
+        return "mlx"
+    return "torch"
+
+
+def load_backend_class(name: str):
+    """The backend class by name, or None if that backend is not built in this version."""
+    if name == "torch":
+        from basal.backends.cuda.backend import TorchBackend
+
+        return TorchBackend
+    if importlib.util.find_spec("basal.backends.mlx") is None:
+        return None
+    from basal.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]
+
+    return MLXBackend
+
+
+def load_backend(model: ModelDir, backend: str = "auto", dtype: str | None = None, device: str | None = None):
+    cls = load_backend_class(pick_backend(backend))
+    if cls is None:
+        raise ValueError(f"the {backend} backend is not available in this build of basal")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return cls.load(model, dtype=dtype, device=device)

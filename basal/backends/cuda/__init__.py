@@ -1,0 +1,1 @@
+"""The torch backend: CUDA on NVIDIA servers, CPU on Linux dev machines and CI (the numerical reference)."""

@@ -1,0 +1,49 @@
+"""TorchBackend: loads a model directory and runs packed batches (CUDA, or CPU for development and CI)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+
+import numpy as np
+import torch
+
+from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
+from basal.core.model_dir import ModelDir
+from basal.core.tree import PackedBatch
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, model: ModelDir, dtype: str, device: torch.device, fixed_shapes: bool = True):
+        self.model = model
+        self.dtype = dtype
+        self.device = str(device)
+        self.net = TreeLlama(LlamaWeights(model, TORCH_DTYPE[dtype], device), fixed_shapes)
+
+    @classmethod
+    def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None,
+             fixed_shapes: bool = True) -> TorchBackend:
+        """f16 by default on CUDA; f32 on the CPU (the numerical reference; bf16 and f16 work there too)."""
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            dtype = "f16" if dev.type == "cuda" else "f32"
+        if dev.type == "cuda":
+            # no TF32, no reduced-precision split reductions (backends-determinism.md §2)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        with torch.inference_mode():
+            return cls(model, dtype, dev, fixed_shapes)
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        with torch.inference_mode():
+            self.net.compute_prefix(key, list(tokens))
+
+    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+        with torch.inference_mode():
+            t = self.net.inputs(batch.tokens, batch.positions, batch.block_of, batch.block_start, batch.block_len,
+                                batch.block_parent, batch.block_prefix, batch.prefix_keys, batch.readouts)
+            tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)
+        letters = tuple(int(x) for x in batch.letter_ids)
+        return (yield from self.net.forward(t, tokens, letters))

@@ -1,0 +1,221 @@
+"""Batch-invariant building blocks for the torch backend (backends-determinism.md §0, §6).
+
+Library kernels pick their reduction strategy from the shape (torch CPU f32 GEMM has row-count classes {1},
+{2,3}, {≥4}), so every op that reduces runs on **fixed-shape row chunks**: the rows are zero-padded to a
+multiple of `rows` and the op is called on `[rows, ...]` slices. A row's result then depends only on that row
+— not on how many other rows the batch has or where it sits — because every call has the same shape.
+Elementwise ops (RoPE, SiLU, residual adds) are invariant at any shape.
+
+Transcendental elementwise ops are *not* invariant on the CPU: torch runs SIMD (Sleef) code for most elements
+and a scalar libm tail for the rest, and which elements fall in the tail depends on the tensor's size (measured:
+``silu`` of a row differs between a 233-row and a 64-row tensor). So `exp` is computed here from exactly
+rounded operations only (`det_exp`), and RoPE reads a cos/sin table computed once per position.
+
+Attention visits each query's keys in position order, in tiles of `KEY_TILE` keys anchored at position 0, with
+an f32 online softmax; query rows are processed in fixed chunks of `rows`, so a query's arithmetic is the same
+whether its block holds one token or thousands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ROWS = 64  # fixed GEMM/norm chunk for all-token ops
+READOUT_ROWS = 16  # fixed chunk for the last layer, which runs only at readout positions
+KEY_TILE = 64  # attention key tile, anchored at position 0
+QUERY_ROWS = 64  # attention query chunk (inside one block)
+TILE_GROUP = 32  # query chunks processed together per key tile (memory bound, not numerics)
+
+
+def by_row_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int, fixed: bool = True):
+    """Apply `fn` to `x` in zero-padded chunks of exactly `rows` rows (fixed=False: one call, the negative control)."""
+    n = x.shape[0]
+    if not fixed:
+        return fn(x)
+    padded = -n % rows
+    if padded:
+        x = torch.cat([x, x.new_zeros((padded, *x.shape[1:]))])
+    out = torch.cat([fn(x[i : i + rows]) for i in range(0, x.shape[0], rows)])
+    return out[:n]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int, fixed: bool = True) -> torch.Tensor:
+    return by_row_chunks(lambda c: torch.nn.functional.linear(c, w, b), x, rows, fixed)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
+    """Llama RMSNorm: reduce in f32, scale in the model dtype (as transformers does)."""
+
+    def norm(c: torch.Tensor) -> torch.Tensor:
+        c32 = c.float()
+        c32 = c32 / torch.sqrt((c32 * c32).mean(-1, keepdim=True) + eps)  # sqrt and / are exactly rounded
+        return w * c32.to(c.dtype)
+
+    return by_row_chunks(norm, x, rows, fixed)
+
+
+_LN2 = 0.6931471805599453
+_EXP_TAYLOR = [1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]  # degree 7, |r| <= ln2 / 2
+
+
+def det_exp(x: torch.Tensor, fixed: bool = True) -> torch.Tensor:
+    """exp of an f32 tensor from +, *, round and exponent bits only, so every element gets the same bits whatever
+    the tensor's size or layout. Float64 inside; error below 1 ulp of f32 (Taylor remainder < 6e-9 relative).
+    `fixed=False` uses torch.exp (negative control)."""
+    if not fixed:
+        return torch.exp(x)
+    xd = x.double().clamp(-200.0, 100.0)  # exp(-200) rounds to 0 in f32, exp(100) to inf, like torch.exp
+    n = torch.round(xd / _LN2)
+    r = xd - n * _LN2
+    p = torch.full_like(r, _EXP_TAYLOR[0])
+    for c in _EXP_TAYLOR[1:]:
+        p = p * r + c
+    two_n = ((n.to(torch.int64) + 1023) << 52).view(torch.float64)  # 2**n, exactly
+    return (p * two_n).to(x.dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
+    """silu(gate) * up in the model dtype; silu computed in f32 with `det_exp`."""
+    g = gate.float()
+    return (g / (1.0 + det_exp(-g, fixed))).to(gate.dtype) * up
+
+
+def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_positions, head_dim] f32 (rotate-half layout, as transformers), computed once per model so a
+    position's values never depend on the batch that reads them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, head_dim] f32."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Which keys every query chunk reads, built once per batch (numpy) and reused by every layer.
+
+    Keys live in one buffer per layer: row 0 is zeros (padding), then the cached template prefixes, then the
+    batch's own tokens. `groups` holds, per group of query chunks, the query rows, their positions (-1 = padding
+    row) and the key rows in position order, padded to whole tiles.
+    """
+
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query idx [C,R], query pos [C,R], keys [C,L])
+    n_queries: int
+
+
+def plan_attention(
+    block_of: np.ndarray,
+    positions: np.ndarray,
+    block_start: np.ndarray,
+    block_len: np.ndarray,
+    block_parent: np.ndarray,
+    root_prefix: np.ndarray,
+    prefix_offset: dict[int, tuple[int, int]],
+    flat_offset: int,
+    queries: np.ndarray,
+    rows: int,
+    device: torch.device,
+) -> AttentionPlan:
+    """Key index lists for `queries` (flat token indices), grouped by block into chunks of `rows` queries.
+
+    `prefix_offset[p]` = (first buffer row, length) of cached prefix p; flat token i is buffer row flat_offset + i.
+    """
+    chain_keys: dict[int, np.ndarray] = {}
+
+    def keys_of(block: int) -> np.ndarray:  # buffer rows of positions 0 .. end of `block`, in position order
+        if block not in chain_keys:
+            parent = int(block_parent[block])
+            if parent >= 0:
+                head = keys_of(parent)
+            elif root_prefix[block] >= 0:
+                start, n = prefix_offset[int(root_prefix[block])]
+                head = np.arange(start, start + n)
+            else:
+                head = np.zeros(0, dtype=np.int64)
+            own = np.arange(block_start[block], block_start[block] + block_len[block]) + flat_offset
+            chain_keys[block] = np.concatenate([head, own])
+        return chain_keys[block]
+
+    chunks = []  # (query indices, positions, key rows)
+    by_block: dict[int, list[int]] = {}
+    for q in queries.tolist():
+        by_block.setdefault(int(block_of[q]), []).append(q)
+    for block, qs in by_block.items():
+        keys = keys_of(block)
+        for i in range(0, len(qs), rows):
+            part = np.asarray(qs[i : i + rows])
+            last = int(positions[part].max())
+            chunks.append((part, positions[part], keys[: last + 1]))
+    chunks.sort(key=lambda c: len(c[2]))
+    groups = []
+    for g in range(0, len(chunks), TILE_GROUP):
+        part = chunks[g : g + TILE_GROUP]
+        width = -(-max(len(c[2]) for c in part) // KEY_TILE) * KEY_TILE
+        q_idx = np.zeros((len(part), rows), dtype=np.int64)
+        q_pos = np.full((len(part), rows), -1, dtype=np.int64)
+        k_idx = np.zeros((len(part), width), dtype=np.int64)
+        for c, (qs, pos, keys) in enumerate(part):
+            q_idx[c, : len(qs)] = qs
+            q_pos[c, : len(qs)] = pos
+            k_idx[c, : len(keys)] = keys
+        groups.append(tuple(torch.from_numpy(a).to(device) for a in (q_idx, q_pos, k_idx)))
+    return AttentionPlan(groups, len(queries))
+
+
+def tree_attention(
+    q: torch.Tensor,
+    key_buf: torch.Tensor,
+    value_buf: torch.Tensor,
+    plan: AttentionPlan,
+    query_rows: torch.Tensor,
+    fixed: bool = True,
+) -> torch.Tensor:
+    """Attention of the planned queries. q [Nq, H, D] f32 indexed by `query_rows` order; key/value buffers
+    [rows, KVH, D] f32. Returns [Nq, H, D] f32 in the order of `plan`'s query indices mapped through
+    `query_rows` (flat token index -> row of q)."""
+    n_q, heads, dim = q.shape
+    kv_heads = key_buf.shape[1]
+    group = heads // kv_heads
+    scale = dim**-0.5
+    out = q.new_zeros(n_q, heads, dim)
+    q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
+    for q_idx, q_pos, k_idx in plan.groups:
+        chunks, rows = q_idx.shape
+        rows_in_q = torch.where(q_pos >= 0, query_rows[q_idx], n_q)
+        # [C, R, H, D] -> [C, KVH, G*R, D]: the G query heads that share a KV head are stacked along rows
+        qs = q_pad[rows_in_q].view(chunks, rows, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+        qs = qs.reshape(chunks, kv_heads, group * rows, dim) * scale
+        pos = q_pos[:, None, None, :].expand(chunks, 1, group, rows).reshape(chunks, 1, group * rows, 1)
+        m = q.new_full((chunks, kv_heads, group * rows, 1), float("-inf"))
+        l_sum = q.new_zeros((chunks, kv_heads, group * rows, 1))
+        acc = q.new_zeros((chunks, kv_heads, group * rows, dim))
+        for t in range(0, k_idx.shape[1], KEY_TILE):
+            tile = k_idx[:, t : t + KEY_TILE]
+            k = key_buf[tile].permute(0, 2, 3, 1)  # [C, KVH, D, T]
+            v = value_buf[tile].permute(0, 2, 1, 3)  # [C, KVH, T, D]
+            key_pos = torch.arange(t, t + KEY_TILE, device=q.device)
+            visible = key_pos[None, None, None, :] <= pos  # [C, 1, G*R, T]
+            s = torch.matmul(qs, k).masked_fill(~visible, float("-inf"))
+            m_tile = s.amax(-1, keepdim=True)
+            active = m_tile > float("-inf")  # rows with a visible key in this tile; others keep their bits
+            m_new = torch.where(active, torch.maximum(m, m_tile), m)
+            p = det_exp(s - torch.where(active, m_new, 0.0), fixed)
+            alpha = det_exp(torch.where(active, m - m_new, 0.0), fixed)
+            l_sum = torch.where(active, l_sum * alpha + p.sum(-1, keepdim=True), l_sum)
+            acc = torch.where(active, acc * alpha + torch.matmul(p, v), acc)
+            m = m_new
+        res = acc / torch.where(l_sum > 0, l_sum, 1.0)  # [C, KVH, G*R, D]
+        res = res.view(chunks, kv_heads, group, rows, dim).permute(0, 3, 1, 2, 4).reshape(chunks, rows, heads, dim)
+        keep = q_pos >= 0
+        out[query_rows[q_idx[keep]]] = res[keep]
+    return out

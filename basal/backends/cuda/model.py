@@ -1,0 +1,210 @@
+"""Llama over a packed prefix tree, in torch. Reads top to bottom like any Llama; the tree only changes which
+keys a query attends to (`kernels.tree_attention`) and the last layer, which runs at readout positions only."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from basal.backends.cuda import kernels as K
+from basal.core.model_dir import LlamaConfig, ModelDir
+from basal.core.safetensors_io import bf16_bits_to_f32
+
+TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q; k; v] rows fused: one GEMM
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [gate; up] rows fused
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+class LlamaWeights:
+    """Checkpoint tensors (Hugging Face names) converted once to the compute dtype; q/k/v and gate/up fused."""
+
+    def __init__(self, model: ModelDir, dtype: torch.dtype, device: torch.device):
+        self.cfg: LlamaConfig = model.config
+        self._index = model.open_weights()
+        self.dtype, self.device = dtype, device
+
+        def get(name: str) -> torch.Tensor:
+            return self._tensor(name).to(device=device, dtype=dtype)
+
+        def bias(*names: str) -> torch.Tensor | None:  # basal-1.0 has biases, basal-1.5 none
+            return torch.cat([get(n) for n in names]) if self.cfg.bias else None
+
+        self.embed = get("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            self.layers.append(Layer(
+                input_norm=get(p + "input_layernorm.weight"),
+                qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
+                qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                o_proj=get(a + "o_proj.weight"),
+                o_bias=bias(a + "o_proj.bias"),
+                post_norm=get(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
+                gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
+                down=get(m + "down_proj.weight"),
+                down_bias=bias(m + "down_proj.bias"),
+            ))
+        self.norm = get("model.norm.weight")
+        self._letter_rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _tensor(self, name: str) -> torch.Tensor:
+        f, key = self._index[name]
+        dtype, array = f.tensor(key)
+        if dtype == "BF16":
+            array = bf16_bits_to_f32(np.asarray(array))
+        return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+
+    def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
+        """The lm_head rows of the option letters, f32: logits are computed for these rows only."""
+        if letter_ids not in self._letter_rows:
+            f, key = self._index["lm_head.weight"]
+            dtype, array = f.tensor(key)
+            rows = np.asarray(array[list(letter_ids)])
+            rows = bf16_bits_to_f32(rows) if dtype == "BF16" else rows.astype(np.float32)
+            # the head sees weights as the model dtype would hold them, computed in f32
+            head = torch.from_numpy(rows).to(self.dtype).float().to(self.device)
+            self._letter_rows[letter_ids] = head
+        return self._letter_rows[letter_ids]
+
+
+@dataclass
+class TreeInputs:
+    """Per-batch tensors shared by every layer."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    plan: K.AttentionPlan  # all tokens as queries (layers before the last)
+    readout_plan: K.AttentionPlan  # readouts as queries (last layer)
+    readouts: torch.Tensor
+    all_rows: torch.Tensor  # flat index -> query row, all tokens
+    readout_rows: torch.Tensor  # flat index -> query row, readouts (others -1)
+    prefix_keys: tuple[str, ...]
+
+
+class TreeLlama:
+    """The forward pass. `fixed_shapes=False` runs every op on the whole batch at once: the non-invariant
+    negative control of the determinism tests."""
+
+    def __init__(self, weights: LlamaWeights, fixed_shapes: bool = True):
+        self.w = weights
+        self.cfg = weights.cfg
+        self.fixed = fixed_shapes
+        self.prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # key -> per layer (K, V) f32
+        cos, sin = K.rope_tables(self.cfg.max_position_embeddings, self.cfg.head_dim, self.cfg.rope_theta)
+        self.cos, self.sin = cos.to(weights.device), sin.to(weights.device)
+
+    # -- layers -----------------------------------------------------------------------------------------------
+
+    def _linear(self, x, w, b, rows):
+        return K.linear(x, w, b, rows, self.fixed)
+
+    def _norm(self, x, w, rows):
+        return K.rms_norm(x, w, self.cfg.rms_norm_eps, rows, self.fixed)
+
+    def _kv_buffers(self, layer: int, k: torch.Tensor, v: torch.Tensor, keys: tuple[str, ...]):
+        """Key/value buffer of a layer: a zero row, the cached prefixes used by the batch, the batch's tokens."""
+        zero = k.new_zeros(1, *k.shape[1:])
+        ks = [zero] + [self.prefix_kv[p][layer][0] for p in keys] + [k]
+        vs = [zero] + [self.prefix_kv[p][layer][1] for p in keys] + [v]
+        return torch.cat(ks), torch.cat(vs)
+
+    def layer(self, i: int, h: torch.Tensor, t: TreeInputs, last: bool) -> tuple[torch.Tensor, tuple]:
+        """One decoder layer. `last`: K/V for every token, everything else only at the readouts."""
+        cfg, lw = self.cfg, self.w.layers[i]
+        hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        x = self._norm(h, lw.input_norm, K.ROWS)
+        if not last:
+            qkv = self._linear(x, lw.qkv, lw.qkv_bias, K.ROWS)  # [N, (H + 2 KVH) * D]
+            q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
+        else:  # the last layer needs keys and values everywhere, queries only at the readouts
+            kv_w, kv_b = lw.qkv[nq * hd :], None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
+            k, v = self._linear(x, kv_w, kv_b, K.ROWS).split([nkv * hd, nkv * hd], dim=-1)
+            q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
+            q = self._linear(x[t.readouts], lw.qkv[: nq * hd], q_b, K.READOUT_ROWS)
+        k = K.apply_rope(k.float().view(-1, nkv, hd), t.cos, t.sin)
+        v = v.float().view(-1, nkv, hd)
+        q_cos, q_sin = (t.cos, t.sin) if not last else (t.cos[t.readouts], t.sin[t.readouts])
+        q = K.apply_rope(q.float().view(-1, nq, hd), q_cos, q_sin)
+        key_buf, value_buf = self._kv_buffers(i, k, v, t.prefix_keys)
+        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
+        attn = K.tree_attention(q, key_buf, value_buf, plan, rows, self.fixed).to(h.dtype).view(q.shape[0], nq * hd)
+        chunk = K.READOUT_ROWS if last else K.ROWS
+        if last:
+            h = h[t.readouts]
+        h = h + self._linear(attn, lw.o_proj, lw.o_bias, chunk)
+        x = self._norm(h, lw.post_norm, chunk)
+        gate, up = self._linear(x, lw.gate_up, lw.gate_up_bias, chunk).chunk(2, dim=-1)
+        h = h + self._linear(K.silu_mul(gate, up, self.fixed), lw.down, lw.down_bias, chunk)
+        return h, (k, v)
+
+    # -- whole passes ---------------------------------------------------------------------------------------
+
+    def inputs(self, tokens, positions, block_of, starts, lens, parents, root_prefix, prefix_keys, readouts):
+        dev = self.w.device
+        offsets, row = {}, 1
+        for j, key in enumerate(prefix_keys):
+            n = self.prefix_kv[key][0][0].shape[0]
+            offsets[j] = (row, n)
+            row += n
+        n_tok = len(tokens)
+
+        def plan(queries, rows):
+            return K.plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row,
+                                    queries, rows, dev)
+
+        readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
+        readout_rows[torch.from_numpy(readouts.astype(np.int64)).to(dev)] = torch.arange(len(readouts), device=dev)
+        pos = torch.from_numpy(positions.astype(np.int64)).to(dev)
+        cos, sin = self.cos[pos], self.sin[pos]
+        return TreeInputs(cos, sin, plan(np.arange(n_tok), K.QUERY_ROWS), plan(readouts, 1),
+                          torch.from_numpy(readouts.astype(np.int64)).to(dev),
+                          torch.arange(n_tok, device=dev), readout_rows, tuple(prefix_keys))
+
+    def forward(self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]) -> Generator[None, None, np.ndarray]:
+        """Yields after every layer (outside inference mode, so a paused pass leaks no torch state)."""
+        with torch.inference_mode():
+            h = self.w.embed[tokens]
+        n_layers = self.cfg.num_hidden_layers
+        for i in range(n_layers):
+            with torch.inference_mode():
+                h, _ = self.layer(i, h, t, last=i == n_layers - 1)
+            yield
+        with torch.inference_mode():
+            x = self._norm(h, self.w.norm, K.READOUT_ROWS).float()
+            head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
+            logits = K.linear(x, head, None, K.READOUT_ROWS, self.fixed)
+            return logits.cpu().numpy()
+
+    def compute_prefix(self, key: str, tokens: list[int]) -> None:
+        """K/V of a template prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them."""
+        n = len(tokens)
+        arr = np.arange(n, dtype=np.int32)
+        one = np.zeros(1, dtype=np.int32)
+        t = self.inputs(np.asarray(tokens, dtype=np.int32), arr, np.zeros(n, dtype=np.int32), one,
+                        np.asarray([n], dtype=np.int32), np.asarray([-1], dtype=np.int32),
+                        np.asarray([-1], dtype=np.int32), (), np.asarray([n - 1], dtype=np.int32))
+        h = self.w.embed[torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.w.device)]
+        kv = []
+        n_layers = self.cfg.num_hidden_layers
+        for i in range(n_layers):
+            h_next, (k, v) = self.layer(i, h, t, last=i == n_layers - 1)
+            kv.append((k, v))
+            h = h_next
+        self.prefix_kv[key] = kv

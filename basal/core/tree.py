@@ -1,0 +1,275 @@
+"""Prefix-tree packing (basal-contract.md §3): prompts that share a prefix are computed once.
+
+All option-order prompts of a batch — both orders of a question, every question of a request, questions of
+different requests — go into a compressed prefix trie, flattened depth first into one token list without
+padding. A block is the common prefix of its member prompts from its parent's end; a token sees the tokens of
+its ancestor blocks and the earlier tokens of its own block, never a sibling's. Every token keeps its position in
+its own prompt, so attention over a block's ancestor chain *is* the plain causal attention of that prompt.
+
+    prompts  [t0 t1 t2 t3 t4]  [t0 t1 t2 t7 t8 t9]
+    blocks   root=[t0 t1 t2] (pos 0..2) -> [t3 t4] (pos 3..4), [t7 t8 t9] (pos 3..5)
+    flat     t0 t1 t2 t3 t4 t7 t8 t9, readouts at flat 4 and 7
+
+Questions are split by prompt language (each row starts with the same template prefix, whose K/V a backend
+may cache), questions about the same state sit next to each other, rows are cut at `tree_max_tokens` and
+consecutive rows grouped into forwards of at most `forward_max_tokens`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_DEPTH = 8
+TREE_MAX_TOKENS = 32768
+FORWARD_MAX_TOKENS = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """What a backend runs: flat ragged tokens of one or more trie rows. All arrays int32, no padding."""
+
+    tokens: np.ndarray  # [N] token ids
+    positions: np.ndarray  # [N] index of the token in its own prompt
+    block_of: np.ndarray  # [N] block of each token
+    block_start: np.ndarray  # [B] flat index of a block's first token
+    block_len: np.ndarray  # [B]
+    block_parent: np.ndarray  # [B] parent block, -1 for a row's root
+    block_prefix: np.ndarray  # [B] for a root: index into `prefix_keys` of the cached template prefix before it, else -1
+    prefix_keys: tuple[str, ...]  # cached template prefixes used (language codes)
+    readouts: np.ndarray  # [R] flat index of each readout token (the last token of a prompt)
+    letter_ids: np.ndarray  # [L] letter token ids read at every readout
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def chain(self, block: int) -> list[int]:
+        """Blocks from the row's root down to `block`."""
+        out = []
+        while block >= 0:
+            out.append(block)
+            block = int(self.block_parent[block])
+        return out[::-1]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedQuestion:
+    """One question ready to pack: one token list per option order."""
+
+    lang: str
+    state: str  # state text, to place questions on the same state next to each other
+    prompts: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One backend call and where each (question, order) reads its letter logits."""
+
+    batch: PackedBatch
+    readout_of: dict[tuple[int, int], int]  # (question index, order index) -> readout row
+
+
+def lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TrieSize:
+    """Packed-token count of a growing set of prompts (shared prefixes counted once), updated in O(log n + L).
+
+    Sorted order makes the trie size Σ (len(p) − lcp(p, predecessor)); inserting p between a and b changes it by
+    len(p) − lcp(a, p) − lcp(p, b) + lcp(a, b)."""
+
+    def __init__(self) -> None:
+        self._sorted: list[tuple[int, ...]] = []
+        self.tokens = 0
+
+    def added(self, prompt: tuple[int, ...]) -> int:
+        """Tokens `prompt` would add (0 for a duplicate)."""
+        i = bisect.bisect_left(self._sorted, prompt)
+        a = self._sorted[i - 1] if i > 0 else ()
+        b = self._sorted[i] if i < len(self._sorted) else ()
+        return len(prompt) - lcp(a, prompt) - lcp(prompt, b) + lcp(a, b)
+
+    def add(self, prompt: tuple[int, ...]) -> int:
+        delta = self.added(prompt)
+        bisect.insort(self._sorted, prompt)
+        self.tokens += delta
+        return delta
+
+
+def packed_tokens(prompts: Sequence[Sequence[int]], cached_prefix: int = 0) -> int:
+    """Tokens a set of prompts costs in one tree (the cached template prefix, if any, is not computed)."""
+    size = TrieSize()
+    for p in prompts:
+        size.add(tuple(p))
+    return size.tokens - (cached_prefix if prompts else 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One trie row
+
+
+@dataclass
+class _RowBuilder:
+    """Flattens the compressed trie of one row's (deduplicated) prompts, depth first."""
+
+    offset: int  # tokens already cut from every prompt (the cached template prefix)
+    max_depth: int
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    block_of: list[int] = field(default_factory=list)
+    blocks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, len, parent) local to the row
+    ends: dict[int, int] = field(default_factory=dict)  # unique prompt -> local flat index of its last token
+
+    def emit(self, prompt: tuple[int, ...], start: int, end: int, parent: int) -> int:
+        block = len(self.blocks)
+        self.blocks.append((len(self.tokens), end - start, parent))
+        self.tokens.extend(prompt[start:end])
+        self.positions.extend(range(start + self.offset, end + self.offset))
+        self.block_of.extend([block] * (end - start))
+        return block
+
+    def add(self, prompts: list[tuple[int, ...]], members: list[int], start: int, parent: int, depth: int) -> None:
+        if len(members) > 1 and depth + 1 >= self.max_depth:  # depth limit: no further sharing
+            for m in members:
+                self.add(prompts, [m], start, parent, depth)
+            return
+        first = prompts[members[0]]
+        end = len(first) if len(members) == 1 else start + min(lcp(first[start:], prompts[m][start:]) for m in members)
+        block = parent
+        if end > start:
+            block = self.emit(first, start, end, parent)
+            depth += 1
+        groups: dict[int, list[int]] = {}
+        for m in members:
+            if len(prompts[m]) == end:
+                self.ends[m] = len(self.tokens) - 1  # ends here: reads out at this block's last token
+            else:
+                groups.setdefault(prompts[m][end], []).append(m)
+        for group in groups.values():
+            self.add(prompts, group, end, block, depth)
+
+
+def pack_row(prompts: Sequence[tuple[int, ...]], offset: int = 0, max_depth: int = MAX_DEPTH) -> _RowBuilder:
+    """Trie of one row. `prompts` must be distinct; `offset` = tokens already removed from each (cached prefix)."""
+    row = _RowBuilder(offset, max_depth)
+    if prompts:  # a single prompt becomes one block (an empty root), as in the reference packer
+        row.add(list(prompts), list(range(len(prompts))), 0, -1, 0)
+    return row
+
+
+def pack_fields(prompts: Sequence[Sequence[int]]) -> dict[str, object]:
+    """The reference export's ``pack`` record of one question packed alone: prefix_len (common prefix of the
+    orders, capped so that every order keeps a token), packed_len and readout_cols."""
+    unique = list(dict.fromkeys(tuple(p) for p in prompts))
+    row = pack_row(unique)
+    capped = min(lcp(prompts[0], p) for p in prompts) if len(prompts) > 1 else 0
+    capped = min(capped, min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+    return {"prefix_len": capped, "packed_len": len(row.tokens),
+            "readout_cols": [row.ends[unique.index(tuple(p))] for p in prompts]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A batch of questions -> forwards
+
+
+def plan_forwards(
+    questions: Sequence[TokenizedQuestion],
+    letter_ids: Sequence[int],
+    prefixes: dict[str, tuple[int, ...]] | None = None,
+    tree_max_tokens: int = TREE_MAX_TOKENS,
+    forward_max_tokens: int = FORWARD_MAX_TOKENS,
+    max_depth: int = MAX_DEPTH,
+) -> list[Forward]:
+    """Pack questions into trie rows and rows into forwards.
+
+    `prefixes` maps a language to the template-prefix tokens whose K/V the backend has cached; rows of that
+    language leave them out (every prompt of the language starts with them). Identical prompts share a readout.
+    """
+    prefixes = prefixes or {}
+    rows: list[tuple[str, list[int]]] = []  # (lang, question indices)
+    for lang in dict.fromkeys(q.lang for q in questions):
+        state_rank: dict[str, int] = {}
+        ordered = sorted((i for i, q in enumerate(questions) if q.lang == lang),
+                         key=lambda i: state_rank.setdefault(questions[i].state, len(state_rank)))
+        size, current = TrieSize(), []
+        for i in ordered:
+            added = sum(size.added(p) for p in questions[i].prompts)
+            if current and size.tokens + added > tree_max_tokens:
+                rows.append((lang, current))
+                size, current = TrieSize(), []
+            for p in questions[i].prompts:
+                size.add(p)
+            current.append(i)
+        if current:
+            rows.append((lang, current))
+
+    forwards, group, group_tokens = [], [], 0
+    for lang, members in rows:
+        built = _build_row(questions, members, prefixes.get(lang, ()))
+        n = len(built[0].tokens)
+        if group and group_tokens + n > forward_max_tokens:
+            forwards.append(_assemble(group, letter_ids))
+            group, group_tokens = [], 0
+        group.append((lang if lang in prefixes else None, *built))
+        group_tokens += n
+    if group:
+        forwards.append(_assemble(group, letter_ids))
+    return forwards
+
+
+def _build_row(questions, members, prefix: tuple[int, ...]):
+    unique: dict[tuple[int, ...], int] = {}
+    slots: list[tuple[int, int, int]] = []  # (question, order, unique prompt)
+    for i in members:
+        for order, p in enumerate(questions[i].prompts):
+            if prefix:
+                if p[: len(prefix)] != prefix or len(p) <= len(prefix):
+                    raise ValueError(f"a prompt does not start with the cached {questions[i].lang} template prefix; "
+                                     "this is a bug")
+                p = p[len(prefix):]
+            slots.append((i, order, unique.setdefault(p, len(unique))))
+    row = pack_row(list(unique), offset=len(prefix))
+    return row, slots
+
+
+def _assemble(group, letter_ids) -> Forward:
+    tokens, positions, block_of, starts, lens, parents, prefix_of, readouts = [], [], [], [], [], [], [], []
+    keys: list[str] = []
+    readout_of: dict[tuple[int, int], int] = {}
+    for lang, row, slots in group:
+        base_token, base_block = len(tokens), len(starts)
+        tokens += row.tokens
+        positions += row.positions
+        block_of += [b + base_block for b in row.block_of]
+        prefix_index = -1
+        if lang is not None:
+            if lang not in keys:
+                keys.append(lang)
+            prefix_index = keys.index(lang)
+        for start, length, parent in row.blocks:
+            starts.append(start + base_token)
+            lens.append(length)
+            parents.append(parent + base_block if parent >= 0 else -1)
+            prefix_of.append(prefix_index if parent < 0 else -1)
+        readout_row: dict[int, int] = {}
+        for question, order, u in slots:
+            if u not in readout_row:
+                readout_row[u] = len(readouts)
+                readouts.append(row.ends[u] + base_token)
+            readout_of[(question, order)] = readout_row[u]
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
+    batch = PackedBatch(i32(tokens), i32(positions), i32(block_of), i32(starts), i32(lens), i32(parents),
+                        i32(prefix_of), tuple(keys), i32(readouts), i32(letter_ids))
+    return Forward(batch, readout_of)
