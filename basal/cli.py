@@ -52,6 +52,56 @@ def _check_reference(a: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _open_model(path: str | None):
+    """A model directory, or the built-in demo model (with a plain warning that its answers mean nothing)."""
+    from basal.core.model_dir import ModelDir
+    from basal.core.synth import demo_model
+
+    model = ModelDir.load(path) if path else demo_model()
+    if model.synthetic:
+        print(
+            f"basal: {model.name} is a synthetic model with random weights: its answers carry no meaning",
+            file=sys.stderr,
+        )
+    return model
+
+
+def _decide(a: argparse.Namespace) -> int:
+    import msgspec
+
+    from basal.backends.base import load_backend
+    from basal.core.contract import decode_body, parse_basal, parse_systemone
+    from basal.core.errors import RequestError
+    from basal.core.pipeline import Pipeline, Stats, model_resolver
+
+    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
+    model = _open_model(a.model)
+    backend = load_backend(model, a.backend, a.dtype)
+    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    resolve = model_resolver([model.name], model.name)
+    stats = Stats()
+    try:
+        raw = decode_body(body, a.dialect)
+        request = parse_systemone(raw, resolve) if a.dialect == "systemone" else parse_basal(raw, resolve)
+        response = pipeline.decide(request, stats)
+    except RequestError as e:
+        print(msgspec.json.encode(e.body).decode())
+        print(f"basal decide: the request was refused (HTTP {e.status})", file=sys.stderr)
+        return 1
+    print(msgspec.json.encode(response).decode())
+    if a.timing:
+        saved = 1 - stats.packed_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+        print(
+            f"backend {backend.name} {backend.device} {backend.dtype}\n"
+            f"tokens: {stats.prompt_tokens} in the option-order prompts, {stats.packed_tokens} computed "
+            f"({saved:.0%} saved by the prefix tree and the template-prefix cache), {stats.forwards} forward(s)\n"
+            f"time: tokenize {stats.tokenize_ms:.1f} ms, pack {stats.pack_ms:.1f} ms, "
+            f"forward {stats.forward_ms:.1f} ms",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -71,6 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", default=None, help="model directory: also compare token ids and letter ids")
     c.add_argument("--show", type=int, default=20, help="mismatches to print (default 20)")
     c.set_defaults(run=_check_reference)
+
+    d = sub.add_parser("decide", help="answer one request (JSON file or stdin) and print the answer JSON")
+    d.add_argument("request", nargs="?", default=None, help="request JSON file; - or nothing: standard input")
+    d.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    d.add_argument(
+        "--dialect",
+        default="systemone",
+        choices=["systemone", "basal"],
+        help="systemone: TypeSafe System One (default); basal: the upstream basal-serve dialect",
+    )
+    d.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
+    d.add_argument(
+        "--dtype", default=None, choices=["f32", "f16", "bf16"], help="default: f16 on CUDA and Metal, f32 on the CPU"
+    )
+    d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
+    d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
+    d.set_defaults(run=_decide)
     return p
 
 

@@ -1,4 +1,4 @@
-"""The Backend protocol and backend selection.
+"""Backend selection. The protocol itself (`Backend`) is in `basal.core.compute`, so core can drive it.
 
 A backend loads a model directory, caches the K/V of the template prefixes once, and runs `PackedBatch`es.
 `run` is a generator that yields after every layer, so that a long-lane job can pause at layer boundaries (the
@@ -9,40 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import platform
-from collections.abc import Generator, Sequence
-from typing import Protocol
-
-import numpy as np
-
+from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
-from basal.core.tree import PackedBatch
+
+__all__ = ["BACKENDS", "DTYPES", "Backend", "load_backend", "pick_backend"]
 
 BACKENDS = ("torch", "mlx")
 DTYPES = ("f32", "f16", "bf16")
-
-
-class Backend(Protocol):
-    name: str  # "torch" | "mlx"
-    device: str  # "cpu", "cuda:0", "metal", ...
-    dtype: str  # "f32" | "f16" | "bf16"
-    model: ModelDir
-
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
-        """Compute and keep the K/V of a template prefix (positions 0..n-1); batches refer to it by `key`."""
-        ...
-
-    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
-        """Forward over the packed tree; yields after every layer; returns float32[readouts, letters]."""
-        ...
-
-
-def run_to_end(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
-    """Drive a `Backend.run` generator without pausing."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def _apple_silicon() -> bool:
@@ -77,7 +50,9 @@ def load_backend_class(name: str):
     return MLXBackend
 
 
-def load_backend(model: ModelDir, backend: str = "auto", dtype: str | None = None, device: str | None = None):
+def load_backend(
+    model: ModelDir, backend: str = "auto", dtype: str | None = None, device: str | None = None
+) -> Backend:
     cls = load_backend_class(pick_backend(backend))
     if cls is None:
         raise ValueError(f"the {backend} backend is not available in this build of basal")

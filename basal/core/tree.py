@@ -38,7 +38,9 @@ class PackedBatch:
     block_start: np.ndarray  # [B] flat index of a block's first token
     block_len: np.ndarray  # [B]
     block_parent: np.ndarray  # [B] parent block, -1 for a row's root
-    block_prefix: np.ndarray  # [B] for a root: index into `prefix_keys` of the cached template prefix before it, else -1
+    block_prefix: (
+        np.ndarray
+    )  # [B] for a root: index into `prefix_keys` of the cached template prefix before it, else -1
     prefix_keys: tuple[str, ...]  # cached template prefixes used (language codes)
     readouts: np.ndarray  # [R] flat index of each readout token (the last token of a prompt)
     letter_ids: np.ndarray  # [L] letter token ids read at every readout
@@ -173,8 +175,11 @@ def pack_fields(prompts: Sequence[Sequence[int]]) -> dict[str, object]:
     row = pack_row(unique)
     capped = min(lcp(prompts[0], p) for p in prompts) if len(prompts) > 1 else 0
     capped = min(capped, min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
-    return {"prefix_len": capped, "packed_len": len(row.tokens),
-            "readout_cols": [row.ends[unique.index(tuple(p))] for p in prompts]}
+    return {
+        "prefix_len": capped,
+        "packed_len": len(row.tokens),
+        "readout_cols": [row.ends[unique.index(tuple(p))] for p in prompts],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -198,8 +203,10 @@ def plan_forwards(
     rows: list[tuple[str, list[int]]] = []  # (lang, question indices)
     for lang in dict.fromkeys(q.lang for q in questions):
         state_rank: dict[str, int] = {}
-        ordered = sorted((i for i, q in enumerate(questions) if q.lang == lang),
-                         key=lambda i: state_rank.setdefault(questions[i].state, len(state_rank)))
+        ordered = sorted(
+            (i for i, q in enumerate(questions) if q.lang == lang),
+            key=lambda i: state_rank.setdefault(questions[i].state, len(state_rank)),
+        )
         size, current = TrieSize(), []
         for i in ordered:
             added = sum(size.added(p) for p in questions[i].prompts)
@@ -233,9 +240,10 @@ def _build_row(questions, members, prefix: tuple[int, ...]):
         for order, p in enumerate(questions[i].prompts):
             if prefix:
                 if p[: len(prefix)] != prefix or len(p) <= len(prefix):
-                    raise ValueError(f"a prompt does not start with the cached {questions[i].lang} template prefix; "
-                                     "this is a bug")
-                p = p[len(prefix):]
+                    raise ValueError(
+                        f"a prompt does not start with the cached {questions[i].lang} template prefix; this is a bug"
+                    )
+                p = p[len(prefix) :]
             slots.append((i, order, unique.setdefault(p, len(unique))))
     row = pack_row(list(unique), offset=len(prefix))
     return row, slots
@@ -270,6 +278,16 @@ def _assemble(group, letter_ids) -> Forward:
     def i32(x):
         return np.asarray(x, dtype=np.int32)
 
-    batch = PackedBatch(i32(tokens), i32(positions), i32(block_of), i32(starts), i32(lens), i32(parents),
-                        i32(prefix_of), tuple(keys), i32(readouts), i32(letter_ids))
+    batch = PackedBatch(
+        i32(tokens),
+        i32(positions),
+        i32(block_of),
+        i32(starts),
+        i32(lens),
+        i32(parents),
+        i32(prefix_of),
+        tuple(keys),
+        i32(readouts),
+        i32(letter_ids),
+    )
     return Forward(batch, readout_of)

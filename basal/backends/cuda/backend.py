@@ -22,8 +22,9 @@ class TorchBackend:
         self.net = TreeLlama(LlamaWeights(model, TORCH_DTYPE[dtype], device), fixed_shapes)
 
     @classmethod
-    def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None,
-             fixed_shapes: bool = True) -> TorchBackend:
+    def load(
+        cls, model: ModelDir, dtype: str | None = None, device: str | None = None, fixed_shapes: bool = True
+    ) -> TorchBackend:
         """f16 by default on CUDA; f32 on the CPU (the numerical reference; bf16 and f16 work there too)."""
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
@@ -42,8 +43,17 @@ class TorchBackend:
 
     def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
         with torch.inference_mode():
-            t = self.net.inputs(batch.tokens, batch.positions, batch.block_of, batch.block_start, batch.block_len,
-                                batch.block_parent, batch.block_prefix, batch.prefix_keys, batch.readouts)
+            t = self.net.inputs(
+                batch.tokens,
+                batch.positions,
+                batch.block_of,
+                batch.block_start,
+                batch.block_len,
+                batch.block_parent,
+                batch.block_prefix,
+                batch.prefix_keys,
+                batch.readouts,
+            )
             tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)
         letters = tuple(int(x) for x in batch.letter_ids)
         return (yield from self.net.forward(t, tokens, letters))

@@ -49,18 +49,20 @@ class LlamaWeights:
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            self.layers.append(Layer(
-                input_norm=get(p + "input_layernorm.weight"),
-                qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
-                qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                o_proj=get(a + "o_proj.weight"),
-                o_bias=bias(a + "o_proj.bias"),
-                post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
-                gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
-                down=get(m + "down_proj.weight"),
-                down_bias=bias(m + "down_proj.bias"),
-            ))
+            self.layers.append(
+                Layer(
+                    input_norm=get(p + "input_layernorm.weight"),
+                    qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
+                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                    o_proj=get(a + "o_proj.weight"),
+                    o_bias=bias(a + "o_proj.bias"),
+                    post_norm=get(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
+                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
+                    down=get(m + "down_proj.weight"),
+                    down_bias=bias(m + "down_proj.bias"),
+                )
+            )
         self.norm = get("model.norm.weight")
         self._letter_rows: dict[tuple[int, ...], torch.Tensor] = {}
 
@@ -166,18 +168,28 @@ class TreeLlama:
         n_tok = len(tokens)
 
         def plan(queries, rows):
-            return K.plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row,
-                                    queries, rows, dev)
+            return K.plan_attention(
+                block_of, positions, starts, lens, parents, root_prefix, offsets, row, queries, rows, dev
+            )
 
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
         readout_rows[torch.from_numpy(readouts.astype(np.int64)).to(dev)] = torch.arange(len(readouts), device=dev)
         pos = torch.from_numpy(positions.astype(np.int64)).to(dev)
         cos, sin = self.cos[pos], self.sin[pos]
-        return TreeInputs(cos, sin, plan(np.arange(n_tok), K.QUERY_ROWS), plan(readouts, 1),
-                          torch.from_numpy(readouts.astype(np.int64)).to(dev),
-                          torch.arange(n_tok, device=dev), readout_rows, tuple(prefix_keys))
+        return TreeInputs(
+            cos,
+            sin,
+            plan(np.arange(n_tok), K.QUERY_ROWS),
+            plan(readouts, 1),
+            torch.from_numpy(readouts.astype(np.int64)).to(dev),
+            torch.arange(n_tok, device=dev),
+            readout_rows,
+            tuple(prefix_keys),
+        )
 
-    def forward(self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]) -> Generator[None, None, np.ndarray]:
+    def forward(
+        self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]
+    ) -> Generator[None, None, np.ndarray]:
         """Yields after every layer (outside inference mode, so a paused pass leaks no torch state)."""
         with torch.inference_mode():
             h = self.w.embed[tokens]
@@ -197,9 +209,17 @@ class TreeLlama:
         n = len(tokens)
         arr = np.arange(n, dtype=np.int32)
         one = np.zeros(1, dtype=np.int32)
-        t = self.inputs(np.asarray(tokens, dtype=np.int32), arr, np.zeros(n, dtype=np.int32), one,
-                        np.asarray([n], dtype=np.int32), np.asarray([-1], dtype=np.int32),
-                        np.asarray([-1], dtype=np.int32), (), np.asarray([n - 1], dtype=np.int32))
+        t = self.inputs(
+            np.asarray(tokens, dtype=np.int32),
+            arr,
+            np.zeros(n, dtype=np.int32),
+            one,
+            np.asarray([n], dtype=np.int32),
+            np.asarray([-1], dtype=np.int32),
+            np.asarray([-1], dtype=np.int32),
+            (),
+            np.asarray([n - 1], dtype=np.int32),
+        )
         h = self.w.embed[torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.w.device)]
         kv = []
         n_layers = self.cfg.num_hidden_layers

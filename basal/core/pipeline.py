@@ -1,0 +1,147 @@
+"""One model, end to end and synchronous: plan -> tokenize -> pack -> forward -> decide -> answer.
+
+The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the plain path used by
+`basal decide`, the tests and the in-process benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from basal.core.compute import Backend, run_to_end
+from basal.core.contract import (
+    BasalResponse,
+    BasalUsage,
+    DecisionRequest,
+    Question,
+    SystemOneResponse,
+    Usage,
+)
+from basal.core.decision import answer_basal, answer_systemone, certain, distribution
+from basal.core.model_dir import ModelDir
+from basal.core.prompt import LETTERS, template_prefix
+from basal.core.tree import FORWARD_MAX_TOKENS, TREE_MAX_TOKENS, TokenizedQuestion, packed_tokens, plan_forwards
+
+JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
+
+
+def model_resolver(served: Sequence[str], default: str) -> Callable[[str | None], str | None]:
+    """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
+
+    def resolve(name: str | None) -> str | None:
+        if name is None or name in JEV_ALIASES:
+            return default
+        return name if name in served else None
+
+    return resolve
+
+
+@dataclass
+class Stats:
+    """Where the time went, and what packing saved."""
+
+    tokenize_ms: float = 0.0
+    pack_ms: float = 0.0
+    forward_ms: float = 0.0
+    forwards: int = 0
+    packed_tokens: int = 0  # tokens computed (shared prefixes once, cached template prefix not at all)
+    prompt_tokens: int = 0  # tokens of every option-order prompt, as if each ran alone
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        model: ModelDir,
+        backend: Backend,
+        prefix_cache: bool = True,
+        tree_max_tokens: int = TREE_MAX_TOKENS,
+        forward_max_tokens: int = FORWARD_MAX_TOKENS,
+    ):
+        self.model = model
+        self.backend = backend
+        self.tokenizer = model.tokenizer
+        self.letter_ids = self.tokenizer.letter_ids(len(LETTERS))
+        self.tree_max_tokens = tree_max_tokens
+        self.forward_max_tokens = forward_max_tokens
+        self.prefixes: dict[str, tuple[int, ...]] = {}
+        if prefix_cache:
+            for lang, n in self.tokenizer.prefix_len.items():
+                ids = tuple(self.tokenizer.encode(template_prefix(lang, model.bos))[:n])
+                backend.prefix(lang, ids)
+                self.prefixes[lang] = ids
+
+    def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
+        """Token ids of every option order of the questions that need the model."""
+        prompts = [q.item.prompt(perm, self.model.bos) for q in questions for perm in q.item.orders]
+        ids = iter(self.tokenizer.encode_batch(prompts))
+        return [
+            TokenizedQuestion(q.item.lang, q.item.state_text, tuple(tuple(next(ids)) for _ in q.item.orders))
+            for q in questions
+        ]
+
+    def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
+        """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
+        total = 0
+        for lang in {t.lang for t in tokenized}:
+            prompts = [p for t in tokenized if t.lang == lang for p in t.prompts]
+            total += packed_tokens(prompts, len(self.prefixes.get(lang, ())))
+        return total
+
+    def letter_logits(
+        self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
+    ) -> Generator[None, None, list[list[np.ndarray]]]:
+        """Letter logits of every order of every question (float32, first k letters); yields between layers."""
+        t0 = time.perf_counter()
+        forwards = plan_forwards(
+            tokenized, self.letter_ids, self.prefixes, self.tree_max_tokens, self.forward_max_tokens
+        )
+        t1 = time.perf_counter()
+        out: list[list[np.ndarray]] = [[None] * len(t.prompts) for t in tokenized]  # type: ignore[list-item]
+        for f in forwards:
+            logits = yield from self.backend.run(f.batch)
+            for (qi, order), row in f.readout_of.items():
+                out[qi][order] = logits[row]
+        if stats is not None:
+            stats.pack_ms += (t1 - t0) * 1000
+            stats.forward_ms += (time.perf_counter() - t1) * 1000
+            stats.forwards += len(forwards)
+            stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
+            stats.prompt_tokens += sum(len(p) for t in tokenized for p in t.prompts)
+        return out
+
+    def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
+        """Answer a planned request (no pausing, no batching with other requests)."""
+        stats = stats if stats is not None else Stats()
+        started = time.perf_counter()
+        run = [q for q in request.questions if q.needs_model]
+        tokenized = self.tokenize(run)
+        stats.tokenize_ms += (time.perf_counter() - started) * 1000
+        logits = run_to_end(self.letter_logits(tokenized, stats))
+        by_name = {q.name: lg for q, lg in zip(run, logits, strict=True)}
+        return self.answer(
+            request, by_name, sum(len(p) for t in tokenized for p in t.prompts), (time.perf_counter() - started) * 1000
+        )
+
+    def answer(
+        self, request: DecisionRequest, logits: dict[str, list[np.ndarray]], input_tokens: int, latency_ms: float
+    ) -> SystemOneResponse | BasalResponse:
+        """Letter logits per question -> the response in the request's dialect."""
+        answers = {}
+        for q in request.questions:
+            if q.needs_model:
+                k = len(q.item.options)
+                dist = distribution(
+                    [lg[:k] for lg in logits[q.name]], q.item.orders, self.model.calibration.temperature(q.item.type)
+                )
+            else:
+                dist = certain()
+            answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dist)
+        if request.dialect == "systemone":
+            return SystemOneResponse(request.model, answers, Usage(input_tokens))
+        n = len(request.questions)
+        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, n, round(latency_ms, 2)))
