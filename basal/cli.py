@@ -74,8 +74,8 @@ def _decide(a: argparse.Namespace) -> int:
     from basal.core.errors import RequestError
     from basal.core.pipeline import Pipeline, Stats, model_resolver
 
-    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
     model = _open_model(a.model)
+    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
     backend = load_backend(model, a.backend, a.dtype)
     pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
     resolve = model_resolver([model.name], model.name)

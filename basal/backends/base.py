@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import platform
+
 from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
 

@@ -9,7 +9,8 @@ Two record kinds (one JSON object per line):
 
 Every prompt is rebuilt from the record's own inputs with basal's contract code; from the export's letter
 logits the distribution (to 1e-12) and the full upstream answer (to 1e-6: upstream computed it in float32) are
-recomputed. With a model directory, token ids and letter ids are compared too.
+recomputed, and the packing of each question alone (prefix length, packed length, readout columns) is rebuilt
+from the exported token ids. With a model directory, token ids and letter ids are compared too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from basal.core.decision import answer_basal, distribution
 from basal.core.errors import RequestError
 from basal.core.model_dir import ModelDir
 from basal.core.prompt import Item, lang_of, option_orders
+from basal.core.tree import pack_fields
 
 EXACT = 1e-12  # float64 host math of the export
 UPSTREAM = 1e-6  # upstream_answer was computed in float32
@@ -187,6 +189,9 @@ class ReferenceChecker:
                 ids = tok.encode(o["prompt"])
                 r.check("token ids", ids == o["input_ids"], where, f"{len(ids)} vs {len(o['input_ids'])} tokens")
                 r.check("letter ids", tok.letter_ids(len(perm)) == o["letter_ids"], where)
+        if "pack" in rec and all("input_ids" in o for o in orders):
+            fields = pack_fields([o["input_ids"] for o in orders])
+            r.check("packing", fields == rec["pack"], where, f"{fields} vs {rec['pack']}")
         temperature = float(rec["temperature"])
         if self.temperatures is not None:
             expected_t = float(self.temperatures.get(item.type, 1.0))

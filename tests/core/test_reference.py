@@ -27,7 +27,7 @@ def test_golden_samples_all_match():
     assert report.ok, report.mismatches
     assert report.records == 10
     assert report.passed["prompt text"] == 24 and report.passed["upstream answer"] == 4
-    assert report.passed["p_cal"] == 12 and report.passed["temperature"] == 12
+    assert report.passed["p_cal"] == 12 and report.passed["temperature"] == 12 and report.passed["packing"] == 12
 
 
 UPSTREAM_ERRORS = [  # basal-contract.md §2.4: upstream's own messages for out-of-range option counts
@@ -54,7 +54,7 @@ def test_extension_records_are_skipped_not_failed(tmp_path):
     assert checker.report.ok and sum(checker.report.skipped.values()) == len(cases)
 
 
-@pytest.mark.parametrize("tamper", ["prompt", "logit", "answer", "lang", "tokens"])
+@pytest.mark.parametrize("tamper", ["prompt", "logit", "answer", "lang", "tokens", "pack"])
 def test_tampered_records_are_caught(tmp_path, tamper):
     records = golden_records("systemone-sample.jsonl")
     item = records[0]["items"][0]
@@ -66,6 +66,8 @@ def test_tampered_records_are_caught(tmp_path, tamper):
         records[0]["upstream_answer"]["answers"]["kind"]["confidence"] += 1e-5
     elif tamper == "lang":
         item["lang"] = "en"
+    elif tamper == "pack":
+        item["pack"]["readout_cols"][1] += 1
     else:
         records[0]["upstream_answer"]["usage"]["input_tokens"] += 1
     checker = ReferenceChecker()

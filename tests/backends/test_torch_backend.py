@@ -1,0 +1,80 @@
+"""The torch backend's contract: dtypes, defaults, selection, the last-layer shortcut, and answers end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from basal.backends.base import load_backend, pick_backend
+from basal.backends.cuda.backend import TorchBackend
+from basal.core.contract import parse_systemone
+from basal.core.pipeline import Pipeline, Stats, model_resolver
+
+
+def test_defaults_and_selection(demo_model):
+    assert pick_backend("auto") == "torch"  # no CUDA, not Apple Silicon
+    backend = load_backend(demo_model, "auto")
+    assert (backend.name, backend.device, backend.dtype) == ("torch", "cpu", "f32")
+    with pytest.raises(ValueError, match="unknown backend"):
+        pick_backend("tpu")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_backend(demo_model, "torch", "f8")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_16_bit_dtypes_stay_close_to_f32(demo_model, dtype):
+    request = parse_systemone(
+        {
+            "model": "m",
+            "state": "Order 42 arrived late and damaged.",
+            "questions": {
+                "a": {
+                    "type": "choice",
+                    "instructions": "What happened?",
+                    "criteria": {"late": None, "damaged": None, "lost": None},
+                }
+            },
+        },
+        lambda m: m,
+    )
+    answers = {}
+    for dt in ("f32", dtype):
+        pipeline = Pipeline(demo_model, TorchBackend.load(demo_model, dtype=dt))
+        answers[dt] = pipeline.decide(request).answers["a"].probabilities
+    diff = max(abs(answers["f32"][k] - answers[dtype][k]) for k in answers["f32"])
+    assert diff < (1e-6 if dtype == "f32" else 0.05)
+
+
+def test_decide_end_to_end_and_packing_saves_tokens(demo_model):
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Is point {i} true?"} for i in range(5)}
+    questions["s"] = {"type": "score", "instructions": "How bad?", "criteria": ["low", "mid", "high"]}
+    questions["one"] = {"type": "choice", "criteria": {"only": None}}
+    request = parse_systemone(
+        {"model": "jev-latest", "state": "A long state. " * 40, "questions": questions},
+        model_resolver([demo_model.name], demo_model.name),
+    )
+    stats = Stats()
+    response = pipeline.decide(request, stats)
+    assert response.model == demo_model.name and list(response.answers) == list(questions)
+    assert response.answers["one"].probabilities == {"only": 1.0}
+    assert abs(sum(response.answers["s"].probabilities.values()) - 1) < 1e-12
+    assert response.usage.input_tokens == stats.prompt_tokens
+    assert stats.packed_tokens < 0.3 * stats.prompt_tokens  # state once for 12 prompts, template prefix cached
+    assert stats.forwards == 1
+
+
+def test_letter_logits_are_float32_for_k_letters(demo_model):
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    request = parse_systemone(
+        {
+            "model": "m",
+            "state": "x",
+            "questions": {"c": {"type": "choice", "criteria": {str(i): None for i in range(7)}}},
+        },
+        lambda m: m,
+    )
+    from basal.core.compute import run_to_end
+
+    (orders,) = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
+    assert len(orders) == 2 and all(o.dtype == np.float32 and o.shape == (10,) for o in orders)

@@ -1,0 +1,57 @@
+"""The `basal` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+
+from basal.cli import main
+
+
+def test_synth_model_then_decide(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["synth-model", "--out", str(out), "--preset", "demo", "--seed", "3", "--quiet"]) == 0
+    request = tmp_path / "req.json"
+    request.write_text(
+        json.dumps(
+            {
+                "model": "basal-synthetic-demo",
+                "state": "Zamówienie dotarło uszkodzone.",
+                "questions": {"r": {"type": "noul", "instructions": "Czy zwrot?"}},
+            }
+        )
+    )
+    capsys.readouterr()
+    assert main(["decide", "--model", str(out), "--timing", str(request)]) == 0
+    captured = capsys.readouterr()
+    answer = json.loads(captured.out)
+    assert answer["answers"]["r"]["type"] == "noul" and 0 <= answer["answers"]["r"]["noul"] <= 1
+    assert "carry no meaning" in captured.err and "computed" in captured.err and "forward" in captured.err
+
+
+def test_decide_refusal_prints_the_body(tmp_path, capsys, demo_dir):
+    request = tmp_path / "bad.json"
+    request.write_text(json.dumps({"state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}}))
+    assert main(["decide", "--model", str(demo_dir), "--dialect", "basal", str(request)]) == 1
+    assert json.loads(capsys.readouterr().out) == {"error": "question 'q': 1 options (supported: 2..10)"}
+
+
+def test_decide_uses_the_demo_model_by_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BASAL_HOME", str(tmp_path))
+    request = tmp_path / "req.json"
+    request.write_text(
+        json.dumps(
+            {
+                "model": "jev-latest",
+                "state": "x",
+                "questions": {"c": {"type": "choice", "criteria": {"a": None, "b": None}}},
+            }
+        )
+    )
+    assert main(["decide", str(request)]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "basal-synthetic-demo"
+    assert (tmp_path / "models").is_dir()
+
+
+def test_bad_model_directory_is_a_clear_error(tmp_path, capsys):
+    assert main(["decide", "--model", str(tmp_path / "nope"), "-"]) == 2
+    assert "no such model directory" in capsys.readouterr().err
