@@ -58,30 +58,47 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: boo
     return by_row_chunks(norm, x, rows, fixed)
 
 
-_LN2 = 0.6931471805599453
-_EXP_TAYLOR = [1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]  # degree 7, |r| <= ln2 / 2
+# exp(x) = 2**n * exp(r), n = round(x / ln 2), r = x - n ln 2 (Cody–Waite: ln2_hi has 10 significant bits, so
+# n * ln2_hi is exact for |n| < 2**14), exp(r) by a degree-7 Taylor polynomial on |r| <= ln 2 / 2 (remainder
+# below 5e-9 relative). Every step is an exactly rounded f32 operation.
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693359375
+_LN2_LO = -2.1219444005469057e-04
+_EXP_TAYLOR = [1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]
+_EXP_MIN, _EXP_MAX = -87.33654, 88.72284  # below: 0 (no subnormals); above: inf
 
 
 def det_exp(x: torch.Tensor, fixed: bool = True) -> torch.Tensor:
-    """exp of an f32 tensor from +, *, round and exponent bits only, so every element gets the same bits whatever
-    the tensor's size or layout. Float64 inside; error below 1 ulp of f32 (Taylor remainder < 6e-9 relative).
-    `fixed=False` uses torch.exp (negative control)."""
+    """exp of an f32 tensor from exactly rounded operations only (+, *, round, exponent bits), so every element
+    gets the same bits whatever the tensor's size or layout; within 2 ulp of the true value, flushing results
+    below the smallest normal f32 to 0. `fixed=False` uses torch.exp (negative control)."""
     if not fixed:
         return torch.exp(x)
-    xd = x.double().clamp(-200.0, 100.0)  # exp(-200) rounds to 0 in f32, exp(100) to inf, like torch.exp
-    n = torch.round(xd / _LN2)
-    r = xd - n * _LN2
+    xc = x.float().clamp(_EXP_MIN, _EXP_MAX)
+    n = torch.round(xc * _LOG2E)
+    r = xc - n * _LN2_HI
+    r -= n * _LN2_LO
     p = torch.full_like(r, _EXP_TAYLOR[0])
     for c in _EXP_TAYLOR[1:]:
-        p = p * r + c
-    two_n = ((n.to(torch.int64) + 1023) << 52).view(torch.float64)  # 2**n, exactly
-    return (p * two_n).to(x.dtype)
+        p.mul_(r).add_(c)
+    n = n.to(torch.int32)
+    half = n >> 1  # 2**n = 2**half * 2**(n - half): both factors stay normal for n in [-126, 128]
+    p.mul_(((half + 127) << 23).view(torch.float32)).mul_(((n - half + 127) << 23).view(torch.float32))
+    p.masked_fill_(x < _EXP_MIN, 0.0)
+    p.masked_fill_(x > _EXP_MAX, float("inf"))
+    return p.to(x.dtype)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
-    """silu(gate) * up in the model dtype; silu computed in f32 with `det_exp`."""
-    g = gate.float()
-    return (g / (1.0 + det_exp(-g, fixed))).to(gate.dtype) * up
+def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
+    """[N, 2F] = [gate | up] -> silu(gate) * up in the model dtype; silu in f32 with `det_exp`, computed in row
+    chunks that stay in cache."""
+
+    def one(gu: torch.Tensor) -> torch.Tensor:
+        g, u = gu.chunk(2, dim=-1)
+        g32 = g.float()
+        return (g32 / (1.0 + det_exp(-g32, fixed))).to(g.dtype) * u
+
+    return by_row_chunks(one, gate_up, ROWS)
 
 
 def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

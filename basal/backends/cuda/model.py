@@ -152,8 +152,8 @@ class TreeLlama:
             h = h[t.readouts]
         h = h + self._linear(attn, lw.o_proj, lw.o_bias, chunk)
         x = self._norm(h, lw.post_norm, chunk)
-        gate, up = self._linear(x, lw.gate_up, lw.gate_up_bias, chunk).chunk(2, dim=-1)
-        h = h + self._linear(K.silu_mul(gate, up, self.fixed), lw.down, lw.down_bias, chunk)
+        gate_up = self._linear(x, lw.gate_up, lw.gate_up_bias, chunk)  # [N, 2F]
+        h = h + self._linear(K.swiglu(gate_up, self.fixed), lw.down, lw.down_bias, chunk)
         return h, (k, v)
 
     # -- whole passes ---------------------------------------------------------------------------------------
