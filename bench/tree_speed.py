@@ -27,8 +27,11 @@ from basal.core.pipeline import Pipeline, Stats
 from basal.core.synth import synth_model
 from bench.workloads import questions, state_of_tokens
 
-MIX = [("1 question, short state", 1, 40), ("5 questions, ~1k-token state", 5, 1000),
-       ("14 questions, ~500-token state", 14, 500)]
+MIX = [
+    ("1 question, short state", 1, 40),
+    ("5 questions, ~1k-token state", 5, 1000),
+    ("14 questions, ~500-token state", 14, 500),
+]
 
 
 def transformers_model(path: Path):
@@ -64,8 +67,11 @@ def main() -> None:
     tok = model.tokenizer
     rows = []
     for i, (name, n_q, state_tokens) in enumerate(tqdm(MIX, desc="requests")):
-        body = {"model": "m", "state": state_of_tokens(tok, state_tokens, "en" if i % 2 else "pl", seed=i),
-                "questions": questions(n_q, "en" if i % 2 else "pl", seed=i)}
+        body = {
+            "model": "m",
+            "state": state_of_tokens(tok, state_tokens, "en" if i % 2 else "pl", seed=i),
+            "questions": questions(n_q, "en" if i % 2 else "pl", seed=i),
+        }
         request = parse_systemone(body, lambda m: m)
         prompts = [p for t in pipeline.tokenize(request.questions) for p in t.prompts]
         stats = Stats()
@@ -80,24 +86,49 @@ def main() -> None:
         for _ in range(a.reps):
             run_transformers(hf, prompts, pipeline.letter_ids)
         hf_s = (time.perf_counter() - t0) / a.reps
-        rows.append({"request": name, "questions": n_q, "prompt_tokens": stats.prompt_tokens,
-                     "packed_tokens": stats.packed_tokens, "basal_s": basal_s, "transformers_s": hf_s,
-                     "basal_decisions_per_s": n_q / basal_s, "transformers_decisions_per_s": n_q / hf_s,
-                     "speedup": hf_s / basal_s})
-    result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                          "threads": torch.get_num_threads()},
-              "model": {"preset": "mini" if a.model is None else str(a.model), "layers": model.config.num_hidden_layers,
-                        "dtype": "f32", "backend": "torch-cpu"}, "reps": a.reps, "rows": rows}
+        rows.append(
+            {
+                "request": name,
+                "questions": n_q,
+                "prompt_tokens": stats.prompt_tokens,
+                "packed_tokens": stats.packed_tokens,
+                "basal_s": basal_s,
+                "transformers_s": hf_s,
+                "basal_decisions_per_s": n_q / basal_s,
+                "transformers_decisions_per_s": n_q / hf_s,
+                "speedup": hf_s / basal_s,
+            }
+        )
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "model": {
+            "preset": "mini" if a.model is None else str(a.model),
+            "layers": model.config.num_hidden_layers,
+            "dtype": "f32",
+            "backend": "torch-cpu",
+        },
+        "reps": a.reps,
+        "rows": rows,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2))
-    print(f"\nmini shapes, {model.config.num_hidden_layers} layers, f32, torch CPU ({torch.get_num_threads()} threads), "
-          f"mean of {a.reps} runs\n")
+    print(
+        f"\nmini shapes, {model.config.num_hidden_layers} layers, f32, torch CPU ({torch.get_num_threads()} threads), "
+        f"mean of {a.reps} runs\n"
+    )
     print("| request | prompt tokens | packed tokens | packed/unpacked | basal dec/s | transformers dec/s | ratio |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['request']} | {r['prompt_tokens']} | {r['packed_tokens']} | "
-              f"{r['packed_tokens'] / r['prompt_tokens']:.2f} | {r['basal_decisions_per_s']:.2f} | "
-              f"{r['transformers_decisions_per_s']:.2f} | {r['speedup']:.2f}× |")
+        print(
+            f"| {r['request']} | {r['prompt_tokens']} | {r['packed_tokens']} | "
+            f"{r['packed_tokens'] / r['prompt_tokens']:.2f} | {r['basal_decisions_per_s']:.2f} | "
+            f"{r['transformers_decisions_per_s']:.2f} | {r['speedup']:.2f}× |"
+        )
     if tmp:
         tmp.cleanup()
 

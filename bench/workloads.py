@@ -6,14 +6,18 @@ import random
 
 from basal.core.tokenizer import Tokenizer
 
-PL = ("Klient zgłosił, że paczka nr 5521 dotarła uszkodzona, a faktura zawiera błędny numer NIP. Termin zwrotu "
-      "wynosi 14 dni od dnia doręczenia. Dział obsługi przyjął reklamację i poprosił o zdjęcia. Płatność kartą "
-      "została zaksięgowana dwukrotnie, więc klient żąda zwrotu nadpłaty. Regulamin sklepu przewiduje wymianę "
-      "towaru albo zwrot pieniędzy według wyboru kupującego.").split()
-EN = ("The customer reports that package 5521 arrived damaged and the invoice lists a wrong VAT number. The return "
-      "window is 14 days from delivery. Support accepted the complaint and asked for photos. The card payment was "
-      "booked twice, so the customer asks for a refund of the overpayment. The store policy allows an exchange or a "
-      "refund at the buyer's choice.").split()
+PL = (
+    "Klient zgłosił, że paczka nr 5521 dotarła uszkodzona, a faktura zawiera błędny numer NIP. Termin zwrotu "
+    "wynosi 14 dni od dnia doręczenia. Dział obsługi przyjął reklamację i poprosił o zdjęcia. Płatność kartą "
+    "została zaksięgowana dwukrotnie, więc klient żąda zwrotu nadpłaty. Regulamin sklepu przewiduje wymianę "
+    "towaru albo zwrot pieniędzy według wyboru kupującego."
+).split()
+EN = (
+    "The customer reports that package 5521 arrived damaged and the invoice lists a wrong VAT number. The return "
+    "window is 14 days from delivery. Support accepted the complaint and asked for photos. The card payment was "
+    "booked twice, so the customer asks for a refund of the overpayment. The store policy allows an exchange or a "
+    "refund at the buyer's choice."
+).split()
 
 
 def state_of_tokens(tokenizer: Tokenizer, target: int, lang: str, seed: int) -> str:
@@ -42,12 +46,20 @@ def questions(n: int, lang: str, seed: int) -> dict[str, dict]:
         kind = ("choice", "noul", "score")[i % 3]
         if kind == "choice":
             k = rng.randint(2, 6)
-            out[f"q{i}"] = {"type": "choice", "instructions": "Który dział?" if pl else "Which team?",
-                            "criteria": {f"opt{j}": rng.choice(PL if pl else EN) for j in range(k)}}
+            out[f"q{i}"] = {
+                "type": "choice",
+                "instructions": "Który dział?" if pl else "Which team?",
+                "criteria": {f"opt{j}": rng.choice(PL if pl else EN) for j in range(k)},
+            }
         elif kind == "noul":
-            out[f"q{i}"] = {"type": "noul", "instructions": f"Czy punkt {i} jest spełniony?" if pl else
-                            f"Is condition {i} met?"}
+            out[f"q{i}"] = {
+                "type": "noul",
+                "instructions": f"Czy punkt {i} jest spełniony?" if pl else f"Is condition {i} met?",
+            }
         else:
-            out[f"q{i}"] = {"type": "score", "instructions": "Jak pilne?" if pl else "How urgent?",
-                            "criteria": ["niska", "średnia", "wysoka"] if pl else ["low", "medium", "high"]}
+            out[f"q{i}"] = {
+                "type": "score",
+                "instructions": "Jak pilne?" if pl else "How urgent?",
+                "criteria": ["niska", "średnia", "wysoka"] if pl else ["low", "medium", "high"],
+            }
     return out
