@@ -22,6 +22,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q
 
+# serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
+serve: $(STAMP)
+	$(VENV)/bin/basal serve $(SERVE_ARGS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

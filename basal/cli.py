@@ -102,6 +102,45 @@ def _decide(a: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(a: argparse.Namespace) -> int:
+    from basal.config import load_config, parse_config
+    from basal.server import serve
+
+    if a.config:
+        config = load_config(a.config)
+    else:
+        models = []
+        if a.model:
+            models = [
+                {
+                    "path": a.model,
+                    "dtype": a.dtype,
+                    "backend": a.backend,
+                    "max_batch_tokens": a.max_batch_tokens,
+                    "schedule": a.schedule,
+                    "long_tokens": a.long_tokens,
+                    "tree_max_tokens": a.tree_max_tokens,
+                    "no_prefix_cache": a.no_prefix_cache,
+                }
+            ]
+        config = parse_config(
+            {
+                "models": models,
+                "addr": a.addr,
+                "max_inflight": a.max_inflight,
+                "long_slice_ms": a.long_slice_ms,
+                "release_date": a.release_date,
+                "metrics": a.metrics,
+                "api_keys": a.api_key or [],
+                "max_body_mb": a.max_body_mb,
+                "access_log": a.access_log,
+            },
+            "flags",
+        )
+    serve(config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -138,10 +177,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
     d.set_defaults(run=_decide)
+
+    v = sub.add_parser("serve", help="serve models over HTTP (System One and basal dialects)")
+    v.add_argument("--config", default=None, help="YAML configuration (several models); replaces the flags below")
+    v.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    v.add_argument("--addr", default="127.0.0.1:8000", help="HOST:PORT (env BASAL_ADDR overrides)")
+    v.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
+    v.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    v.add_argument("--max-batch-tokens", type=int, default=8192)
+    v.add_argument("--max-inflight", type=int, default=1024, help="waiting + running requests before HTTP 529")
+    v.add_argument("--schedule", default="hrrn", choices=["hrrn", "fifo"])
+    v.add_argument("--long-tokens", type=int, default=4096, help="long-lane threshold in packed tokens (0: none)")
+    v.add_argument("--long-slice-ms", type=float, default=100.0)
+    v.add_argument("--tree-max-tokens", type=int, default=32768)
+    v.add_argument("--no-prefix-cache", action="store_true")
+    v.add_argument("--release-date", default="2026-10-05")
+    v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+    v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
+    v.add_argument("--max-body-mb", type=float, default=16.0)
+    v.add_argument("--access-log", action="store_true")
+    v.set_defaults(run=_serve)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from basal.config import ConfigError
     from basal.core.errors import ModelDirError
 
     a = build_parser().parse_args(argv)
@@ -150,6 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return a.run(a)
-    except (ModelDirError, FileExistsError, ValueError) as e:
+    except (ModelDirError, ConfigError, FileExistsError, ValueError) as e:
         print(f"basal {a.command}: {e}", file=sys.stderr)
         return 2

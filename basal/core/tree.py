@@ -106,6 +106,14 @@ class TrieSize:
         self.tokens += delta
         return delta
 
+    def remove(self, prompt: tuple[int, ...]) -> None:
+        """Undo one `add` of `prompt`."""
+        i = bisect.bisect_left(self._sorted, prompt)
+        if i == len(self._sorted) or self._sorted[i] != prompt:
+            raise KeyError("prompt not in the set")
+        del self._sorted[i]
+        self.tokens -= self.added(prompt)
+
 
 def packed_tokens(prompts: Sequence[Sequence[int]], cached_prefix: int = 0) -> int:
     """Tokens a set of prompts costs in one tree (the cached template prefix, if any, is not computed)."""

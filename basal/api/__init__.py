@@ -1,0 +1,1 @@
+"""HTTP layer (Litestar + msgspec): decode, dialect rules, auth, 529 gate; it talks to `core.engine` only."""

@@ -1,0 +1,111 @@
+"""The Litestar application: routes of both dialects, models, health, metrics, and error mapping.
+
+`create_app(engines, settings)` builds the app around engines that are already loaded, so tests can serve the
+demo model in-process and `basal serve` can load real models first, with progress, before it listens.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+
+from basal import __version__
+from basal.api.errors import litestar_http_exception, unhandled_exception
+from basal.api.handling import ApiSettings, check_auth, decide
+from basal.api.wire import BasalRequest, SystemOneRequest, body_operation
+from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
+from basal.core.engine import Engines
+from basal.core.errors import RequestError
+from basal.core.pipeline import model_resolver
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = "basal typed-decision model (choice / noul / score), Polish and English"
+
+
+def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
+    settings = settings or ApiSettings()
+    names = list(engines.engines)
+    resolve = model_resolver(names, engines.default)
+
+    def systemone_model(name: str | None) -> str | None:
+        return resolve(name) if name is not None else None  # TypeSafe: "model" is required
+
+    @post(
+        "/v1/systemone",
+        operation_class=body_operation(SystemOneRequest),
+        status_code=200,
+        summary="TypeSafe System One decisions",
+        tags=["decisions"],
+    )
+    async def systemone(request: Request) -> Response[SystemOneResponse]:
+        return await decide(request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model))
+
+    @post(
+        "/v1/basal",
+        operation_class=body_operation(BasalRequest),
+        status_code=200,
+        summary="Decisions in the upstream basal-serve dialect",
+        tags=["decisions"],
+    )
+    async def basal(request: Request) -> Response[BasalResponse]:
+        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve))
+
+    @get("/v1/models", summary="Served models", tags=["models"])
+    async def models(request: Request) -> Response:
+        try:
+            check_auth(request, settings, "systemone")
+        except RequestError as e:
+            return Response(e.body, status_code=e.status)
+        return Response(
+            {
+                "models": [
+                    {
+                        "name": n,
+                        "release_date": settings.release_date,
+                        "description": settings.descriptions.get(n, DESCRIPTION),
+                        "mode": "basal",
+                        "early_exit": [],
+                    }
+                    for n in names
+                ]
+            }
+        )
+
+    @get("/health", summary="Liveness and the served models", tags=["service"])
+    async def health() -> Response:
+        status = "shutting down" if engines.closed else "ok"
+        return Response(
+            {"status": status, "models": names, "default_model": engines.default},
+            status_code=503 if engines.closed else 200,
+        )
+
+    @get(
+        "/metrics",
+        summary="Prometheus metrics (enable with --metrics)",
+        tags=["service"],
+        media_type="text/plain; version=0.0.4",
+    )
+    async def metrics() -> Response:
+        if not settings.metrics:
+            return Response({"detail": "Not Found"}, status_code=404)
+        return Response(engines.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def shutdown() -> None:
+        """Finish what is queued, then stop the lanes (uvicorn has already stopped accepting connections)."""
+        await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
+
+    return Litestar(
+        route_handlers=[systemone, basal, models, health, metrics],
+        exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="basal", version=__version__, path="/schema"),
+        on_startup=[engines.start],
+        on_shutdown=[*on_shutdown, shutdown],
+        debug=False,
+    )

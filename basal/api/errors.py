@@ -1,0 +1,65 @@
+"""Every failure -> (status, body, headers) in the caller's dialect. The one place that maps errors to HTTP."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from basal.core.engine import Cancelled, EngineClosed, Overloaded
+from basal.core.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+STATUS_CLIENT_CLOSED = 499  # nginx's code: the client went away; nobody reads it, metrics and logs do
+OVERLOADED_HEADERS = {"retry-after": "1", "retry-after-ms": "1000"}
+AUTH_MISSING = "Must supply an API key! Check your request and try again."
+AUTH_WRONG = "Cannot authenticate with the server. Please check your API key and try again."
+
+
+def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, str]]:
+    """An exception from the contract layer or the engine -> (status, body, extra headers)."""
+    if isinstance(exc, RequestError):
+        return exc.status, exc.body, {}
+    if isinstance(exc, Overloaded):
+        if dialect == "basal":
+            return 529, {"error": "overloaded: too many requests in flight"}, OVERLOADED_HEADERS
+        return (
+            529,
+            {
+                "detail": {
+                    "error_type": "overloaded_error",
+                    "message": "Too many requests in flight. Retry after a short delay.",
+                }
+            },
+            OVERLOADED_HEADERS,
+        )
+    if isinstance(exc, EngineClosed):
+        message = "The server is shutting down. Retry on another instance."
+        return 503, ({"error": message} if dialect == "basal" else {"detail": message}), OVERLOADED_HEADERS
+    if isinstance(exc, Cancelled):
+        return STATUS_CLIENT_CLOSED, {"detail": "client closed the request"}, {}
+    log.error("internal error", exc_info=exc)
+    return 500, ({"error": "internal error"} if dialect == "basal" else {"detail": "Internal Server Error"}), {}
+
+
+def auth_error(missing: bool, dialect: str) -> RequestError:
+    status, message = (403, AUTH_MISSING) if missing else (401, AUTH_WRONG)
+    if dialect == "basal":
+        return RequestError(status, {"error": message})
+    return RequestError(status, {"detail": {"error_type": "authentication_error", "message": message}})
+
+
+def litestar_http_exception(request: Request, exc: HTTPException) -> Response:
+    """Litestar's own errors (unknown path, wrong method, body over the size limit) with FastAPI-style bodies."""
+    detail = {404: "Not Found", 405: "Method Not Allowed", 413: "Request body too large."}.get(
+        exc.status_code, exc.detail
+    )
+    return Response({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def unhandled_exception(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s", request.url.path, exc_info=exc)
+    return Response({"detail": "Internal Server Error"}, status_code=500)

@@ -1,0 +1,102 @@
+"""Server configuration: one YAML file (`basal serve --config FILE`) or flags for a single model.
+
+Keys of basal-contract.md §5.5 plus ``backend``; unknown keys are an error that names the key. Validated once
+here, at the edge; nothing deeper reads the environment or a raw dict.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import yaml
+
+
+class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
+    path: str | None = None  # a local model directory
+    repo: str | None = None  # a Hugging Face repository (downloaded at start; needs the network)
+    revision: str | None = None
+    dtype: Literal["f32", "f16", "bf16"] | None = None  # default: f16 on CUDA and Metal, f32 on the CPU
+    backend: Literal["auto", "torch", "mlx"] = "auto"
+    max_batch_tokens: int = 8192
+    schedule: Literal["hrrn", "fifo"] = "hrrn"
+    long_tokens: int = 4096  # 0: no long lane
+    tree_max_tokens: int = 32768
+    no_prefix_cache: bool = False
+    state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
+    gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.repo is None):
+            raise msgspec.ValidationError("a model needs exactly one of `path` or `repo`")
+        if self.state_cache_mb:
+            raise msgspec.ValidationError("`state_cache_mb` (the cross-request state cache) is not supported; use 0")
+        if self.gemm_table not in (None, "none", "auto"):
+            raise msgspec.ValidationError(
+                "`gemm_table`: basal needs no GEMM table (its kernels run fixed shapes); remove the key"
+            )
+        for key in ("max_batch_tokens", "tree_max_tokens"):
+            if getattr(self, key) < 1:
+                raise msgspec.ValidationError(f"`{key}` must be positive")
+        if self.long_tokens < 0:
+            raise msgspec.ValidationError("`long_tokens` must be 0 (no long lane) or positive")
+
+
+class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
+    addr: str = "127.0.0.1:8000"
+    default_model: str | None = None  # /v1/basal requests without "model" (default: the first model)
+    max_inflight: int = 1024
+    long_slice_ms: float = 100.0
+    release_date: str = "2026-10-05"
+    metrics: bool = False
+    api_keys: list[str] = msgspec.field(default_factory=list)
+    max_body_mb: float = 16.0
+    access_log: bool = False
+    gemm_cache: str | None = None  # accepted for basal-rs configs; unused
+
+    def __post_init__(self) -> None:
+        host, _, port = self.addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise msgspec.ValidationError(f"`addr` must be HOST:PORT, got {self.addr!r}")
+        if self.max_inflight < 1:
+            raise msgspec.ValidationError("`max_inflight` must be positive")
+
+    @property
+    def host(self) -> str:
+        return self.addr.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.addr.rpartition(":")[2])
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and says what to change."""
+
+
+def load_config(path: str | Path) -> ServeConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read the configuration ({e})") from e
+    return parse_config(data, str(path))
+
+
+def parse_config(data: object, where: str = "configuration") -> ServeConfig:
+    try:
+        config = msgspec.convert(data, ServeConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{where}: {_explain(str(e))}") from e
+    if env_addr := os.environ.get("BASAL_ADDR"):
+        config = msgspec.structs.replace(config, addr=env_addr)
+    return config
+
+
+def _explain(message: str) -> str:
+    """msgspec says "Object contains unknown field `x` - at `$.models[0]`": keep it, add what to do."""
+    if "unknown field" in message:
+        return message + " (unknown key; see the README's configuration section for the keys)"
+    return message

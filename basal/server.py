@@ -1,0 +1,105 @@
+"""The composition root of `basal serve`: configuration -> models -> engines -> Litestar app -> uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from basal.api.app import create_app
+from basal.api.handling import ApiSettings
+from basal.backends.base import load_backend
+from basal.config import ConfigError, ModelConfig, ServeConfig
+from basal.core.engine import Engine, Engines, EngineSettings
+from basal.core.errors import ModelDirError
+from basal.core.gate import Gate
+from basal.core.metrics import Metrics
+from basal.core.model_dir import ModelDir
+from basal.core.pipeline import Pipeline
+from basal.core.scheduler import Policy
+from basal.core.synth import demo_model
+
+log = logging.getLogger("basal")
+
+DEMO_WARNING = (
+    "serving the built-in demo model {name}: a tiny synthetic model with random weights — its answers "
+    "carry no meaning. Pass --model DIR (or --config FILE) to serve a real Basal model."
+)
+
+
+def model_directory(cfg: ModelConfig) -> ModelDir:
+    if cfg.path is not None:
+        return ModelDir.load(cfg.path)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ModelDirError(
+            f"{cfg.repo}: downloading from the Hugging Face hub needs `pip install huggingface_hub`; "
+            "or download the model yourself and give its directory as `path`"
+        ) from e
+    try:
+        local = snapshot_download(cfg.repo, revision=cfg.revision, token=os.environ.get("HF_TOKEN"))
+    except Exception as e:
+        raise ModelDirError(
+            f"{cfg.repo}: download failed ({type(e).__name__}: {e}); check the network and HF_TOKEN, "
+            "or give a local directory as `path`"
+        ) from e
+    return ModelDir.load(Path(local))
+
+
+def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> Engines:
+    """Load every configured model (or the demo model) and wire its engine to the shared gate."""
+    metrics = Metrics(config.max_inflight)
+    gate = Gate(config.long_slice_ms)
+    specs = config.models or [ModelConfig(path="<demo>")]
+    engines: dict[str, Engine] = {}
+    for i, spec in enumerate(specs):
+        if models is not None:
+            model = models[i]
+        elif not config.models:
+            model = demo_model()
+            log.warning(DEMO_WARNING.format(name=model.name))
+        else:
+            model = model_directory(spec)
+        if model.name in engines:
+            raise ConfigError(f"two models are named {model.name!r}; each served model needs its own name")
+        if model.synthetic and config.models:
+            log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
+        backend = load_backend(model, spec.backend, spec.dtype)
+        log.info("loaded %s on %s %s (%s)", model.name, backend.name, backend.device, backend.dtype)
+        pipeline = Pipeline(model, backend, prefix_cache=not spec.no_prefix_cache, tree_max_tokens=spec.tree_max_tokens)
+        settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens)
+        engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
+    default = config.default_model or next(iter(engines))
+    if default not in engines:
+        raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
+    return Engines(engines, default, metrics, config.max_inflight)
+
+
+def api_settings(config: ServeConfig) -> ApiSettings:
+    keys = list(config.api_keys)
+    if env := os.environ.get("BASAL_API_KEYS"):
+        keys += [k.strip() for k in env.split(",") if k.strip()]
+    return ApiSettings(tuple(keys), int(config.max_body_mb * (1 << 20)), config.release_date, config.metrics)
+
+
+def serve(config: ServeConfig) -> None:
+    import uvicorn
+
+    engines = build_engines(config)
+    app = create_app(engines, api_settings(config))
+    log.info(
+        "basal listening on http://%s:%d (models: %s; default %s)",
+        config.host,
+        config.port,
+        ", ".join(engines.engines),
+        engines.default,
+    )
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        access_log=config.access_log,
+        log_level="info",
+        timeout_graceful_shutdown=30,
+    )
