@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
@@ -93,7 +92,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def metrics() -> Response:
         if not settings.metrics:
-            return Response({"detail": "Not Found"}, status_code=404)
+            return Response({"detail": "Not Found"}, status_code=404, media_type="application/json")
         return Response(engines.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def shutdown() -> None:

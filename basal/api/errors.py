@@ -39,6 +39,9 @@ def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, st
     if isinstance(exc, EngineClosed):
         message = "The server is shutting down. Retry on another instance."
         return 503, ({"error": message} if dialect == "basal" else {"detail": message}), OVERLOADED_HEADERS
+    if isinstance(exc, HTTPException):  # raised by Litestar while reading the body (over the size limit)
+        detail = "Request body too large." if exc.status_code == 413 else str(exc.detail)
+        return exc.status_code, ({"error": detail} if dialect == "basal" else {"detail": detail}), {}
     if isinstance(exc, Cancelled):
         return STATUS_CLIENT_CLOSED, {"detail": "client closed the request"}, {}
     log.error("internal error", exc_info=exc)

@@ -100,11 +100,18 @@ class Lane:
 
     def _run(self, batch: list[Job]) -> None:
         engine, metrics = self.engine, self.engine.metrics
-        tokenized = [t for job in batch for t in job.tokenized]
         stats = Stats()
         outcome = "ok"
         with engine.gate.hold(self.urgent) as holder:
             started = time.perf_counter()
+            gone = [job for job in batch if job.cancelled()]  # the client left while the batch waited for the device
+            for job in gone:
+                self.engine.cancelled_jobs += 1
+                job.finish(Cancelled())
+            batch = [job for job in batch if job not in gone]
+            if not batch:
+                return
+            tokenized = [t for job in batch for t in job.tokenized]
             for job in batch:
                 job.queue_ms = (started - job.arrival) * 1000
                 job.batch_requests = len(batch)
@@ -162,7 +169,8 @@ class Engine:
 
     def start(self) -> None:
         for lane in self.lanes:
-            lane.thread.start()
+            if not lane.thread.is_alive() and not lane.closing:
+                lane.thread.start()
 
     @property
     def lanes(self) -> list[Lane]:

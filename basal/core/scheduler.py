@@ -66,11 +66,12 @@ class JobQueue:
         if seconds > 0.001:
             self.rate = 0.8 * self.rate + 0.2 * (packed_tokens / seconds)
 
-    def priority(self, job: Job, now: float) -> tuple[float, int]:
+    def priority(self, job: Job, now: float) -> tuple[float, int, int]:
+        """Sort key, smallest first: FIFO by arrival; HRRN by response ratio, then cheaper, then older."""
         if self.policy is Policy.FIFO:
-            return (0.0, job.seq)
+            return (0.0, 0, job.seq)
         estimated = max(job.cost, 1) / self.rate
-        return (-(now - job.arrival + estimated) / estimated, job.seq)
+        return (-(now - job.arrival + estimated) / estimated, job.cost, job.seq)
 
     def drop_cancelled(self) -> list[Job]:
         gone = [j for j in self._jobs if j.cancelled()]

@@ -1,0 +1,83 @@
+"""Test servers and engines around the demo model: in-process engines, a live uvicorn on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from basal.api.app import create_app
+from basal.api.handling import ApiSettings
+from basal.backends.cuda.backend import TorchBackend
+from basal.core.engine import Engine, Engines, EngineSettings
+from basal.core.gate import Gate
+from basal.core.metrics import Metrics
+from basal.core.model_dir import ModelDir
+from basal.core.pipeline import Pipeline
+
+
+class SlowBackend:
+    """The torch backend with a pause after every layer: makes a pass long enough to schedule around."""
+
+    def __init__(self, inner: TorchBackend, layer_s: float):
+        self.inner, self.layer_s = inner, layer_s
+        self.name, self.device, self.dtype, self.model = inner.name, inner.device, inner.dtype, inner.model
+        self.batches: list[int] = []  # n_tokens of every batch run
+
+    def prefix(self, key, tokens):
+        self.inner.prefix(key, tokens)
+
+    def run(self, batch):
+        self.batches.append(batch.n_tokens)
+        steps = self.inner.run(batch)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            time.sleep(self.layer_s)
+            yield
+
+
+def make_engines(
+    model: ModelDir, *, max_inflight: int = 1024, slow_s: float = 0.0, slice_ms: float = 100.0, **settings
+) -> Engines:
+    backend = TorchBackend.load(model)
+    if slow_s:
+        backend = SlowBackend(backend, slow_s)
+    metrics, gate = Metrics(max_inflight), Gate(slice_ms)
+    engine = Engine(model.name, Pipeline(model, backend), gate, metrics, EngineSettings(**settings))
+    return Engines({model.name: engine}, model.name, metrics, max_inflight)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def live_server(engines: Engines, settings: ApiSettings | None = None) -> Iterator[str]:
+    """uvicorn serving the app on a free loopback port, in a thread; yields the base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(engines, settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
