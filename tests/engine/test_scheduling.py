@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from basal.core.contract import parse_systemone
-from basal.core.engine import Cancelled, Overloaded
+from basal.core.engine import Cancelled, EngineClosed, Overloaded
 from basal.core.scheduler import Job, JobQueue, Policy
 from basal.core.tree import TokenizedQuestion
 from tests.servers import make_engines
@@ -223,3 +223,30 @@ def test_hrrn_priority_grows_with_waiting():
     assert q.rate == pytest.approx(0.8 * 3000 + 0.2 * 6000)
     q.observe(10, 0.0005)  # under 1 ms: ignored
     assert q.rate == pytest.approx(3600)
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_graceful_shutdown(demo_model, drain):
+    """Shutdown finishes what is queued (drain) or fails it cleanly; nothing hangs, nothing is half-answered."""
+    engines = make_engines(demo_model, max_batch_tokens=1)
+    engines.start()
+
+    async def main():
+        with device_held(engines):
+            tasks = [asyncio.create_task(engines.run(request(2, tag=str(i)))) for i in range(4)]
+            await asyncio.sleep(0.1)
+            closer = threading.Thread(target=engines.close, kwargs={"drain": drain, "timeout": 30})
+            closer.start()
+            await asyncio.sleep(0.1)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        closer.join()
+        with pytest.raises(EngineClosed):
+            await engines.run(request(2, tag="late"))
+        return results
+
+    results = asyncio.run(main())
+    if drain:
+        assert all(not isinstance(r, BaseException) for r in results)
+    else:  # the batch already waiting at the device finishes; the queued rest fail with a clear error
+        assert not isinstance(results[0], BaseException)
+        assert all(isinstance(r, EngineClosed) for r in results[1:])
