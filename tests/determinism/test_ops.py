@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from basal.backends.cuda import kernels as K
+from basal.core.attention_plan import plan_attention
 
 ROW_COUNTS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 63, 64, 65, 131, 257]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -107,17 +108,19 @@ def test_attention_query_alone_vs_in_a_packed_tree(prefix):
                 )
             ]
         ).astype(np.int32)
-        plan = K.plan_attention(
-            block_of,
-            positions,
-            starts,
-            np.asarray(block_len),
-            np.asarray(parents),
-            np.full(len(block_len), -1),
-            {},
-            1,
-            queries,
-            rows,
+        plan = K.to_torch(
+            plan_attention(
+                block_of,
+                positions,
+                starts,
+                np.asarray(block_len),
+                np.asarray(parents),
+                np.full(len(block_len), -1),
+                {},
+                1,
+                queries,
+                rows,
+            ),
             torch.device("cpu"),
         )
         zero = torch.zeros(1, kv_heads, dim)

@@ -19,16 +19,13 @@ whether its block holds one token or thousands.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, AttentionPlan  # noqa: F401  (re-exported)
 
 ROWS = 64  # fixed GEMM/norm chunk for all-token ops
 READOUT_ROWS = 16  # fixed chunk for the last layer, which runs only at readout positions
-KEY_TILE = 64  # attention key tile, anchored at position 0
-QUERY_ROWS = 64  # attention query chunk (inside one block)
-TILE_GROUP = 32  # query chunks processed together per key tile (memory bound, not numerics)
 
 
 def by_row_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int, fixed: bool = True):
@@ -117,83 +114,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-@dataclass(frozen=True)
-class AttentionPlan:
-    """Which keys every query chunk reads, built once per batch (numpy) and reused by every layer.
-
-    Keys live in one buffer per layer: row 0 is zeros (padding), then the cached template prefixes, then the
-    batch's own tokens. `groups` holds, per group of query chunks, the query rows, their positions (-1 = padding
-    row) and the key rows in position order, padded to whole tiles.
-    """
-
-    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query idx [C,R], query pos [C,R], keys [C,L])
-    n_queries: int
-
-
-def plan_attention(
-    block_of: np.ndarray,
-    positions: np.ndarray,
-    block_start: np.ndarray,
-    block_len: np.ndarray,
-    block_parent: np.ndarray,
-    root_prefix: np.ndarray,
-    prefix_offset: dict[int, tuple[int, int]],
-    flat_offset: int,
-    queries: np.ndarray,
-    rows: int,
-    device: torch.device,
-) -> AttentionPlan:
-    """Key index lists for `queries` (flat token indices), grouped by block into chunks of `rows` queries.
-
-    `prefix_offset[p]` = (first buffer row, length) of cached prefix p; flat token i is buffer row flat_offset + i.
-    """
-    chain_keys: dict[int, np.ndarray] = {}
-
-    def keys_of(block: int) -> np.ndarray:  # buffer rows of positions 0 .. end of `block`, in position order
-        if block not in chain_keys:
-            parent = int(block_parent[block])
-            if parent >= 0:
-                head = keys_of(parent)
-            elif root_prefix[block] >= 0:
-                start, n = prefix_offset[int(root_prefix[block])]
-                head = np.arange(start, start + n)
-            else:
-                head = np.zeros(0, dtype=np.int64)
-            own = np.arange(block_start[block], block_start[block] + block_len[block]) + flat_offset
-            chain_keys[block] = np.concatenate([head, own])
-        return chain_keys[block]
-
-    chunks = []  # (query indices, positions, key rows)
-    by_block: dict[int, list[int]] = {}
-    for q in queries.tolist():
-        by_block.setdefault(int(block_of[q]), []).append(q)
-    for block, qs in by_block.items():
-        keys = keys_of(block)
-        for i in range(0, len(qs), rows):
-            part = np.asarray(qs[i : i + rows])
-            last = int(positions[part].max())
-            chunks.append((part, positions[part], keys[: last + 1]))
-    chunks.sort(key=lambda c: len(c[2]))
-    groups = []
-    for g in range(0, len(chunks), TILE_GROUP):
-        part = chunks[g : g + TILE_GROUP]
-        width = -(-max(len(c[2]) for c in part) // KEY_TILE) * KEY_TILE
-        q_idx = np.zeros((len(part), rows), dtype=np.int64)
-        q_pos = np.full((len(part), rows), -1, dtype=np.int64)
-        k_idx = np.zeros((len(part), width), dtype=np.int64)
-        for c, (qs, pos, keys) in enumerate(part):
-            q_idx[c, : len(qs)] = qs
-            q_pos[c, : len(qs)] = pos
-            k_idx[c, : len(keys)] = keys
-        groups.append(tuple(torch.from_numpy(a).to(device) for a in (q_idx, q_pos, k_idx)))
-    return AttentionPlan(groups, len(queries))
+def to_torch(plan: AttentionPlan, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    return [tuple(torch.from_numpy(a).to(device) for a in group) for group in plan.groups]
 
 
 def tree_attention(
     q: torch.Tensor,
     key_buf: torch.Tensor,
     value_buf: torch.Tensor,
-    plan: AttentionPlan,
+    plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     query_rows: torch.Tensor,
     fixed: bool = True,
 ) -> torch.Tensor:
@@ -206,7 +135,7 @@ def tree_attention(
     scale = dim**-0.5
     out = q.new_zeros(n_q, heads, dim)
     q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
-    for q_idx, q_pos, k_idx in plan.groups:
+    for q_idx, q_pos, k_idx in plan:
         chunks, rows = q_idx.shape
         rows_in_q = torch.where(q_pos >= 0, query_rows[q_idx], n_q)
         # [C, R, H, D] -> [C, KVH, G*R, D]: the G query heads that share a KV head are stacked along rows

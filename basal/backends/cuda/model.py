@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from basal.backends.cuda import kernels as K
+from basal.core.attention_plan import plan_attention
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.safetensors_io import bf16_bits_to_f32
 
@@ -92,8 +93,8 @@ class TreeInputs:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    plan: K.AttentionPlan  # all tokens as queries (layers before the last)
-    readout_plan: K.AttentionPlan  # readouts as queries (last layer)
+    plan: list  # all tokens as queries (layers before the last); see basal.core.attention_plan
+    readout_plan: list  # readouts as queries (last layer)
     readouts: torch.Tensor
     all_rows: torch.Tensor  # flat index -> query row, all tokens
     readout_rows: torch.Tensor  # flat index -> query row, readouts (others -1)
@@ -168,8 +169,9 @@ class TreeLlama:
         n_tok = len(tokens)
 
         def plan(queries, rows):
-            return K.plan_attention(
-                block_of, positions, starts, lens, parents, root_prefix, offsets, row, queries, rows, dev
+            return K.to_torch(
+                plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row, queries, rows),
+                dev,
             )
 
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
