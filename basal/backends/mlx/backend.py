@@ -1,0 +1,52 @@
+"""MLXBackend: Metal kernels on Apple Silicon, portable MLX ops on the CPU (mlx[cpu] on Linux)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from basal.backends.mlx.model import MLXLlama
+from basal.core.model_dir import ModelDir
+from basal.core.tree import PackedBatch
+
+
+class MLXBackend:
+    name = "mlx"
+
+    def __init__(self, model: ModelDir, dtype: str, device: str):
+        self.model, self.dtype, self.device = model, dtype, device
+        mx.set_default_device(mx.gpu if device == "metal" else mx.cpu)
+        self.net = MLXLlama(model, dtype, use_metal=device == "metal")
+
+    @staticmethod
+    def devices() -> list[str]:
+        """Devices this machine runs: "metal" on Apple Silicon, always "cpu"."""
+        return (["metal"] if mx.metal.is_available() else []) + ["cpu"]
+
+    @classmethod
+    def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None) -> MLXBackend:
+        """f16 by default on Metal, f32 on the CPU."""
+        device = device or cls.devices()[0]
+        if device not in cls.devices():
+            raise ValueError(f"MLX device {device!r} is not available here; available: {', '.join(cls.devices())}")
+        return cls(model, dtype or ("f16" if device == "metal" else "f32"), device)
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        self.net.compute_prefix(key, list(tokens))
+
+    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+        t = self.net.inputs(
+            batch.tokens,
+            batch.positions,
+            batch.block_of,
+            batch.block_start,
+            batch.block_len,
+            batch.block_parent,
+            batch.block_prefix,
+            batch.prefix_keys,
+            batch.readouts,
+        )
+        letters = tuple(int(x) for x in batch.letter_ids)
+        return (yield from self.net.forward(t, batch.tokens, letters))

@@ -1,0 +1,197 @@
+"""Llama over a packed prefix tree in MLX — the torch backend's model, op for op (see its docstring).
+
+`mx.eval` runs at every layer boundary, so a paused long-lane pass holds finished tensors, not a lazy graph.
+On Metal, tree attention and the letter readout run as custom kernels (`metal.py`); elsewhere, portable ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from basal.backends.mlx import metal
+from basal.backends.mlx import ops as O
+from basal.core.attention_plan import QUERY_ROWS, AttentionPlan, plan_attention
+from basal.core.model_dir import ModelDir
+
+MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
+
+
+@dataclass
+class Layer:
+    input_norm: mx.array
+    qkv_t: mx.array  # [D, (H + 2 KVH) * hd]: q, k, v fused and transposed
+    qkv_bias: mx.array | None
+    o_t: mx.array
+    o_bias: mx.array | None
+    post_norm: mx.array
+    gate_up_t: mx.array
+    gate_up_bias: mx.array | None
+    down_t: mx.array
+    down_bias: mx.array | None
+
+
+@dataclass
+class TreeInputs:
+    cos: mx.array
+    sin: mx.array
+    plan: AttentionPlan
+    readout_plan: AttentionPlan
+    readouts: np.ndarray
+    all_rows: np.ndarray
+    readout_rows: np.ndarray
+    prefix_keys: tuple[str, ...]
+
+
+class MLXLlama:
+    def __init__(self, model: ModelDir, dtype: str, use_metal: bool):
+        self.cfg = cfg = model.config
+        self.dtype = MX_DTYPE[dtype]
+        self.use_metal = use_metal
+        weights: dict[str, mx.array] = {}
+        for f in model.weight_files:
+            weights.update(mx.load(str(f)))
+
+        def get(name: str) -> mx.array:
+            return weights[name].astype(self.dtype)
+
+        def fused_t(*names: str) -> mx.array:
+            return mx.concatenate([get(n) for n in names]).T
+
+        def bias(*names: str) -> mx.array | None:
+            return mx.concatenate([get(n) for n in names]) if cfg.bias else None
+
+        self.embed = get("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(cfg.num_hidden_layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            self.layers.append(
+                Layer(
+                    input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
+                    qkv_t=fused_t(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                    o_t=get(a + "o_proj.weight").T,
+                    o_bias=bias(a + "o_proj.bias"),
+                    post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
+                    gate_up_t=fused_t(m + "gate_proj.weight", m + "up_proj.weight"),
+                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
+                    down_t=get(m + "down_proj.weight").T,
+                    down_bias=bias(m + "down_proj.bias"),
+                )
+            )
+        self.norm = get("model.norm.weight")
+        self._lm_head = weights["lm_head.weight"]
+        self._letter_rows: dict[tuple[int, ...], mx.array] = {}
+        self.cos, self.sin = O.rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
+        self.prefix_kv: dict[str, list[tuple[mx.array, mx.array]]] = {}
+        # evaluate everything now: MLX streams are per thread, and lanes compute on their own threads
+        mx.eval(
+            self.embed,
+            self.norm,
+            self._lm_head,
+            self.cos,
+            self.sin,
+            *[v for layer in self.layers for v in vars(layer).values() if v is not None],
+        )
+
+    def letter_rows(self, letter_ids: tuple[int, ...]) -> mx.array:
+        if letter_ids not in self._letter_rows:
+            rows = self._lm_head[mx.array(list(letter_ids))].astype(self.dtype).astype(mx.float32)
+            mx.eval(rows)  # evaluated where it is made: another lane's thread may read it
+            self._letter_rows[letter_ids] = rows
+        return self._letter_rows[letter_ids]
+
+    def inputs(self, tokens, positions, block_of, starts, lens, parents, root_prefix, prefix_keys, readouts):
+        offsets, row = {}, 1
+        for j, key in enumerate(prefix_keys):
+            n = self.prefix_kv[key][0][0].shape[0]
+            offsets[j] = (row, n)
+            row += n
+        n_tok = len(tokens)
+        readout_rows = np.full(n_tok, -1, dtype=np.int64)
+        readout_rows[readouts] = np.arange(len(readouts))
+        pos = mx.array(positions.astype(np.int32))
+        return TreeInputs(
+            self.cos[pos],
+            self.sin[pos],
+            plan_attention(
+                block_of, positions, starts, lens, parents, root_prefix, offsets, row, np.arange(n_tok), QUERY_ROWS
+            ),
+            plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row, readouts, 1),
+            readouts.astype(np.int64),
+            np.arange(n_tok),
+            readout_rows,
+            tuple(prefix_keys),
+        )
+
+    def _attention(self, q, key_buf, value_buf, plan, rows):
+        if self.use_metal:
+            return metal.tree_attention(q, key_buf, value_buf, plan, rows)
+        return O.tree_attention(q, key_buf, value_buf, plan, rows)
+
+    def layer(self, i: int, h: mx.array, t: TreeInputs, last: bool) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+        cfg, lw = self.cfg, self.layers[i]
+        hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        x = O.rms_norm(h, lw.input_norm, cfg.rms_norm_eps, O.ROWS)
+        if not last:
+            qkv = O.linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
+            q, k, v = mx.split(qkv, [nq * hd, (nq + nkv) * hd], axis=-1)
+        else:  # keys and values everywhere, queries only at the readouts
+            kv_b = None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
+            k, v = mx.split(O.linear(x, lw.qkv_t[:, nq * hd :], kv_b, O.ROWS), 2, axis=-1)
+            q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
+            q = O.linear(x[mx.array(t.readouts)], lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
+        k = O.apply_rope(k.astype(mx.float32).reshape(-1, nkv, hd), t.cos, t.sin)
+        v = v.astype(mx.float32).reshape(-1, nkv, hd)
+        cos, sin = (t.cos, t.sin) if not last else (t.cos[mx.array(t.readouts)], t.sin[mx.array(t.readouts)])
+        q = O.apply_rope(q.astype(mx.float32).reshape(-1, nq, hd), cos, sin)
+        zero = mx.zeros((1, nkv, hd))
+        key_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][0] for p in t.prefix_keys], k])
+        value_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][1] for p in t.prefix_keys], v])
+        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
+        attn = self._attention(q, key_buf, value_buf, plan, rows).astype(h.dtype).reshape(q.shape[0], nq * hd)
+        chunk = O.READOUT_ROWS if last else O.ROWS
+        if last:
+            h = h[mx.array(t.readouts)]
+        h = h + O.linear(attn, lw.o_t, lw.o_bias, chunk)
+        x = O.rms_norm(h, lw.post_norm, cfg.rms_norm_eps, chunk)
+        h = h + O.linear(O.swiglu(O.linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk)
+        return h, (k, v)
+
+    def forward(
+        self, t: TreeInputs, tokens: np.ndarray, letter_ids: tuple[int, ...]
+    ) -> Generator[None, None, np.ndarray]:
+        h = self.embed[mx.array(tokens.astype(np.int32))]
+        n_layers = self.cfg.num_hidden_layers
+        for i in range(n_layers):
+            h, _ = self.layer(i, h, t, last=i == n_layers - 1)
+            mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
+            yield
+        x = O.rms_norm(h, self.norm, self.cfg.rms_norm_eps, O.READOUT_ROWS).astype(mx.float32)
+        head = self.letter_rows(letter_ids)
+        logits = metal.letter_readout(x, head) if self.use_metal else O.linear(x, head.T, None, O.READOUT_ROWS)
+        return np.array(logits.astype(mx.float32))
+
+    def compute_prefix(self, key: str, tokens: list[int]) -> None:
+        n = len(tokens)
+        t = self.inputs(
+            np.asarray(tokens, dtype=np.int32),
+            np.arange(n, dtype=np.int32),
+            np.zeros(n, dtype=np.int32),
+            np.zeros(1, dtype=np.int32),
+            np.asarray([n], dtype=np.int32),
+            np.asarray([-1], dtype=np.int32),
+            np.asarray([-1], dtype=np.int32),
+            (),
+            np.asarray([n - 1], dtype=np.int64),
+        )
+        h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
+        kv = []
+        for i in range(self.cfg.num_hidden_layers):
+            h, (k, v) = self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1)
+            mx.eval(h, k, v)
+            kv.append((k, v))
+        self.prefix_kv[key] = kv
