@@ -24,7 +24,7 @@ from basal.core.pipeline import Pipeline
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """What kernels/tree_attention.metal computes, thread by thread, in float64."""
-    heads, kv_heads, dim, width, n_q = launch.arrays["params"].tolist()
+    heads, kv_heads, dim, _width, n_q = launch.arrays["params"].tolist()
     assert launch.grid[0] >= n_q * heads and launch.grid[0] % launch.threadgroup[0] == 0
     out = np.zeros(launch.output_shape)
     for qi in range(n_q):
