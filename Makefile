@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-all lint serve clean
+.PHONY: venv test test-all determinism lint serve clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
+
+# the cross-backend determinism suite alone, with a one-line verdict per backend x dtype
+determinism: $(STAMP)
+	$(PY) -m pytest -q tests/determinism
 
 # serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
 serve: $(STAMP)

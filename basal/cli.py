@@ -141,6 +141,14 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(a: argparse.Namespace) -> int:
+    from basal.doctor import report
+
+    model = None if a.no_check else _open_model(a.model)
+    print(report(model, run_checks=not a.no_check))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -197,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
     v.set_defaults(run=_serve)
+
+    o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
+    o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")
+    o.add_argument("--no-check", action="store_true", help="only list backends, devices and versions")
+    o.set_defaults(run=_doctor)
     return p
 
 

@@ -55,3 +55,11 @@ def test_decide_uses_the_demo_model_by_default(tmp_path, capsys, monkeypatch):
 def test_bad_model_directory_is_a_clear_error(tmp_path, capsys):
     assert main(["decide", "--model", str(tmp_path / "nope"), "-"]) == 2
     assert "no such model directory" in capsys.readouterr().err
+
+
+def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
+    assert main(["doctor", "--model", str(demo_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "torch  cpu" in out and "mlx    cpu" in out and "Metal:" in out and "CUDA:" in out
+    assert "torch-cpu-f32    verified" in out and "mlx-cpu-f32      verified" in out
+    assert "NOT INVARIANT" not in out

@@ -1,0 +1,112 @@
+"""`basal doctor`: what this machine can run, and a quick check that each path is bitwise batch-invariant here."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import random
+import time
+
+import numpy as np
+
+from basal import __version__
+from basal.backends.base import DTYPES, load_backend_class
+from basal.core.compute import run_to_end
+from basal.core.model_dir import ModelDir
+from basal.core.pipeline import Pipeline
+from basal.core.prompt import option_orders, render_prompt
+from basal.core.tree import TokenizedQuestion
+
+PACKAGES = ("torch", "mlx", "numpy", "tokenizers", "safetensors", "msgspec", "litestar", "uvicorn")
+
+
+def versions() -> dict[str, str]:
+    out = {
+        "basal": __version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+    }
+    for name in PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def paths() -> list[tuple[str, str]]:
+    """(backend, device) pairs available here."""
+    import torch
+
+    found = [("torch", "cpu")]
+    if torch.cuda.is_available():
+        found.insert(0, ("torch", "cuda"))
+    mlx = load_backend_class("mlx")
+    if mlx is not None:
+        found += [("mlx", d) for d in mlx.devices()]
+    return found
+
+
+def _questions(model: ModelDir, n: int = 6) -> list[TokenizedQuestion]:
+    rng = random.Random(0)
+    tok = model.tokenizer
+    words = "order late damaged refund invoice zamówienie paczka zwrot żółw".split()
+    out = []
+    for i in range(n):
+        lang = "pl" if i % 2 else "en"
+        state = " ".join(rng.choice(words) for _ in range(rng.randint(3, 60)))
+        k = rng.randint(2, 10)
+        opts = [f"option {j} {rng.choice(words)}" for j in range(k)]
+        out.append(
+            TokenizedQuestion(
+                lang,
+                state,
+                tuple(
+                    tuple(tok.encode(render_prompt(state, "Which?", [opts[p] for p in perm], lang)))
+                    for perm in option_orders(k)
+                ),
+            )
+        )
+    return out
+
+
+def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool, float]:
+    """Alone vs batched vs without the prefix cache, compared as bits. -> (invariant, seconds)."""
+    started = time.perf_counter()
+    b = load_backend_class(backend).load(model, dtype=dtype, device=device)
+    cached, plain = Pipeline(model, b), Pipeline(model, b, prefix_cache=False)
+    qs = _questions(model)
+    together = run_to_end(cached.letter_logits(qs))
+    alone = [run_to_end(cached.letter_logits([q]))[0] for q in qs]
+    uncached = run_to_end(plain.letter_logits(qs))
+
+    def bits(logits):
+        return [np.asarray(o, dtype=np.float32).tobytes() for q in logits for o in q]
+
+    ok = bits(together) == bits(alone) == bits(uncached)
+    return ok, time.perf_counter() - started
+
+
+def report(model: ModelDir | None, run_checks: bool) -> str:
+    lines = ["versions:"] + [f"  {k:<12} {v}" for k, v in versions().items()]
+    lines.append("backends:")
+    for backend, device in paths():
+        lines.append(f"  {backend:<6} {device:<6} dtypes {', '.join(DTYPES)}")
+    try:
+        import mlx.core as mx
+
+        lines.append(f"Metal: {'available' if mx.metal.is_available() else 'not available (MLX runs on the CPU)'}")
+    except ImportError:
+        lines.append("Metal: MLX is not installed")
+    import torch
+
+    cuda = f"available: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "not available"
+    lines.append(f"CUDA: {cuda}")
+    if run_checks and model is not None:
+        lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
+        for backend, device in paths():
+            for dtype in DTYPES:
+                ok, seconds = check(model, backend, device, dtype)
+                verdict = "verified" if ok else "NOT INVARIANT"
+                lines.append(f"  {f'{backend}-{device}-{dtype}':<16} {verdict} ({seconds:.1f} s)")
+    return "\n".join(lines)
