@@ -84,6 +84,7 @@ async def decide(
         watcher = asyncio.create_task(_watch_disconnect(request, gone))
         result = await engines.run(plan, gone.is_set)
         status, content, headers = 200, msgspec.json.encode(result.response), timing_headers(result, rid)
+        headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
     except Exception as exc:

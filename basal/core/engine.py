@@ -30,6 +30,8 @@ from basal.core.scheduler import Job, JobQueue, Policy
 
 log = logging.getLogger(__name__)
 
+INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
+
 
 class Overloaded(Exception):
     """More than `max_inflight` requests are waiting or running (HTTP 529)."""
@@ -252,7 +254,10 @@ class Engines:
             def finish(result: Any) -> None:
                 loop.call_soon_threadsafe(_settle, future, result)
 
-            job = await loop.run_in_executor(self._pool, engine.plan, request, finish, cancelled)
+            if _prompt_chars(request) <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
+                job = engine.plan(request, finish, cancelled)
+            else:
+                job = await loop.run_in_executor(self._pool, engine.plan, request, finish, cancelled)
             engine.submit(job)
             response = await future
             return Result(response, job.queue_ms, job.compute_ms, job.batch_requests)
@@ -265,6 +270,13 @@ class Engines:
         for engine in self.engines.values():
             engine.close(drain, timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _prompt_chars(request: DecisionRequest) -> int:
+    return sum(
+        2 * (len(q.item.state_text) + len(q.item.question_text) + sum(map(len, q.item.options)))
+        for q in request.questions
+    )
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -1,0 +1,73 @@
+"""`basal serve` wiring: configuration files, several models in one process, the demo default."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from basal.config import ConfigError, load_config, parse_config
+from basal.server import api_settings, build_engines
+from tests.servers import live_server
+
+
+def test_config_file_and_unknown_keys(tmp_path):
+    path = tmp_path / "serve.yml"
+    path.write_text(
+        "addr: 127.0.0.1:9000\nmetrics: true\nmodels:\n  - path: /m\n    schedule: fifo\n    long_tokens: 0\n"
+    )
+    config = load_config(path)
+    assert (config.port, config.metrics, config.models[0].schedule, config.models[0].long_tokens) == (
+        9000,
+        True,
+        "fifo",
+        0,
+    )
+    path.write_text("models:\n  - path: /m\n    max_batch_token: 10\n")
+    with pytest.raises(ConfigError, match="max_batch_token"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="gemm_table"):
+        parse_config({"models": [{"path": "/m", "gemm_table": "tables/x.json"}]})
+    with pytest.raises(ConfigError, match="exactly one"):
+        parse_config({"models": [{"path": "/m", "repo": "Remek/basal-1.5-mini"}]})
+
+
+def test_two_models_in_one_process_share_one_gate(demo_dir, tmp_path, monkeypatch):
+    second = tmp_path / "second"
+    shutil.copytree(demo_dir, second)
+    meta = json.loads((second / "basal.json").read_text())
+    (second / "basal.json").write_text(json.dumps({**meta, "name": "second-demo"}))
+    config = parse_config(
+        {
+            "models": [{"path": str(demo_dir)}, {"path": str(second), "long_tokens": 0}],
+            "default_model": "second-demo",
+            "api_keys": ["k"],
+        }
+    )
+    monkeypatch.setenv("BASAL_API_KEYS", "k2, k3")
+    engines = build_engines(config)
+    first, other = engines.engines.values()
+    assert first.gate is other.gate and other.long is None and first.long is not None
+    settings = api_settings(config)
+    assert settings.api_keys == ("k", "k2", "k3")
+    body = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    with live_server(engines, settings) as url:
+        auth = {"authorization": "Bearer k3"}
+        models = httpx.get(f"{url}/v1/models", headers=auth).json()["models"]
+        assert [m["name"] for m in models] == ["basal-synthetic-demo", "second-demo"]
+        assert httpx.post(f"{url}/v1/basal", json=body, headers=auth).json()["model"] == "second-demo"
+        r = httpx.post(f"{url}/v1/systemone", json={**body, "model": "basal-synthetic-demo"}, headers=auth)
+        assert r.json()["model"] == "basal-synthetic-demo"
+        assert (
+            httpx.post(f"{url}/v1/systemone", json={**body, "model": "jev-latest"}, headers=auth).json()["model"]
+            == "second-demo"
+        )
+
+
+def test_the_demo_model_is_served_when_no_model_is_given(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("BASAL_HOME", str(tmp_path))
+    engines = build_engines(parse_config({}))
+    assert list(engines.engines) == ["basal-synthetic-demo"]
+    assert "carry no meaning" in caplog.text
