@@ -31,6 +31,7 @@ import httpx
 from basal.core.contract import parse_systemone
 from basal.core.model_dir import ModelDir
 from basal.core.synth import synth_model
+from bench.tree_speed import MIX
 from bench.workloads import questions, state_of_tokens
 from tests.servers import free_port, make_engines
 
@@ -146,7 +147,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64, help="requests per concurrency level (demo)")
     ap.add_argument("--out", default="bench/results/http_speed.json")
     a = ap.parse_args()
-    results = []
+    results, mix_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             if name == "demo":
@@ -167,6 +168,19 @@ def main() -> None:
             try:
                 over_http(url, body, 1, 3)  # warm-up
                 in_process(engines, body, 1, 3)
+                for label, n_q, state_tokens in MIX:  # the request mix of bench/tree_speed.py, one at a time
+                    mixed = {
+                        "model": model.name,
+                        "state": state_of_tokens(model.tokenizer, state_tokens, "pl", 2),
+                        "questions": questions(n_q, "pl", 2),
+                    }
+                    reps = 3 if name != "demo" else 10
+                    h, p = over_http(url, mixed, 1, reps), in_process(engines, mixed, 1, reps)
+                    mix_rows.append({"model": name, "request": label, "http": h, "in_process": p})
+                    print(
+                        f"{name} {label}: HTTP p50 {h['p50_ms']:.1f} ms | in-process p50 {p['p50_ms']:.1f} ms",
+                        flush=True,
+                    )
                 for clients in (1, 8, 32):
                     per = max(1, n // clients)
                     h = over_http(url, body, clients, per)
@@ -182,7 +196,15 @@ def main() -> None:
                 proc.wait(30)
                 engines.close()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"cpus": os.cpu_count(), "rows": results}, indent=2))
+    Path(a.out).write_text(json.dumps({"cpus": os.cpu_count(), "rows": results, "mix": mix_rows}, indent=2))
+    print("\n| model | request | HTTP p50 ms | in-process p50 ms | outside the engine, p50: HTTP / in-process |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for r in mix_rows:
+        h, p = r["http"], r["in_process"]
+        print(
+            f"| {r['model']} | {r['request']} | {h['p50_ms']:.1f} | {p['p50_ms']:.1f} | "
+            f"{h['outside_p50_ms']:.2f} / {p['outside_p50_ms']:.2f} ms |"
+        )
     print(
         "\n| model | clients | HTTP req/s | HTTP p50 / p90 / p99 ms | in-process req/s | in-process p50 / p90 / p99 ms "
         "| outside the engine, p50: HTTP / in-process | HTTP added |"

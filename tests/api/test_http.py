@@ -44,7 +44,7 @@ def test_systemone_answer_and_headers(client):
     assert list(body["answers"]["kind"]) == ["type", "choice", "confidence", "probabilities"]
     assert body["answers"]["urgency"]["legend"] == {"0": "niska", "1": "wysoka"}
     assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] == 0
-    for h in ("x-basal-queue-ms", "x-basal-compute-ms"):
+    for h in ("x-basal-queue-ms", "x-basal-compute-ms", "x-basal-total-ms"):
         assert float(r.headers[h]) >= 0
     assert int(r.headers["x-basal-batch-requests"]) >= 1
     assert r.headers["x-typesafe-request-id"].startswith("req_") and len(r.headers["x-request-id"]) == 36
