@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-all determinism lint serve clean
+.PHONY: venv test test-all determinism bench lint serve clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ test-all: $(STAMP)
 # the cross-backend determinism suite alone, with a one-line verdict per backend x dtype
 determinism: $(STAMP)
 	$(PY) -m pytest -q tests/determinism
+
+# every benchmark suite, CPU-sized (mini shapes cut to 1 layer), tables and plots in bench/results
+bench: $(STAMP)
+	$(VENV)/bin/basal bench --plot
 
 # serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
 serve: $(STAMP)

@@ -149,6 +149,44 @@ def _doctor(a: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(a: argparse.Namespace) -> int:
+    import tempfile
+
+    from tqdm import tqdm
+
+    from basal.benchsuite.report import write
+    from basal.benchsuite.suites import SUITES, Bench, model_shape
+    from basal.core.model_dir import ModelDir
+    from basal.core.synth import synth_model
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    names = a.suites or list(SUITES)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if a.model:
+            model = ModelDir.load(a.model)
+        else:
+            print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
+            model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
+        bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
+        context = {
+            "model": model_shape(model),
+            "backend": bench.backend.name,
+            "device": bench.backend.device,
+            "dtype": bench.backend.dtype,
+            "quick": not a.full,
+        }
+        out = Path(a.out)
+        for name in tqdm(names, desc="suites", disable=a.quiet):
+            result = SUITES[name](bench)
+            files = write(result, out, context, a.plot)
+            tqdm.write(result.markdown())
+            tqdm.write("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -210,6 +248,25 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")
     o.add_argument("--no-check", action="store_true", help="only list backends, devices and versions")
     o.set_defaults(run=_doctor)
+
+    b = sub.add_parser("bench", help="benchmark suites with their baselines; JSON + markdown (+ PNG with --plot)")
+    b.add_argument("suites", nargs="*", help="single latency scoring throughput concurrency mixed (default: all)")
+    b.add_argument("--model", default=None, help="model directory (default: synthesize --preset cut to --layers)")
+    b.add_argument("--preset", default="mini")
+    b.add_argument(
+        "--layers",
+        type=int,
+        default=2,
+        help="layers of the synthesized preset (2: the last layer runs at readouts only, so 1 would flatter basal)",
+    )
+    b.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
+    b.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    b.add_argument("--full", action="store_true", help="the full sizes of the suites (for a GPU or a big CPU)")
+    b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
+    b.add_argument("--out", default="bench/results")
+    b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(run=_bench)
     return p
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.contract import parse_systemone
 from basal.core.model_dir import ModelDir
 from basal.core.synth import synth_model
 from bench.tree_speed import MIX
-from bench.workloads import questions, state_of_tokens
 from tests.servers import free_port, make_engines
 
 

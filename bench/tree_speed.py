@@ -21,11 +21,11 @@ import torch
 from tqdm import tqdm
 
 from basal.backends.cuda.backend import TorchBackend
+from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.contract import parse_systemone
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.synth import synth_model
-from bench.workloads import questions, state_of_tokens
 
 MIX = [
     ("1 question, short state", 1, 40),

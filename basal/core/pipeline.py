@@ -61,6 +61,7 @@ class Pipeline:
         prefix_cache: bool = True,
         tree_max_tokens: int = TREE_MAX_TOKENS,
         forward_max_tokens: int = FORWARD_MAX_TOKENS,
+        share_across_questions: bool = True,
     ):
         self.model = model
         self.backend = backend
@@ -68,6 +69,7 @@ class Pipeline:
         self.letter_ids = self.tokenizer.letter_ids(len(LETTERS))
         self.tree_max_tokens = tree_max_tokens
         self.forward_max_tokens = forward_max_tokens
+        self.share_across_questions = share_across_questions
         self.prefixes: dict[str, tuple[int, ...]] = {}
         if prefix_cache:
             for lang, n in self.tokenizer.prefix_len.items():
@@ -98,7 +100,12 @@ class Pipeline:
         """Letter logits of every order of every question (float32, first k letters); yields between layers."""
         t0 = time.perf_counter()
         forwards = plan_forwards(
-            tokenized, self.letter_ids, self.prefixes, self.tree_max_tokens, self.forward_max_tokens
+            tokenized,
+            self.letter_ids,
+            self.prefixes,
+            self.tree_max_tokens,
+            self.forward_max_tokens,
+            share_across_questions=self.share_across_questions,
         )
         t1 = time.perf_counter()
         out: list[list[np.ndarray]] = [[None] * len(t.prompts) for t in tokenized]  # type: ignore[list-item]

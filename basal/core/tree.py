@@ -201,11 +201,14 @@ def plan_forwards(
     tree_max_tokens: int = TREE_MAX_TOKENS,
     forward_max_tokens: int = FORWARD_MAX_TOKENS,
     max_depth: int = MAX_DEPTH,
+    share_across_questions: bool = True,
 ) -> list[Forward]:
     """Pack questions into trie rows and rows into forwards.
 
     `prefixes` maps a language to the template-prefix tokens whose K/V the backend has cached; rows of that
     language leave them out (every prompt of the language starts with them). Identical prompts share a readout.
+    `share_across_questions=False` puts every question in a row of its own (only its two option orders share a
+    prefix, as upstream 1.0 packed): the baseline that shows what the tree saves.
     """
     prefixes = prefixes or {}
     rows: list[tuple[str, list[int]]] = []  # (lang, question indices)
@@ -218,7 +221,7 @@ def plan_forwards(
         size, current = TrieSize(), []
         for i in ordered:
             added = sum(size.added(p) for p in questions[i].prompts)
-            if current and size.tokens + added > tree_max_tokens:
+            if current and (size.tokens + added > tree_max_tokens or not share_across_questions):
                 rows.append((lang, current))
                 size, current = TrieSize(), []
             for p in questions[i].prompts:

@@ -130,3 +130,11 @@ def test_forward_and_row_limits():
 def test_cached_prefix_must_match():
     with pytest.raises(ValueError, match="template prefix"):
         plan_forwards([TokenizedQuestion("en", "s", ((1, 2, 3), (1, 2, 4)))], LETTERS, {"en": (9,)})
+
+
+def test_tree_off_baseline_puts_each_question_in_its_own_row():
+    qs = [TokenizedQuestion("en", "s", ((1, 2, 3, 4, 5 + i), (1, 2, 3, 4, 9 + i))) for i in range(3)]
+    (shared,) = plan_forwards(qs, LETTERS)
+    (alone,) = plan_forwards(qs, LETTERS, share_across_questions=False)
+    assert int((alone.batch.block_parent < 0).sum()) == 3 and int((shared.batch.block_parent < 0).sum()) == 1
+    assert alone.batch.n_tokens == 3 * 6 and shared.batch.n_tokens == 4 + 6

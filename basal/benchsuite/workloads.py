@@ -63,3 +63,17 @@ def questions(n: int, lang: str, seed: int) -> dict[str, dict]:
                 "criteria": ["niska", "średnia", "wysoka"] if pl else ["low", "medium", "high"],
             }
     return out
+
+
+def bench_items(n: int = 44, seed: int = 0) -> list[dict]:
+    """`n` single-question requests covering choice / noul / score in Polish and English (the basal-bench mix)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        lang = "pl" if i % 2 else "en"
+        kind = ("choice", "noul", "score")[(i // 2) % 3]
+        words = PL if lang == "pl" else EN
+        state = " ".join(rng.choice(words) for _ in range(rng.randint(20, 60)))
+        q = questions(3, lang, seed * 1000 + i)[f"q{('choice', 'noul', 'score').index(kind)}"]
+        out.append({"model": "m", "state": state, "questions": {"q": q}})
+    return out

@@ -1,0 +1,403 @@
+"""The suites. Each runs basal and its baselines on the same weights in the same run, and reports ratios:
+
+    single       the basal-bench method: 44 items, both orders, one request at a time, 5 warm-ups discarded
+    latency      one question on states of 128 / 512 / 4096 tokens, sequential
+    scoring      5 / 25 / 50 questions on one 512-token state
+    throughput   4 concurrent clients sending requests of 100 questions on 512 / 1024 / 4096-token states
+    concurrency  one question on a 512-token state over HTTP, 1..32 concurrent clients
+    mixed        a mixed workload (short states, multi-question, long documents): HRRN vs FIFO, long lane on/off
+
+Baselines: transformers' LlamaForCausalLM running every option-order prompt separately (upstream-1.0 style),
+and basal with tree packing off (one question per row). `quick` shrinks counts and sizes for a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from basal.backends.base import load_backend
+from basal.benchsuite.report import SuiteResult, pct, stats_ms
+from basal.benchsuite.workloads import bench_items, questions, state_of_tokens
+from basal.core.contract import DecisionRequest, parse_systemone
+from basal.core.engine import Engine, Engines, EngineSettings
+from basal.core.gate import Gate
+from basal.core.metrics import Metrics
+from basal.core.model_dir import ModelDir
+from basal.core.pipeline import Pipeline
+from basal.core.scheduler import Policy
+
+
+@dataclass
+class Bench:
+    model: ModelDir
+    backend_name: str = "auto"
+    dtype: str | None = None
+    quick: bool = True
+    transformers: bool = True
+
+    def __post_init__(self) -> None:
+        self.backend = load_backend(self.model, self.backend_name, self.dtype)
+        self.tree = Pipeline(self.model, self.backend)
+        self.flat = Pipeline(self.model, self.backend, share_across_questions=False)
+        self._hf = None
+
+    def plan(self, body: dict) -> DecisionRequest:
+        return parse_systemone({**body, "model": self.model.name}, lambda m: m)
+
+    def timed(self, fn: Callable[[], object]) -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    def basal(self, request: DecisionRequest, tree: bool = True) -> float:
+        return self.timed(lambda: (self.tree if tree else self.flat).decide(request))
+
+    def hf(self, request: DecisionRequest) -> float:
+        """transformers, every option-order prompt run whole and alone (f32, SDPA, logits at the last token)."""
+        import torch
+
+        if self._hf is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import LlamaForCausalLM
+
+            self._hf = LlamaForCausalLM.from_pretrained(
+                self.model.path, dtype=torch.float32, attn_implementation="sdpa"
+            ).eval()
+        prompts = [p for t in self.tree.tokenize([q for q in request.questions if q.needs_model]) for p in t.prompts]
+        letters = self.tree.letter_ids
+
+        def run() -> None:
+            with torch.inference_mode():
+                for p in prompts:
+                    self._hf(torch.tensor([p]), logits_to_keep=1).logits[0, -1, letters]
+
+        return self.timed(run)
+
+    def variants(self, request_count_ok: bool = True) -> list[tuple[str, Callable[[DecisionRequest], float]]]:
+        out = [("basal (tree)", lambda r: self.basal(r, True)), ("basal, tree off", lambda r: self.basal(r, False))]
+        if self.transformers and request_count_ok:
+            out.append(("transformers, prompt by prompt", self.hf))
+        return out
+
+    def engines(self, schedule: Policy = Policy.HRRN, long_tokens: int = 4096, tree: bool = True) -> Engines:
+        metrics = Metrics()
+        pipeline = self.tree if tree else self.flat
+        engine = Engine(self.model.name, pipeline, Gate(), metrics, EngineSettings(8192, schedule, long_tokens))
+        engines = Engines({self.model.name: engine}, self.model.name, metrics)
+        engines.start()
+        return engines
+
+
+def _ratio_rows(rows: list[list[object]], key_col: int, value_col: int, baseline: str) -> None:
+    """Append 'vs baseline' = baseline time / this time, per group of rows sharing column `key_col`."""
+    base = {r[key_col]: r[value_col] for r in rows if r[1] == baseline}
+    for r in rows:
+        b = base.get(r[key_col])
+        r.append(f"{b / r[value_col]:.2f}×" if b else "—")
+
+
+def single(b: Bench) -> SuiteResult:
+    items = [b.plan(x) for x in bench_items(44, seed=0)]
+    rows, samples = [], {}
+    for name, run in b.variants():
+        for r in items[:5]:
+            run(r)  # warm-ups, discarded
+        measured = [run(r) for r in items[5:]]
+        s = stats_ms(measured)
+        samples[name] = measured
+        rows.append(["44 items", name, s["p50_ms"], s["p90_ms"], 1000 / s["p50_ms"]])
+    _ratio_rows(rows, 0, 2, "transformers, prompt by prompt")
+    return SuiteResult(
+        "single",
+        ["workload", "engine", "median ms", "p90 ms", "decisions/s", "speed vs transformers"],
+        rows,
+        samples,
+        notes="39 measured single-question requests after 5 discarded warm-ups.",
+    )
+
+
+def latency(b: Bench) -> SuiteResult:
+    sizes = (128, 512, 2048) if b.quick else (128, 512, 4096)
+    reps = {128: 10, 512: 8, 2048: 3, 4096: 5} if b.quick else {128: 30, 512: 30, 4096: 10}
+    rows, samples = [], {}
+    for tokens in sizes:
+        request = b.plan(
+            {"state": state_of_tokens(b.model.tokenizer, tokens, "en", tokens), "questions": questions(1, "en", 1)}
+        )
+        for name, run in b.variants():
+            if name.startswith("basal, tree off"):
+                continue  # one question: nothing to share across questions, identical to the tree
+            run(request)
+            measured = [run(request) for _ in range(reps[tokens])]
+            s = stats_ms(measured)
+            samples[f"{name}, {tokens} tokens"] = measured
+            rows.append([tokens, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"]])
+    _ratio_rows(rows, 0, 2, "transformers, prompt by prompt")
+    return SuiteResult(
+        "latency",
+        ["state tokens", "engine", "p50 ms", "p90 ms", "p99 ms", "max ms", "speed vs transformers"],
+        rows,
+        samples,
+    )
+
+
+def scoring(b: Bench) -> SuiteResult:
+    state = state_of_tokens(b.model.tokenizer, 512, "pl", 7)
+    reps = 2 if b.quick else 5
+    rows, samples = [], {}
+    for n in (5, 25, 50):
+        request = b.plan({"state": state, "questions": questions(n, "pl", n)})
+        for name, run in b.variants(request_count_ok=not (b.quick and n == 50)):
+            slow = name.startswith("transformers") and b.quick  # minutes per request on a CPU: one run, no warm-up
+            if not slow:
+                run(request)
+            measured = [run(request) for _ in range(1 if slow else reps)]
+            s = stats_ms(measured)
+            samples[f"{name}, {n} questions"] = measured
+            rows.append([n, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"], n / (s["p50_ms"] / 1000)])
+    _ratio_rows(rows, 0, 2, "basal, tree off")
+    return SuiteResult(
+        "scoring",
+        ["questions", "engine", "p50 ms", "p90 ms", "p99 ms", "max ms", "decisions/s", "speed vs tree off"],
+        rows,
+        samples,
+        notes="transformers is left out of the 50-question quick run (it takes minutes on a CPU).",
+    )
+
+
+def _clients(engines: Engines, requests: list[DecisionRequest], clients: int) -> tuple[list[float], float]:
+    async def client(i: int) -> list[float]:
+        out = []
+        for r in requests[i::clients]:
+            t = time.perf_counter()
+            await engines.run(r)
+            out.append(time.perf_counter() - t)
+        return out
+
+    async def main():
+        t0 = time.perf_counter()
+        parts = await asyncio.gather(*(client(i) for i in range(clients)))
+        return [x for p in parts for x in p], time.perf_counter() - t0
+
+    return asyncio.run(main())
+
+
+def throughput(b: Bench) -> SuiteResult:
+    n_q = 20 if b.quick else 100
+    sizes = (512, 1024, 2048) if b.quick else (512, 1024, 4096)
+    rows = []
+    for tokens in sizes:
+        reqs = [
+            b.plan(
+                {
+                    "state": state_of_tokens(b.model.tokenizer, tokens, "en" if i % 2 else "pl", i),
+                    "questions": questions(n_q, "en" if i % 2 else "pl", i),
+                }
+            )
+            for i in range(4)
+        ]
+        for name, tree in (("basal (tree)", True), ("basal, tree off", False)):
+            engines = b.engines(tree=tree)
+            _, wall = _clients(engines, reqs, 4)
+            engines.close()
+            rows.append([tokens, name, 4 * n_q / wall])
+        if b.transformers and (tokens == sizes[0] or not b.quick):
+            wall = sum(b.hf(r) for r in reqs)
+            rows.append([tokens, "transformers, prompt by prompt", 4 * n_q / wall])
+    base = {r[0]: r[2] for r in rows if r[1] == "basal, tree off"}
+    for r in rows:
+        r.append(f"{r[2] / base[r[0]]:.2f}×")
+    return SuiteResult(
+        "throughput",
+        ["state tokens", "engine", "decisions/s", "vs tree off"],
+        rows,
+        notes=f"4 concurrent clients, one request of {n_q} questions each, in-process engine.",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def concurrency(b: Bench) -> SuiteResult:
+    import httpx
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "basal", "serve", "--model", str(b.model.path), "--addr", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        body = json.dumps(
+            {
+                "model": b.model.name,
+                "state": state_of_tokens(b.model.tokenizer, 512, "en", 3),
+                "questions": questions(1, "en", 3),
+            }
+        ).encode()
+        rows, samples, curve = [], {}, []
+        per = 4 if b.quick else 16
+        for clients in (1, 2, 4, 8, 16, 32):
+
+            def client(_: int) -> list[float]:
+                out = []
+                with httpx.Client(base_url=url, timeout=600) as c:
+                    for _ in range(per):
+                        t = time.perf_counter()
+                        assert c.post("/v1/systemone", content=body).status_code == 200
+                        out.append(time.perf_counter() - t)
+                return out
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                lat = [x for part in pool.map(client, range(clients)) for x in part]
+            wall = time.perf_counter() - t0
+            s = stats_ms(lat)
+            samples[f"{clients} clients"] = lat
+            curve.append((clients, len(lat) / wall))
+            rows.append([clients, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"], len(lat) / wall])
+        single = rows[0][5]
+        for r in rows:
+            r.append(f"{r[5] / single:.2f}×")
+    finally:
+        server.terminate()
+        server.wait(30)
+    return SuiteResult(
+        "concurrency",
+        ["clients", "p50 ms", "p90 ms", "p99 ms", "max ms", "requests/s", "vs 1 client"],
+        rows,
+        samples,
+        {"requests/s": curve},
+        notes="One question on a 512-token state over HTTP (basal serve, httpx clients): JSON, "
+        "tokenization and batching included.",
+    )
+
+
+def _mixed_workload(b: Bench, n: int, seed: int = 0) -> list[tuple[str, DecisionRequest]]:
+    rng = random.Random(seed)
+    long_sizes = (1024, 2048) if b.quick else (1024, 4096, 16000)
+    out = []
+    for i in range(n):
+        x = rng.random()
+        lang = "pl" if i % 2 else "en"
+        if x < 0.6:
+            kind, tokens, n_q = "short", 60, 1
+        elif x < 0.85:
+            kind, tokens, n_q = "short", 60, rng.choice([2, 3, 14])
+        else:
+            kind, tokens, n_q = "document", rng.choice(long_sizes), rng.randint(1, 5)
+        out.append(
+            (
+                kind,
+                b.plan(
+                    {"state": state_of_tokens(b.model.tokenizer, tokens, lang, i), "questions": questions(n_q, lang, i)}
+                ),
+            )
+        )
+    return out
+
+
+def mixed(b: Bench) -> SuiteResult:
+    workload = _mixed_workload(b, 24 if b.quick else 120)
+    rate = 4.0 if b.quick else 8.0  # requests/s
+    rows, samples = [], {}
+    for schedule in (Policy.HRRN, Policy.FIFO):
+        for long_tokens in (4096 if not b.quick else 1024, 0):
+            engines = b.engines(schedule, long_tokens)
+
+            async def main(engines: Engines):
+                lat: dict[str, list[float]] = {"short": [], "document": []}
+                rng = random.Random(1)
+
+                async def one(kind, r, delay):
+                    await asyncio.sleep(delay)
+                    t = time.perf_counter()
+                    await engines.run(r)
+                    lat[kind].append(time.perf_counter() - t)
+
+                t0, delay, tasks = time.perf_counter(), 0.0, []
+                for kind, r in workload:
+                    tasks.append(asyncio.create_task(one(kind, r, delay)))
+                    delay += rng.expovariate(rate)  # open (Poisson) arrivals
+                await asyncio.gather(*tasks)
+                return lat, time.perf_counter() - t0
+
+            lat, wall = asyncio.run(main(engines))
+            engines.close()
+            name = f"{schedule.value}, long lane {'on' if long_tokens else 'off'}"
+            samples[f"{name} (short)"] = lat["short"]
+            rows.append(
+                [
+                    name,
+                    pct(lat["short"], 50) * 1000,
+                    pct(lat["short"], 99) * 1000,
+                    pct(lat["document"], 50) * 1000,
+                    60 * len(workload) / wall,
+                ]
+            )
+    base = rows[-1][1]
+    for r in rows:
+        r.append(f"{base / r[1]:.2f}×")
+    return SuiteResult(
+        "mixed",
+        [
+            "scheduler",
+            "short p50 ms",
+            "short p99 ms",
+            "document p50 ms",
+            "requests/min",
+            "short p50 vs fifo without long lane",
+        ],
+        rows,
+        samples,
+        notes="Open Poisson arrivals (~8/s): 60% one question on a short state, 25% 2-14 questions "
+        "on a short state, 15% 1-5 questions on a long document.",
+    )
+
+
+SUITES: dict[str, Callable[[Bench], SuiteResult]] = {
+    "single": single,
+    "latency": latency,
+    "scoring": scoring,
+    "throughput": throughput,
+    "concurrency": concurrency,
+    "mixed": mixed,
+}
+
+
+def model_shape(model: ModelDir) -> dict[str, object]:
+    c = model.config
+    return {
+        "name": model.name,
+        "layers": c.num_hidden_layers,
+        "hidden": c.hidden_size,
+        "intermediate": c.intermediate_size,
+        "heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
+        "synthetic": model.synthetic,
+        "path": str(Path(model.path)),
+    }
+
+
+__all__ = ["SUITES", "Bench", "model_shape"]
