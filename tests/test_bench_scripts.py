@@ -13,3 +13,20 @@ def test_mac_check_smoke_on_cpu(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "DIFFERENT" not in out and out.count(" ok") == 12
     assert "same decisions: True" in out and "decisions/s" in out
+
+
+def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
+    import json
+
+    from basal.benchsuite.report import write
+    from basal.benchsuite.suites import SUITES, Bench, model_shape
+
+    bench = Bench(demo_model, transformers=False)
+    result = SUITES["scoring"](bench)
+    files = write(result, tmp_path, {"model": model_shape(demo_model)}, plot=True)
+    assert [f.suffix for f in files] == [".json", ".md", ".png"] and all(f.stat().st_size > 0 for f in files)
+    data = json.loads(files[0].read_text())
+    assert data["model"]["name"] == demo_model.name and data["versions"]["torch"].startswith("2.13")
+    engines = {row[1] for row in data["rows"]}
+    assert engines == {"basal (tree)", "basal, tree off"}
+    assert len(data["samples_s"]) == 6 and "speed vs tree off" in files[1].read_text()
