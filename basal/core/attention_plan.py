@@ -81,3 +81,28 @@ def plan_attention(
             k_idx[c, : len(keys)] = keys
         groups.append((q_idx, q_pos, k_idx))
     return AttentionPlan(groups, len(queries))
+
+
+def plan_batch(batch, prefix_lengths: dict[str, int]) -> tuple[AttentionPlan, AttentionPlan, int]:
+    """Both plans a forward needs: every token as a query (layers before the last) and the readouts only (the last
+    layer). `prefix_lengths` = tokens of each cached template prefix. Also returns the first buffer row of the
+    batch's own tokens."""
+    offsets, row = {}, 1
+    for j, key in enumerate(batch.prefix_keys):
+        offsets[j] = (row, prefix_lengths[key])
+        row += prefix_lengths[key]
+    args = (
+        batch.block_of,
+        batch.positions,
+        batch.block_start,
+        batch.block_len,
+        batch.block_parent,
+        batch.block_prefix,
+        offsets,
+        row,
+    )
+    return (
+        plan_attention(*args, np.arange(batch.n_tokens), QUERY_ROWS),
+        plan_attention(*args, batch.readouts.astype(np.int64), 1),
+        row,
+    )

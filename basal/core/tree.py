@@ -58,6 +58,18 @@ class PackedBatch:
         return out[::-1]
 
 
+def single_prompt_batch(tokens: Sequence[int]) -> PackedBatch:
+    """One prompt at positions 0..n-1 in one block, read out at its last token (template-prefix K/V)."""
+    n = len(tokens)
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
+    return PackedBatch(
+        i32(tokens), i32(range(n)), i32([0] * n), i32([0]), i32([n]), i32([-1]), i32([-1]), (), i32([n - 1]), i32([])
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizedQuestion:
     """One question ready to pack: one token list per option order."""

@@ -43,17 +43,7 @@ class TorchBackend:
 
     def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
         with torch.inference_mode():
-            t = self.net.inputs(
-                batch.tokens,
-                batch.positions,
-                batch.block_of,
-                batch.block_start,
-                batch.block_len,
-                batch.block_parent,
-                batch.block_prefix,
-                batch.prefix_keys,
-                batch.readouts,
-            )
+            t = self.net.inputs(batch)
             tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)
         letters = tuple(int(x) for x in batch.letter_ids)
         return (yield from self.net.forward(t, tokens, letters))

@@ -10,9 +10,10 @@ import numpy as np
 import torch
 
 from basal.backends.cuda import kernels as K
-from basal.core.attention_plan import plan_attention
+from basal.core.attention_plan import plan_batch
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.safetensors_io import bf16_bits_to_f32
+from basal.core.tree import PackedBatch, single_prompt_batch
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -159,34 +160,24 @@ class TreeLlama:
 
     # -- whole passes ---------------------------------------------------------------------------------------
 
-    def inputs(self, tokens, positions, block_of, starts, lens, parents, root_prefix, prefix_keys, readouts):
+    def inputs(self, batch: PackedBatch) -> TreeInputs:
+        """Per-batch tensors every layer reuses: RoPE rows, the attention plans, readout rows."""
         dev = self.w.device
-        offsets, row = {}, 1
-        for j, key in enumerate(prefix_keys):
-            n = self.prefix_kv[key][0][0].shape[0]
-            offsets[j] = (row, n)
-            row += n
-        n_tok = len(tokens)
-
-        def plan(queries, rows):
-            return K.to_torch(
-                plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row, queries, rows),
-                dev,
-            )
-
+        plan, readout_plan, _ = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        n_tok = batch.n_tokens
+        readouts = torch.from_numpy(batch.readouts.astype(np.int64)).to(dev)
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
-        readout_rows[torch.from_numpy(readouts.astype(np.int64)).to(dev)] = torch.arange(len(readouts), device=dev)
-        pos = torch.from_numpy(positions.astype(np.int64)).to(dev)
-        cos, sin = self.cos[pos], self.sin[pos]
+        readout_rows[readouts] = torch.arange(len(readouts), device=dev)
+        pos = torch.from_numpy(batch.positions.astype(np.int64)).to(dev)
         return TreeInputs(
-            cos,
-            sin,
-            plan(np.arange(n_tok), K.QUERY_ROWS),
-            plan(readouts, 1),
-            torch.from_numpy(readouts.astype(np.int64)).to(dev),
+            self.cos[pos],
+            self.sin[pos],
+            K.to_torch(plan, dev),
+            K.to_torch(readout_plan, dev),
+            readouts,
             torch.arange(n_tok, device=dev),
             readout_rows,
-            tuple(prefix_keys),
+            batch.prefix_keys,
         )
 
     def forward(
@@ -208,20 +199,7 @@ class TreeLlama:
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
         """K/V of a template prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them."""
-        n = len(tokens)
-        arr = np.arange(n, dtype=np.int32)
-        one = np.zeros(1, dtype=np.int32)
-        t = self.inputs(
-            np.asarray(tokens, dtype=np.int32),
-            arr,
-            np.zeros(n, dtype=np.int32),
-            one,
-            np.asarray([n], dtype=np.int32),
-            np.asarray([-1], dtype=np.int32),
-            np.asarray([-1], dtype=np.int32),
-            (),
-            np.asarray([n - 1], dtype=np.int32),
-        )
+        t = self.inputs(single_prompt_batch(tokens))
         h = self.w.embed[torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.w.device)]
         kv = []
         n_layers = self.cfg.num_hidden_layers

@@ -37,16 +37,6 @@ class MLXBackend:
         self.net.compute_prefix(key, list(tokens))
 
     def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
-        t = self.net.inputs(
-            batch.tokens,
-            batch.positions,
-            batch.block_of,
-            batch.block_start,
-            batch.block_len,
-            batch.block_parent,
-            batch.block_prefix,
-            batch.prefix_keys,
-            batch.readouts,
-        )
+        t = self.net.inputs(batch)
         letters = tuple(int(x) for x in batch.letter_ids)
         return (yield from self.net.forward(t, batch.tokens, letters))

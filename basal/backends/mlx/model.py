@@ -14,8 +14,9 @@ import numpy as np
 
 from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
-from basal.core.attention_plan import QUERY_ROWS, AttentionPlan, plan_attention
+from basal.core.attention_plan import AttentionPlan, plan_batch
 from basal.core.model_dir import ModelDir
+from basal.core.tree import PackedBatch, single_prompt_batch
 
 MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
@@ -104,27 +105,21 @@ class MLXLlama:
             self._letter_rows[letter_ids] = rows
         return self._letter_rows[letter_ids]
 
-    def inputs(self, tokens, positions, block_of, starts, lens, parents, root_prefix, prefix_keys, readouts):
-        offsets, row = {}, 1
-        for j, key in enumerate(prefix_keys):
-            n = self.prefix_kv[key][0][0].shape[0]
-            offsets[j] = (row, n)
-            row += n
-        n_tok = len(tokens)
-        readout_rows = np.full(n_tok, -1, dtype=np.int64)
+    def inputs(self, batch: PackedBatch) -> TreeInputs:
+        plan, readout_plan, _ = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        readouts = batch.readouts.astype(np.int64)
+        readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
-        pos = mx.array(positions.astype(np.int32))
+        pos = mx.array(batch.positions.astype(np.int32))
         return TreeInputs(
             self.cos[pos],
             self.sin[pos],
-            plan_attention(
-                block_of, positions, starts, lens, parents, root_prefix, offsets, row, np.arange(n_tok), QUERY_ROWS
-            ),
-            plan_attention(block_of, positions, starts, lens, parents, root_prefix, offsets, row, readouts, 1),
-            readouts.astype(np.int64),
-            np.arange(n_tok),
+            plan,
+            readout_plan,
+            readouts,
+            np.arange(batch.n_tokens),
             readout_rows,
-            tuple(prefix_keys),
+            batch.prefix_keys,
         )
 
     def _attention(self, q, key_buf, value_buf, plan, rows):
@@ -176,18 +171,7 @@ class MLXLlama:
         return np.array(logits.astype(mx.float32))
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
-        n = len(tokens)
-        t = self.inputs(
-            np.asarray(tokens, dtype=np.int32),
-            np.arange(n, dtype=np.int32),
-            np.zeros(n, dtype=np.int32),
-            np.zeros(1, dtype=np.int32),
-            np.asarray([n], dtype=np.int32),
-            np.asarray([-1], dtype=np.int32),
-            np.asarray([-1], dtype=np.int32),
-            (),
-            np.asarray([n - 1], dtype=np.int64),
-        )
+        t = self.inputs(single_prompt_batch(tokens))
         h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
         kv = []
         for i in range(self.cfg.num_hidden_layers):
