@@ -186,3 +186,22 @@ def test_api_keys(demo_model):
 def test_answers_are_msgspec_encoded_floats(client):
     r = post(client, REQUEST)
     assert msgspec.json.decode(r.content) == r.json()
+
+
+def test_the_readme_curl_example(client):
+    """The request of the README's quick start, as written there."""
+    body = {
+        "model": "jev-latest",
+        "state": "Help! My payouts have been failing for 3 days.",
+        "questions": {
+            "urgent": {"type": "noul", "instructions": "Does this convey urgency?"},
+            "team": {
+                "type": "choice",
+                "instructions": "Which team should handle this?",
+                "criteria": {"billing": "Payments, invoicing, refunds", "technical": "Bugs, outages"},
+            },
+        },
+    }
+    r = post(client, body)
+    assert r.status_code == 200 and set(r.json()["answers"]) == {"urgent", "team"}
+    assert r.json()["answers"]["team"]["choice"] in ("billing", "technical")
