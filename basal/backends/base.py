@@ -33,7 +33,7 @@ def pick_backend(name: str = "auto") -> str:
 
     if torch.cuda.is_available():
         return "torch"
-    if _apple_silicon() and importlib.util.find_spec("mlx") is not None and load_backend_class("mlx") is not None:
+    if _apple_silicon() and load_backend_class("mlx") is not None:
         return "mlx"
     return "torch"
 
@@ -44,7 +44,7 @@ def load_backend_class(name: str):
         from basal.backends.cuda.backend import TorchBackend
 
         return TorchBackend
-    if importlib.util.find_spec("basal.backends.mlx") is None:
+    if importlib.util.find_spec("mlx") is None:  # MLX is not installed on this platform
         return None
     from basal.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]
 

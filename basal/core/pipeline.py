@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,7 +50,6 @@ class Stats:
     forwards: int = 0
     packed_tokens: int = 0  # tokens computed (shared prefixes once, cached template prefix not at all)
     prompt_tokens: int = 0  # tokens of every option-order prompt, as if each ran alone
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class Pipeline:
