@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from basal.core.tree import PackedBatch
+
 KEY_TILE = 64  # attention key tile, anchored at position 0 — part of the numerics, never change it per batch
 QUERY_ROWS = 64  # attention query chunk (inside one block)
 TILE_GROUP = 32  # query chunks processed together per key tile (memory bound, not numerics)
@@ -83,10 +85,9 @@ def plan_attention(
     return AttentionPlan(groups, len(queries))
 
 
-def plan_batch(batch, prefix_lengths: dict[str, int]) -> tuple[AttentionPlan, AttentionPlan, int]:
+def plan_batch(batch: PackedBatch, prefix_lengths: dict[str, int]) -> tuple[AttentionPlan, AttentionPlan]:
     """Both plans a forward needs: every token as a query (layers before the last) and the readouts only (the last
-    layer). `prefix_lengths` = tokens of each cached template prefix. Also returns the first buffer row of the
-    batch's own tokens."""
+    layer). `prefix_lengths` = tokens of each cached template prefix."""
     offsets, row = {}, 1
     for j, key in enumerate(batch.prefix_keys):
         offsets[j] = (row, prefix_lengths[key])
@@ -104,5 +105,4 @@ def plan_batch(batch, prefix_lengths: dict[str, int]) -> tuple[AttentionPlan, At
     return (
         plan_attention(*args, np.arange(batch.n_tokens), QUERY_ROWS),
         plan_attention(*args, batch.readouts.astype(np.int64), 1),
-        row,
     )

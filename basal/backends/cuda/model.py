@@ -163,7 +163,7 @@ class TreeLlama:
     def inputs(self, batch: PackedBatch) -> TreeInputs:
         """Per-batch tensors every layer reuses: RoPE rows, the attention plans, readout rows."""
         dev = self.w.device
-        plan, readout_plan, _ = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        plan, readout_plan = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
         n_tok = batch.n_tokens
         readouts = torch.from_numpy(batch.readouts.astype(np.int64)).to(dev)
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)

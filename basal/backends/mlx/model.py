@@ -106,7 +106,7 @@ class MLXLlama:
         return self._letter_rows[letter_ids]
 
     def inputs(self, batch: PackedBatch) -> TreeInputs:
-        plan, readout_plan, _ = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        plan, readout_plan = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
         readouts = batch.readouts.astype(np.int64)
         readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
