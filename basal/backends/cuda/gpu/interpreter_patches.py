@@ -1,4 +1,4 @@
-"""Three patches that make the Triton interpreter fit for bitwise kernel tests on the CPU (cuda-path.md §8.1 a).
+"""Four patches that make the Triton interpreter fit for bitwise kernel tests on the CPU (cuda-path.md §8.1 a).
 
 1. **An order-fixed `tl.dot`** (that also reads bf16 operands: the stock one multiplies their raw bits). The stock
    interpreter computes a dot as `np.matmul(a, b) + acc`; numpy hands it to
@@ -9,10 +9,13 @@
 2. **Scalars as loop bounds under numpy ≥ 2.4.** The interpreter keeps scalars as 1-element arrays and converts
    them with `int(array)`, which numpy 2.4 refuses for arrays that are not 0-d (`range(0, K, BK)` fails).
 3. **f32 -> bf16 rounds to nearest even**, as the GPU's `cvt.rn.bf16.f32`; the stock interpreter truncates.
+4. **No integer-overflow sanitising** (off on the GPU too unless debugging): it widens every integer op to int64
+   and checks it, which made index arithmetic most of the interpreter's time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -62,6 +65,13 @@ def patch_interpreter() -> None:
             return interpreter.TensorHandle(bits, dst_type.scalar)
         return stock_cast(self, src, dst_type)
 
+    stock_init = builder.__init__
+
+    def init(self, *args, **kwargs):
+        stock_init(self, *args, **kwargs)
+        self.options = dataclasses.replace(self.options, sanitize_overflow=False)
+
+    builder.__init__ = init
     create_dot.order_fixed = True
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl

@@ -81,30 +81,34 @@ def rope_kv_kernel(
     H: tl.constexpr,
     KVH: tl.constexpr,
     D: tl.constexpr,
+    SLOTS: tl.constexpr,  # next power of two >= H + 2 KVH
 ):
-    """One program per (token, head slot): q and k heads are rotated (rotate-half, f32), v heads copied."""
+    """One program per token: q and k heads are rotated (rotate-half, in f32), v heads copied."""
     t = tl.program_id(0)
-    slot = tl.program_id(1)
-    half = tl.arange(0, D // 2)
-    src = qkv_ptr + t * stride_qkv + slot * D
-    if slot < H + KVH:
-        p = tl.load(pos_ptr + t)
-        x1 = tl.load(src + half).to(tl.float32)
-        x2 = tl.load(src + D // 2 + half).to(tl.float32)
-        c = tl.load(cos_ptr + p * D + half)
-        s = tl.load(sin_ptr + p * D + half)
-        o1 = x1 * c - x2 * s
-        o2 = x2 * c + x1 * s
-        if slot < H:  # noqa: SIM108  (Triton has no ternary on a runtime condition)
-            dst = q_ptr + (t * H + slot) * D
-        else:
-            dst = k_ptr + (t * KVH + slot - H) * D
-        tl.store(dst + half, o1.to(dst.dtype.element_ty))
-        tl.store(dst + D // 2 + half, o2.to(dst.dtype.element_ty))
-    else:
-        dst = v_ptr + (t * KVH + slot - H - KVH) * D
-        tl.store(dst + half, tl.load(src + half).to(dst.dtype.element_ty))
-        tl.store(dst + D // 2 + half, tl.load(src + D // 2 + half).to(dst.dtype.element_ty))
+    slot = tl.arange(0, SLOTS)[:, None]  # [SLOTS, 1] head slot: q heads, k heads, v heads
+    half = tl.arange(0, D // 2)[None, :]
+    ok = slot < H + 2 * KVH
+    src = qkv_ptr + t * stride_qkv + slot * D + half
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + D // 2, mask=ok, other=0.0).to(tl.float32)
+    p = tl.load(pos_ptr + t)
+    c = tl.load(cos_ptr + p * D + half)
+    s = tl.load(sin_ptr + p * D + half)
+    rotate = slot < H + KVH
+    o1 = tl.where(rotate, x1 * c - x2 * s, x1)
+    o2 = tl.where(rotate, x2 * c + x1 * s, x2)
+    is_q = slot < H
+    is_k = rotate & (slot >= H)
+    is_v = ok & (slot >= H + KVH)
+    q_dst = q_ptr + (t * H + slot) * D + half
+    k_dst = k_ptr + (t * KVH + slot - H) * D + half
+    v_dst = v_ptr + (t * KVH + slot - H - KVH) * D + half
+    tl.store(q_dst, o1.to(q_ptr.dtype.element_ty), mask=is_q)
+    tl.store(q_dst + D // 2, o2.to(q_ptr.dtype.element_ty), mask=is_q)
+    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=is_k)
+    tl.store(k_dst + D // 2, o2.to(k_ptr.dtype.element_ty), mask=is_k)
+    tl.store(v_dst, o1.to(v_ptr.dtype.element_ty), mask=is_v)
+    tl.store(v_dst + D // 2, o2.to(v_ptr.dtype.element_ty), mask=is_v)
 
 
 def rope_kv(
@@ -121,8 +125,9 @@ def rope_kv(
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or qkv.stride(1) != 1:
         raise ValueError("rope_kv: contiguous Q/K/V buffers needed")
-    rope_kv_kernel[(rows, heads + 2 * kv_heads)](
-        qkv, positions, cos, sin, q, k, v, qkv.stride(0), H=heads, KVH=kv_heads, D=dim, num_warps=1
+    slots = 1 << (heads + 2 * kv_heads - 1).bit_length()
+    rope_kv_kernel[(rows,)](
+        qkv, positions, cos, sin, q, k, v, qkv.stride(0), H=heads, KVH=kv_heads, D=dim, SLOTS=slots, num_warps=4
     )
 
 
