@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,7 +24,6 @@ from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.core.model_dir import ModelDir
-from basal.core.synth import cache_dir
 from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
 from basal.core.tree import PackedBatch, single_prompt_batch
 
@@ -33,10 +31,6 @@ log = logging.getLogger(__name__)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_MAX_TOKENS = 8192  # the arena's size: forwards up to this run as graphs, longer ones eagerly (long lane)
 READOUT_CAP = 1024
-
-
-def table_path(dtype: str) -> Path:
-    return cache_dir() / "gpu" / f"gemm_engines-{dtype}.json"
 
 
 class GpuBackend:
@@ -93,7 +87,7 @@ class GpuBackend:
         key = et.table_key(versions(self.dev), self.dtype)
         table = et.probe(self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines)
         if self.dev.type == "cuda":
-            table.save(table_path(self.dtype))
+            table.save(et.table_path(self.dtype))
         log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])
         return table
 

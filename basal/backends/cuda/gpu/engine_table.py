@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from basal.core.synth import cache_dir
+
 Engine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
 
 
@@ -78,6 +80,11 @@ class EngineTable:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(self.to_json())
         tmp.replace(path)
+
+
+def table_path(dtype: str) -> Path:
+    """Where the GPU path keeps the table it probed (basal doctor reads it)."""
+    return cache_dir() / "gpu" / f"gemm_engines-{dtype}.json"
 
 
 def table_key(versions: dict[str, str], dtype: str) -> dict[str, str]:
