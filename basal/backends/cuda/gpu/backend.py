@@ -55,8 +55,8 @@ class GpuBackend:
         att = ATTENTION["f32" if dtype == "f32" else attention]
         self.net = GpuLlama(self.weights, self._engine_for, att)
         self.arena_tokens = arena_tokens
-        self.arena = self.net.allocate(arena_tokens, min(READOUT_CAP, arena_tokens))
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
+        self.arena = self.net.allocate(arena_tokens, READOUT_CAP) if self.use_graphs else None
         self.graphs = GraphCache()
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._stream = torch.cuda.Stream(device) if self.use_graphs else None
@@ -161,15 +161,13 @@ class GpuBackend:
                 meta = layout.views(blob)
                 letters = tuple(int(x) for x in batch.letter_ids)
                 letter_rows = self.weights.letter_rows(letters)
-            long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > self.arena.hr.shape[0]
-            if long_lane:
-                buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
-            else:
-                buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
+            long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > READOUT_CAP
             step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step((*key, letters))
-            if step == "eager":
+            if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
+                buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
                 logits = yield from self._eager(buffers, meta, letter_rows, len(letters), on_kv)
-            else:
+            else:  # captured or replayed as a whole, so the arena is never shared mid-pass
+                buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
                 with torch.inference_mode():
                     logits = self._graph(step, (*key, letters), buffers, meta, letter_rows, len(letters))
             r = len(batch.readouts)
@@ -211,5 +209,10 @@ class GpuBackend:
             graph = capture(run_all, self._pool, self._stream)
             torch.cuda.current_stream(self.dev).wait_stream(self._stream)
             self.graphs.add(key, graph)
+            if self.verify_graphs:  # debug and tests: the replay must give the eager bits
+                eager = run_all().clone()
+                self.graphs.graphs[key].replay()
+                if not torch.equal(eager.view(torch.int32), buffers.logits.view(torch.int32)):
+                    raise RuntimeError(f"CUDA graph at bucket {key[:2]} differs from the eager pass")
         self.graphs.graphs[key].replay()
         return buffers.logits
