@@ -168,6 +168,7 @@ def _bench(a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
     from basal.core.model_dir import ModelDir
@@ -194,8 +195,13 @@ def _bench(a: argparse.Namespace) -> int:
         }
         out = Path(a.out)
         for name in tqdm(names, desc="suites", disable=a.quiet):
+            before = machine_load.measure()
+            if warning := before.warning():
+                tqdm.write(f"warning before {name}: {warning}")
             result = SUITES[name](bench)
-            files = write(result, out, context, a.plot)
+            after = machine_load.measure()
+            load = {"before": before.to_json(), "after": after.to_json()}
+            files = write(result, out, context, a.plot, load)
             tqdm.write(result.markdown())
             tqdm.write("wrote " + ", ".join(str(f) for f in files))
     return 0
