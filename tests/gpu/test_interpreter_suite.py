@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run_interpreter_tests(marker: str) -> None:
+def _run_interpreter_tests(marker: str, timeout: int) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run(
         [
@@ -32,7 +32,7 @@ def _run_interpreter_tests(marker: str) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
@@ -43,10 +43,10 @@ NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @NEEDS_TRITON
 def test_kernels_under_the_triton_interpreter():
-    _run_interpreter_tests("not slow")
+    _run_interpreter_tests("not slow", 900)
 
 
 @NEEDS_TRITON
 @pytest.mark.slow
 def test_gpu_model_end_to_end_under_the_triton_interpreter():
-    _run_interpreter_tests("slow")
+    _run_interpreter_tests("slow", 3600)

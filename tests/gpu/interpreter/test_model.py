@@ -33,29 +33,34 @@ def questions(demo_model):
     return [first, h.question(rng, "en", state=first.state, k=2)]
 
 
-def _logits(model, backend, questions, cache=True):
-    return run_to_end(Pipeline(model, backend, prefix_cache=cache).letter_logits(questions))
+@pytest.fixture(scope="module")
+def cached(demo_model, gpu):
+    return Pipeline(demo_model, gpu)  # computes the template prefixes once
 
 
-def test_alone_tree_batch_and_cache_give_the_same_bits(demo_model, gpu, questions):
-    together = _logits(demo_model, gpu, questions)
+def _logits(pipeline, questions):
+    return run_to_end(pipeline.letter_logits(questions))
+
+
+def test_alone_tree_batch_and_cache_give_the_same_bits(demo_model, gpu, cached, questions):
+    together = _logits(cached, questions)
     for i, q in enumerate(questions):
-        assert same_bits(_logits(demo_model, gpu, [q])[0], together[i]), i
-    uncached = _logits(demo_model, gpu, questions, cache=False)
+        assert same_bits(_logits(cached, [q])[0], together[i]), i
+    uncached = _logits(Pipeline(demo_model, gpu, prefix_cache=False), questions)
     assert all(same_bits(a, b) for a, b in zip(uncached, together, strict=True))
 
 
-def test_larger_bucket_gives_the_same_bits(demo_model, gpu, questions):
-    pipeline = Pipeline(demo_model, gpu)
+def test_larger_bucket_gives_the_same_bits(gpu, cached, questions):
+    pipeline = cached
     (forward,) = plan_forwards(questions[:1], pipeline.letter_ids, pipeline.prefixes)
     small = run_to_end(gpu.run(forward.batch))
     large = run_to_end(gpu.run(forward.batch, pad_to=2 * forward.batch.n_tokens + 40))
     assert small.tobytes() == large.tobytes()
 
 
-def test_close_to_the_torch_cpu_f32_backend(demo_model, gpu, questions):
-    ours = _logits(demo_model, gpu, questions)
-    reference = _logits(demo_model, TorchBackend.load(demo_model, dtype="f32", device="cpu"), questions)
+def test_close_to_the_torch_cpu_f32_backend(demo_model, cached, questions):
+    ours = _logits(cached, questions)
+    reference = _logits(Pipeline(demo_model, TorchBackend.load(demo_model, dtype="f32", device="cpu")), questions)
     for qa, qb in zip(ours, reference, strict=True):
         for a, b in zip(qa, qb, strict=True):
             assert np.abs(a - b).max() <= 1e-3 * max(1.0, float(np.abs(b).max()))
