@@ -55,11 +55,13 @@ class MoneyFacts:
             return
         near = (self.sentences.index(b.start), self.sentences.index(b.start) + 1)
         used: list[tuple[str, Stated]] = []
+        taken = {id(b)}
         for u in USED.finditer(self.text):
             if self.sentences.index(u.start()) not in near:
                 continue
             x = self.stated.first_free(u.end(), USED_WINDOW)
-            if x is not None and x is not b and all(x is not y for _, y in used):
+            if x is not None and id(x) not in taken:
+                taken.add(id(x))
                 used.append((u.group(1), x))
         if not used:
             return
