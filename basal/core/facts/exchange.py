@@ -32,13 +32,14 @@ class ExchangeRates:
         records += [(r.start(1), r.group(1)) for r in RATE_EQ.finditer(text)]
         explicit = {m.start(1): (m.start(2), m.group(2)) for m in scan.finditer(EURO_X_RATE, text)}
         records += explicit.values()
-        self.records = [(p, raw) for p, raw in records if 1 < dec(raw) < 10]
+        self.value = {raw: dec(raw) for _, raw in records}  # a rate is usually written the same way many times
+        self.records = [(p, raw) for p, raw in records if 1 < self.value[raw] < 10]
         kept = set(self.records)
         self.explicit = {euro: rate for euro, rate in explicit.items() if rate in kept}
         self.positions = {p for p, _ in self.records}
         self.distinct: dict[Decimal, str] = {}
-        for _, raw in self.records:
-            self.distinct.setdefault(dec(raw), raw)
+        for raw in dict.fromkeys(raw for _, raw in self.records):  # first record of each value, in order
+            self.distinct.setdefault(self.value[raw], raw)
         for p in self.positions:
             a = stated.at(p)
             if a is not None:
@@ -54,7 +55,7 @@ class ExchangeRates:
         near: dict[Decimal, str] = {}
         for p, raw in self.records:
             if sentences.index(p) == sentence:
-                near[dec(raw)] = raw
+                near[self.value[raw]] = raw
         return next(iter(near.values())) if len(near) == 1 else None
 
 
