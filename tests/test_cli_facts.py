@@ -53,3 +53,14 @@ def test_an_upstream_error_is_a_message_and_exit_1(tmp_path, capsys):
     path.write_text("Data 31.12.9999 i 7 dni.")
     assert main(["facts", str(path)]) == 1
     assert "date value out of range" in capsys.readouterr().err
+
+
+def test_the_readme_example_output(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("Dziś jest 15 kwietnia 2026 r. Towar wydano 21 marca 2026 r.\n"))
+    assert main(["facts"]) == 0
+    assert capsys.readouterr().out == (
+        "Dziś jest 15 kwietnia 2026 r. Towar wydano 21 marca 2026 r.\n\n"
+        "Fakty pomocnicze (wyliczone automatycznie, bez oceny prawnej):\n"
+        "- 15 kwietnia 2026 r. to środa\n- 21 marca 2026 r. to sobota\n"
+        "- Od 15 kwietnia 2026 r. do 21 marca 2026 r.: 25 dni (wcześniej)\n"
+    )

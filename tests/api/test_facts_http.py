@@ -52,3 +52,14 @@ def test_null_differs_between_the_dialects(client):
     assert post(client, "/v1/systemone", request(None)).status_code == 200
     r = post(client, "/v1/basal", request(None))
     assert (r.status_code, r.json()) == (422, {"error": 'facts must be "off" or "auto"'})
+
+
+def test_the_readme_facts_example(client):
+    body = {
+        "model": "jev-latest",
+        "facts": "auto",
+        "state": "Dziś jest 15 kwietnia 2026 r. Towar wydano 21 marca 2026 r., a klient odstąpił od umowy 3.04.2026.",
+        "questions": {"ontime": {"type": "noul", "instructions": "Czy odstąpienie złożono w terminie 14 dni?"}},
+    }
+    r = post(client, "/v1/systemone", body)
+    assert r.status_code == 200 and list(r.json()["answers"]["ontime"]) == ["type", "noul"]
