@@ -4,8 +4,8 @@
     python -m bench.facts_speed --mini-layers 0        # demo only (quick)
 
 1. The corpus: every state of the facts vectors (tests/data/extensions/facts.jsonl), injected `--reps` times.
-2. A state of `--tokens` tokens made of those states (facts-rich Polish text), and two adversarial states of
-   the same length in characters (a 4-character-per-group chain of thousands groups; "Kurs 4,31 zł" repeated,
+2. A state of `--tokens` tokens made of those states (facts-rich Polish text; not the 6 that raise), and two
+   adversarial states of the same length in characters (a chain of thousands groups; "Kurs 4,31 zł" repeated,
    the slowest input found): facts time vs the time of one decision (one yes/no question, both option orders,
    facts off) on the corpus state with the demo model and the mini shapes cut to `--mini-layers` layers.
    The synthetic models are written with 32768 positions so that a 16k-token state fits (the presets have 8192).
@@ -36,9 +36,9 @@ VECTORS = Path(__file__).resolve().parent.parent / "tests" / "data" / "extension
 POSITIONS = 32768
 
 
-def corpus() -> list[str]:
+def corpus() -> list[dict]:
     records = [json.loads(line) for line in VECTORS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r["state"] for r in records if "state" in r]
+    return [r for r in records if "state" in r]
 
 
 def time_facts(state: str, reps: int) -> float:
@@ -94,7 +94,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/facts_speed.json")
     a = ap.parse_args()
 
-    states = corpus()
+    records = corpus()
+    states = [r["state"] for r in records]
     per_state = [time_facts(s, a.reps) for s in states]
     result: dict = {
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
@@ -111,7 +112,7 @@ def main() -> None:
         if a.mini_layers:
             models[f"mini, {a.mini_layers} layers"] = model_with_positions(Path(tmp), "mini", a.mini_layers)
         tokenizer = models["demo"].tokenizer
-        text = long_state(states, tokenizer, a.tokens)
+        text = long_state([r["state"] for r in records if "expected_error" not in r], tokenizer, a.tokens)
         chars = len(text)
         inputs = {
             "corpus states": text,
