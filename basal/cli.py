@@ -31,7 +31,9 @@ def _synth_model(a: argparse.Namespace) -> int:
             bar.total = n
             bar.refresh()
 
-        synth_model(a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total)
+        synth_model(
+            a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total, evidence_head=a.evidence_head
+        )
     print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
     return 0
 
@@ -198,6 +200,7 @@ def _bench(a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
     from basal.core.model_dir import ModelDir
@@ -224,8 +227,13 @@ def _bench(a: argparse.Namespace) -> int:
         }
         out = Path(a.out)
         for name in tqdm(names, desc="suites", disable=a.quiet):
+            before = machine_load.measure()
+            if warning := before.warning():
+                tqdm.write(f"warning before {name}: {warning}")
             result = SUITES[name](bench)
-            files = write(result, out, context, a.plot)
+            after = machine_load.measure()
+            load = {"before": before.to_json(), "after": after.to_json()}
+            files = write(result, out, context, a.plot, load)
             tqdm.write(result.markdown())
             tqdm.write("wrote " + ", ".join(str(f) for f in files))
     return 0
@@ -253,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers", type=int, default=None, help="cut the preset to N layers, at most its own (fast tests, benchmarks)"
     )
     s.add_argument("--seed", type=int, default=0, help="random seed of the weights and tokenizer (default 0)")
+    s.add_argument(
+        "--evidence-head", action="store_true", help="also write a seeded synthetic evidence_head.pt (k = 256)"
+    )
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=_synth_model)
 

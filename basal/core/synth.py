@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from basal.core.evidence import HEAD_FILE, HEAD_RANK, EvidenceHead
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.safetensors_io import TensorSpec, to_bf16_bits, write_safetensors
@@ -220,9 +221,11 @@ def synth_model(
     seed: int = 0,
     on_bytes: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    evidence_head: bool = False,
 ) -> Path:
     """Write a complete synthetic Basal model directory to `out` (written in a temporary folder, then renamed,
-    so a crash or an interrupt never leaves a half-written model behind). Same arguments -> same bytes."""
+    so a crash or an interrupt never leaves a half-written model behind). Same arguments -> same bytes.
+    `evidence_head`: also write a seeded synthetic `evidence_head.pt` (the real layout, k = 256)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
@@ -270,6 +273,8 @@ def synth_model(
                 "thresholds": {"0.01": {"confidence": 0.93}, "0.05": {"confidence": 0.74}},
             },
         )
+        if evidence_head:
+            EvidenceHead.random(cfg.hidden_size, HEAD_RANK, seed).save(tmp / HEAD_FILE)
         specs = _tensor_specs(cfg)
         if on_total:
             on_total(sum(s.nbytes for s in specs))
