@@ -6,8 +6,11 @@
 1. The corpus: every state of the facts vectors (tests/data/extensions/facts.jsonl), injected `--reps` times.
 2. A state of `--tokens` tokens made of those states (facts-rich Polish text; not the 6 that raise), and two
    adversarial states of the same length in characters (a chain of thousands groups; "Kurs 4,31 zł" repeated,
-   the slowest input found): facts time vs the time of one decision (one yes/no question, both option orders,
-   facts off) on the corpus state with the demo model and the mini shapes cut to `--mini-layers` layers.
+   the slowest input found): facts time per state.
+3. Facts vs one decision (one yes/no question, both option orders, facts off) on the same corpus state of
+   `--forward-tokens` tokens, with the demo model and the mini shapes cut to `--mini-layers` layers. On a CPU a
+   16k-token decision takes many minutes, hence the smaller default; the long states' ratios use that decision
+   scaled linearly to their tokens (attention grows faster, so the real ratio is lower still).
    The synthetic models are written with 32768 positions so that a 16k-token state fits (the presets have 8192).
 """
 
@@ -89,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=20, help="repetitions of the corpus and of each long state's facts")
+    ap.add_argument("--forward-tokens", type=int, default=2048, help="state size of the facts-vs-decision part")
     ap.add_argument("--forward-reps", type=int, default=3)
     ap.add_argument("--mini-layers", type=int, default=2, help="layers of the mini shapes (0: skip mini)")
     ap.add_argument("--out", default="bench/results/facts_speed.json")
@@ -130,12 +134,17 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row, ensure_ascii=False), flush=True)
+        short = long_state([r["state"] for r in records if "expected_error" not in r], tokenizer, a.forward_tokens)
+        same = {"tokens": len(tokenizer.encode(short)), "facts_ms": time_facts(short, a.reps) * 1e3}
         decisions = {}
-        for model_name, model in models.items():  # the realistic state only: one decision takes minutes on a CPU
-            decisions[model_name] = time_decision(model, text, a.forward_reps) * 1e3
+        for model_name, model in models.items():
+            decisions[model_name] = time_decision(model, short, a.forward_reps) * 1e3
             print(json.dumps({"decision_ms": decisions[model_name], "model": model_name}), flush=True)
-        for row in rows:
-            row["facts/decision"] = {m: row["facts_ms"] / ms for m, ms in decisions.items()}
+        same["facts/decision"] = {m: same["facts_ms"] / ms for m, ms in decisions.items()}
+        for row in rows:  # the decision of that state estimated as the measured one scaled linearly to its tokens
+            scale = row["tokens"] / same["tokens"]
+            row["facts/decision, linear estimate"] = {m: row["facts_ms"] / (scale * ms) for m, ms in decisions.items()}
+        result["same_state"] = same
         result["decision_ms"] = decisions
         result["long_states"] = rows
     c = result["corpus"]
@@ -143,11 +152,18 @@ def main() -> None:
         f"corpus: {c['states']} states of {c['mean_chars']:.0f} chars on average: "
         f"{c['mean_us']:.0f} µs per state (median {c['median_us']:.0f}, max {c['max_us']:.0f})"
     )
+    same = result["same_state"]
     for model_name, ms in result["decision_ms"].items():
-        print(f"one decision on the corpus state with {model_name}: {ms:.0f} ms")
+        print(
+            f"same state ({same['tokens']} tokens): facts {same['facts_ms']:.1f} ms, one decision with {model_name} "
+            f"{ms:.0f} ms: facts = {same['facts/decision'][model_name]:.3%} of it"
+        )
     for row in rows:
-        ratios = ", ".join(f"{m}: {v:.2%}" for m, v in row["facts/decision"].items())
-        print(f"{row['state']}: {row['tokens']} tokens, facts {row['facts_ms']:.1f} ms; of that decision: {ratios}")
+        ratios = ", ".join(f"{m}: {v:.3%}" for m, v in row["facts/decision, linear estimate"].items())
+        print(
+            f"{row['state']}: {row['tokens']} tokens, facts {row['facts_ms']:.1f} ms; "
+            f"of a decision scaled linearly to its tokens: {ratios}"
+        )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
