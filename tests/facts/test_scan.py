@@ -51,6 +51,7 @@ def test_same_matches_as_finditer(parts):
     text = "".join(parts)
     for pattern, separator in SCANNED:
         want = [(m.span(), m.groups()) for m in pattern.finditer(text)]
+        assert [(m.span(), m.groups()) for m in scan.skipping_finditer(pattern, text, separator)] == want
         assert [(m.span(), m.groups()) for m in scan.finditer(pattern, text, separator)] == want
 
 
@@ -68,3 +69,11 @@ def test_one_try_per_chain_of_groups(pattern, separator):
     counting = CountingPattern(pattern)
     text = ("1" + " 000" * 5000 + ". ") * 3  # Python's finditer retries at each of the 15 000 groups
     assert list(scan.finditer(counting, text, separator)) == [] and counting.tries == 3
+
+
+def test_texts_without_long_chains_take_pythons_loop():
+    counting = CountingPattern(STATED)
+    counting.finditer = STATED.finditer
+    text = "1" + " 000" * scan.SHORT_CHAIN + " zł, 5 zł"
+    assert [m.group(1) for m in scan.finditer(counting, text)] == ["1" + " 000" * scan.SHORT_CHAIN, "5"]
+    assert counting.tries == 0
