@@ -122,6 +122,8 @@ def _facts(a: argparse.Namespace) -> int:
     from basal.core.facts import FactsError, inject
     from basal.core.facts.show import jsonl_results, state_of_file
 
+    if a.jsonl is not None and a.state is not None:
+        raise ValueError("give either a state file or --jsonl FILE, not both")
     source = a.jsonl if a.jsonl is not None else a.state
     from_stdin = source in (None, "-")
     if from_stdin and sys.stdin.isatty():

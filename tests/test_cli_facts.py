@@ -64,3 +64,8 @@ def test_the_readme_example_output(monkeypatch, capsys):
         "- 15 kwietnia 2026 r. to środa\n- 21 marca 2026 r. to sobota\n"
         "- Od 15 kwietnia 2026 r. do 21 marca 2026 r.: 25 dni (wcześniej)\n"
     )
+
+
+def test_a_state_and_jsonl_together_are_refused(tmp_path, capsys):
+    assert main(["facts", "--jsonl", "a.jsonl", "b.txt"]) == 2
+    assert "not both" in capsys.readouterr().err
