@@ -111,7 +111,7 @@ FRAGMENTS = [
 ]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(FRAGMENTS), max_size=24))
 def test_output_starts_with_the_unchanged_state(parts):
     state = "".join(parts)

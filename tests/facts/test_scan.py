@@ -45,7 +45,7 @@ PIECES = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=30))
 def test_same_matches_as_finditer(parts):
     text = "".join(parts)
