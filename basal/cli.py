@@ -118,6 +118,38 @@ def _decide(a: argparse.Namespace) -> int:
     return 0
 
 
+def _facts(a: argparse.Namespace) -> int:
+    from basal.core.facts import FactsError, inject
+    from basal.core.facts.show import jsonl_results, state_of_file
+
+    if a.jsonl is not None and a.state is not None:
+        raise ValueError("give either a state file or --jsonl FILE, not both")
+    source = a.jsonl if a.jsonl is not None else a.state
+    from_stdin = source in (None, "-")
+    if from_stdin and sys.stdin.isatty():
+        print("basal facts: reading from standard input (end it with Ctrl-D)", file=sys.stderr)
+    if a.jsonl is not None:
+        stream = sys.stdin if from_stdin else open(source, encoding="utf-8")  # noqa: SIM115 - closed below
+        malformed = 0
+        try:
+            for line, well_formed in jsonl_results(stream):
+                print(line, flush=False)
+                malformed += not well_formed
+        finally:
+            if stream is not sys.stdin:
+                stream.close()
+        if malformed:
+            print(f'basal facts: {malformed} input line(s) were not {{"id", "state"}} objects', file=sys.stderr)
+        return 1 if malformed else 0
+    content = sys.stdin.read() if from_stdin else Path(source).read_text(encoding="utf-8")
+    try:
+        print(inject(state_of_file(content)))
+    except FactsError as e:
+        print(f"basal facts: the facts computation fails as upstream's does: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(a: argparse.Namespace) -> int:
     from basal.config import load_config, parse_config
     from basal.server import serve
@@ -277,6 +309,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
     d.set_defaults(run=_decide)
+
+    f = sub.add_parser("facts", help='print a state as the model reads it with facts: "auto" (the facts block)')
+    f.add_argument(
+        "state", nargs="?", default=None, help="file with the state (text, or a JSON object/array); - or nothing: stdin"
+    )
+    f.add_argument(
+        "--jsonl",
+        metavar="FILE",
+        default=None,
+        help='many states: lines {"id", "state"} in, lines {"id", "output"} or {"id", "error"} out (- = stdin)',
+    )
+    f.set_defaults(run=_facts)
 
     v = sub.add_parser("serve", help="serve models over HTTP (System One and basal dialects)")
     v.add_argument("--config", default=None, help="YAML configuration (several models); replaces the flags below")

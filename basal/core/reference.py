@@ -28,8 +28,10 @@ import numpy as np
 from basal.core.contract import Question, parse_basal
 from basal.core.decision import answer_basal, distribution
 from basal.core.errors import RequestError
+from basal.core.facts import FactsError, inject
 from basal.core.model_dir import ModelDir
 from basal.core.prompt import Item, lang_of, option_orders
+from basal.core.render import text_of
 from basal.core.tree import pack_fields
 
 EXACT = 1e-12  # float64 host math of the export
@@ -122,6 +124,7 @@ class ReferenceChecker:
 
     def check_request(self, rec: dict[str, Any], where: str) -> None:
         r = self.report
+        self.check_facts_state(rec, where)
         try:
             plan = parse_basal(rec["request"], lambda _model: "reference")
         except RequestError as e:
@@ -169,6 +172,25 @@ class ReferenceChecker:
             dists[q.name] = self.check_orders(q.item, it, w)
         if "upstream_answer" in rec and all(d is not None for d in dists.values()):
             self.check_answer(plan.questions, dists, items, rec["upstream_answer"], where)
+
+    def check_facts_state(self, rec: dict[str, Any], where: str) -> None:
+        """A ``facts: "auto"`` request: every item's state text is the injected state rebuilt from the request.
+
+        Checked on its own so that it runs even where the rest of the record cannot be rebuilt yet; a failing
+        injection is compared with ``upstream_error`` by the request check (`parse_basal` raises it).
+        """
+        request = rec["request"]
+        if not isinstance(request, dict) or request.get("facts") != "auto" or "state" not in request:
+            return
+        try:
+            text = inject(text_of(request["state"]))
+        except FactsError:
+            return
+        for it in rec.get("items", []):
+            want = it.get("state_text")
+            self.report.check(
+                "facts state text", want == text, f"{where}/{it.get('name')}", _first_difference(text, str(want))
+            )
 
     # -- per question ---------------------------------------------------------------------------------------
 

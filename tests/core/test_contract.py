@@ -112,11 +112,6 @@ def test_extensions_are_unsupported_not_crashes(question):
     assert e.status == 422 and e.body["error"] == "unsupported" and e.body["detail"]
 
 
-def test_facts_is_unsupported():
-    e = error_of(systemone, {**req(q={"type": "noul", "instructions": "?"}), "facts": "auto"})
-    assert e.status == 422 and e.body["detail"][0]["loc"] == ["body", "facts"]
-
-
 def test_noul_needs_instructions_or_criteria():
     e = error_of(systemone, req(q={"type": "noul"}))
     assert (e.status, e.body) == (400, {"detail": "Noul question must have instructions or criteria: q"})
