@@ -77,7 +77,7 @@ def _decide(a: argparse.Namespace) -> int:
     model = _open_model(a.model)
     body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
     backend = load_backend(model, a.backend, a.dtype)
-    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache, large_choice=a.large_choice)
     resolve = model_resolver([model.name], model.name)
     stats = Stats()
     try:
@@ -121,6 +121,7 @@ def _serve(a: argparse.Namespace) -> int:
                     "long_tokens": a.long_tokens,
                     "tree_max_tokens": a.tree_max_tokens,
                     "no_prefix_cache": a.no_prefix_cache,
+                    "large_choice": a.large_choice,
                 }
             ]
         config = parse_config(
@@ -187,6 +188,9 @@ def _bench(a: argparse.Namespace) -> int:
     return 0
 
 
+LARGE_CHOICE_HELP = "choices with 11..255 options: group rounds in one option order (luce2-1o, default) or both"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -222,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
+    d.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     d.set_defaults(run=_decide)
 
     v = sub.add_parser("serve", help="serve models over HTTP (System One and basal dialects)")
@@ -237,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--long-slice-ms", type=float, default=100.0)
     v.add_argument("--tree-max-tokens", type=int, default=32768)
     v.add_argument("--no-prefix-cache", action="store_true")
+    v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     v.add_argument("--release-date", default="2026-10-05")
     v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
