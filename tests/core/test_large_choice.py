@@ -5,9 +5,7 @@ property that the fit reproduces exact Luce targets."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,12 +19,9 @@ from basal.core.model_dir import Calibration
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item, option_orders
 from basal.core.rounds import Rounds
+from tests.conftest import golden_records
 
-VECTORS = [
-    json.loads(line)
-    for line in (Path(__file__).parents[1] / "data/golden/extensions/large_choice.jsonl").read_text().splitlines()
-    if line.strip()
-]
+VECTORS = golden_records("extensions/large_choice.jsonl")
 
 
 def vectors(kind: str) -> list[dict]:
