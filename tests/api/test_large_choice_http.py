@@ -74,3 +74,21 @@ def test_basal_dialect_keeps_upstreams_limit(client):
     del payload["model"]
     r = post(client, payload, "/v1/basal")
     assert (r.status_code, r.json()) == (422, {"error": "question 'intent': 11 options (supported: 2..10)"})
+
+
+def test_the_readme_large_choice_example(client, capsys):
+    """The README's curl example builds its body with a python3 one-liner: run it and post what it prints."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Choices with 11–255 options", 1)[1]
+    code = section.split("python3 -c '", 1)[1].split("')\"", 1)[0]
+    exec(compile(code, "README.md", "exec"), {})
+    payload = json.loads(capsys.readouterr().out)
+    r = post(client, payload)
+    assert r.status_code == 200, r.text
+    answer = r.json()["answers"]["intent"]
+    assert (
+        list(answer["probabilities"]) == list(payload["questions"]["intent"]["criteria"])
+        and len(answer["probabilities"]) == 15
+    )
