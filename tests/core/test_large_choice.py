@@ -5,6 +5,7 @@ property that the fit reproduces exact Luce targets."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,9 +20,9 @@ from basal.core.model_dir import Calibration
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item, option_orders
 from basal.core.rounds import Rounds
-from tests.conftest import golden_records
+from tests.conftest import DATA
 
-VECTORS = golden_records("extensions/large_choice.jsonl")
+VECTORS = [json.loads(line) for line in (DATA / "extensions" / "large_choice.jsonl").read_text().splitlines() if line]
 
 
 def vectors(kind: str) -> list[dict]:

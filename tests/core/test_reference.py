@@ -8,7 +8,7 @@ import pytest
 
 from basal.cli import main
 from basal.core.reference import ReferenceChecker, manifest_temperatures
-from tests.conftest import GOLDEN, golden_records
+from tests.conftest import DATA, GOLDEN, golden_records
 
 
 def _write(tmp_path, records, name="export.jsonl"):
@@ -92,7 +92,8 @@ def test_with_a_model_token_ids_are_compared(demo_dir, capsys):
 
 
 def _large_choice_records():
-    vectors = golden_records("extensions/large_choice.jsonl")
+    lines = (DATA / "extensions" / "large_choice.jsonl").read_text().splitlines()
+    vectors = [json.loads(line) for line in lines if line]
     return [v for v in vectors if v["kind"] in ("large_choice_pipeline", "e2e_model")]
 
 
