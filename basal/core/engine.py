@@ -29,6 +29,7 @@ from basal.core.metrics import Metrics
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item
 from basal.core.scheduler import Job, JobQueue, Policy
+from basal.core.tree import TokenizedQuestion
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class Lane:
             try:
                 engine.pipeline.advance(job.rounds, results)
                 if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
+                    engine.check_length(job.request, job.rounds.tokenized)
                     job.tokenized = job.rounds.tokenized
                     job.cost = engine.pipeline.cost(job.tokenized)
                     self.submit(job)
@@ -149,7 +151,7 @@ class Lane:
                 latency = (time.perf_counter() - job.arrival) * 1000
                 engine.computed_jobs += 1
                 job.finish(engine.pipeline.respond(job.rounds, latency))
-            except EngineClosed as e:
+            except (EngineClosed, RequestError) as e:
                 job.finish(e)
             except Exception as e:
                 log.exception("answer failed")
@@ -192,16 +194,20 @@ class Engine:
         rounds = self.pipeline.plan(request)
         tokenized = rounds.tokenized
         later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
+        self.check_length(request, [*tokenized, *later])
+        prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
+        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
+        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+
+    def check_length(self, request: DecisionRequest, tokenized: list[TokenizedQuestion]) -> None:
+        """Refuse a prompt longer than the model's positions (a later round is checked again once planned)."""
         limit = self.pipeline.model.config.max_position_embeddings
-        longest = max((len(p) for t in [*tokenized, *later] for p in t.prompts), default=0)
+        longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
         if longest > limit:
             message = f"a prompt has {longest} tokens; the model reads at most {limit}"
             if request.dialect == "systemone":
                 raise RequestError(400, {"detail": {"error_type": "max_tokens_exceeded", "message": message}})
             raise RequestError(422, {"error": message})
-        prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
-        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
-        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
 
     def submit(self, job: Job) -> None:
         if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
