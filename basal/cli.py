@@ -87,7 +87,7 @@ def _decide(a: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = _open_model(a.model)
     backend = load_backend(model, a.backend, a.dtype)
-    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache, large_choice=a.large_choice)
     load_ms = (time.perf_counter() - started) * 1000
     if from_stdin:
         if sys.stdin.isatty():
@@ -169,6 +169,7 @@ def _serve(a: argparse.Namespace) -> int:
                     "long_tokens": a.long_tokens,
                     "tree_max_tokens": a.tree_max_tokens,
                     "no_prefix_cache": a.no_prefix_cache,
+                    "large_choice": a.large_choice,
                 }
             ]
         config = parse_config(
@@ -259,6 +260,9 @@ def _bench(a: argparse.Namespace) -> int:
     return 0
 
 
+LARGE_CHOICE_HELP = "choices with 11..255 options: group rounds in one option order (luce2-1o, default) or both"
+
+
 def _preset_help() -> str:
     from basal.core.synth import PRESETS, preset_config, weights_bytes
 
@@ -308,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
+    d.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     d.set_defaults(run=_decide)
 
     f = sub.add_parser("facts", help='print a state as the model reads it with facts: "auto" (the facts block)')
@@ -335,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--long-slice-ms", type=float, default=100.0)
     v.add_argument("--tree-max-tokens", type=int, default=32768)
     v.add_argument("--no-prefix-cache", action="store_true")
+    v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     v.add_argument("--release-date", default="2026-10-05")
     v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")

@@ -25,10 +25,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from basal.core.contract import Question, parse_basal
-from basal.core.decision import answer_basal, distribution
+from basal.core.contract import Question, parse_basal, parse_systemone
+from basal.core.decision import Distribution, answer_basal, answer_systemone, calibrate, distribution
 from basal.core.errors import RequestError
 from basal.core.facts import FactsError, inject
+from basal.core.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
 from basal.core.model_dir import ModelDir
 from basal.core.prompt import Item, lang_of, option_orders
 from basal.core.render import text_of
@@ -98,7 +99,9 @@ class ReferenceChecker:
         for n, record in _records(path):
             self.report.records += 1
             where = f"{path.name}:{n} {record.get('id') or record.get('index')}"
-            if "request" in record:
+            if is_large_choice_record(record):
+                check_large_choice(self, record, where)
+            elif "request" in record:
                 self.check_request(record, where)
             elif "options" in record and "question" in record:
                 self.check_bench(record, where)
@@ -255,6 +258,91 @@ class ReferenceChecker:
             )
         if "questions" in usage:
             r.check("usage.questions", len(questions) == usage["questions"], where)
+
+
+def is_large_choice_record(rec: dict[str, Any]) -> bool:
+    """A record of the grouped 11..255 strategy (basal-rs, TypeSafe dialect): a request with a choice of more than
+    10 options that no upstream refused, or a recorded pipeline (group and final-round distributions)."""
+    if rec.get("kind") == "large_choice_pipeline":
+        return True
+    if (
+        rec.get("kind") == "request_error"
+        or "upstream_error" in rec
+        or "to_items_error" in rec
+        or not isinstance(rec.get("request"), dict)
+    ):
+        return False
+    questions = rec["request"].get("questions")
+    return isinstance(questions, dict) and any(
+        isinstance(q, dict) and q.get("type", "choice") == "choice" and len(q.get("criteria") or ()) > 10
+        for q in questions.values()
+    )
+
+
+def check_large_choice(checker: ReferenceChecker, rec: dict[str, Any], where: str) -> None:
+    """A large-choice record (extensions.md §7): the plan, groups and prompt count from the request; with the
+    recorded group and final-round distributions also the fit, the finalists and the TypeSafe answer."""
+    r = checker.report
+    strategy = rec.get("strategy", DEFAULT_STRATEGY)
+    if not r.check("large-choice strategy", strategy in STRATEGIES, where, f"unknown strategy {strategy!r}"):
+        return
+    expected = rec.get("expected") or {}
+    if "request" in rec:
+        try:
+            plan = parse_systemone(rec["request"], lambda model: model)
+        except RequestError as e:
+            r.check("large-choice plan", False, where, f"basal refuses it: {e.body}")
+            return
+        large = [q for q in plan.questions if is_large(q.item)]
+        r.check("large-choice plan", bool(large), where, "no choice with 11..255 options")
+    else:
+        keys = tuple(f"o{i}" for i in range(rec["n"]))
+        large = [Question("choice", Item("q", "choice", keys, keys, "en", "", ""))]
+    for q in large:
+        n = len(q.item.options)
+        if "prompts" in expected:
+            count = prompt_count(n, strategy)
+            r.check("large-choice prompts", count == expected["prompts"], where, f"{count} vs {expected['prompts']}")
+        recorded = rec.get("first_round") or {}
+        if "groups" in recorded:
+            r.check("large-choice groups", groups(n) == recorded["groups"], where)
+        if "p_avg" in recorded and "final_round_p_avg" in rec:
+            _check_large_choice_fit(checker, q, rec, strategy, where)
+        elif "finalists" in expected or "choice" in expected:
+            r.skip("large choice: finalists and probabilities need the group distributions (not in the record)")
+
+
+def _check_large_choice_fit(
+    checker: ReferenceChecker, q: Question, rec: dict[str, Any], strategy: str, where: str
+) -> None:
+    r, expected = checker.report, rec.get("expected") or {}
+    tol = float(rec.get("tolerance", 1e-9))
+    lc = LargeChoice(q.item, strategy)
+    lc.take_first_round(rec["first_round"]["p_avg"])
+    if "first_fit" in expected:
+        r.check("large-choice first fit", _close(lc.first_fit, expected["first_fit"], tol), where)
+    if "finalists" in expected:
+        r.check("large-choice finalists", lc.finalists == expected["finalists"], where)
+    joint = lc.take_final_round(rec["final_round_p_avg"])
+    if "joint" in expected:
+        r.check("large-choice joint", _close(joint, expected["joint"], tol), where, _maxdiff(joint, expected["joint"]))
+    temperature = float(rec.get("temperature_choice", 1.0))
+    if checker.temperatures is not None and "choice" in checker.temperatures:
+        want_t = float(checker.temperatures["choice"])
+        r.check("temperature", want_t == temperature, where, f"{temperature} vs {want_t}")
+    p_cal = calibrate(joint, temperature)
+    if "p_cal" in expected:
+        r.check("large-choice p_cal", _close(p_cal, expected["p_cal"], tol), where, _maxdiff(p_cal, expected["p_cal"]))
+    want = expected.get("answer_typesafe")
+    if want is not None:
+        have = msgspec.to_builtins(answer_systemone(q, Distribution([], joint, p_cal)))
+        ok = (
+            have["choice"] == want["choice"]
+            and list(have["probabilities"]) == list(want["probabilities"])
+            and _close(list(have["probabilities"].values()), list(want["probabilities"].values()), tol)
+            and abs(have["confidence"] - want["confidence"]) <= tol
+        )
+        r.check("large-choice answer", ok, where, f"{json.dumps(have)[:300]} vs {json.dumps(want)[:300]}")
 
 
 def _first_difference(a: str, b: str) -> str:
