@@ -80,6 +80,8 @@ def read_inputs(path: Path, dialect: Dialect = "basal") -> list[ExportInput]:
             raw = json.loads(line)
         except json.JSONDecodeError as e:
             raise ExportFileError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+        if not out and not seen and is_manifest_line(raw):
+            continue  # a basal export as the request file: its inputs are run again
         if not isinstance(raw, dict) or is_manifest_line(raw):
             raise ExportFileError(f"{path}:{n}: expected a request or bench item (a JSON object)")
         if "request" in raw:

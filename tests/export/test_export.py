@@ -14,6 +14,7 @@ from basal.core.compare import compare_files
 from basal.core.export_format import ExportFileError, read_export
 from basal.core.reference import ReferenceChecker
 from basal.export import export_records
+from tests.conftest import GOLDEN
 from tests.export.conftest import REQUESTS, combos
 
 COMBOS = combos()
@@ -144,3 +145,13 @@ def test_cli_export_then_compare(demo_dir, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["policy"] == {"name": "bitwise", "max_logit_diff": None, "ok": True}
     assert report["logits"]["orders_bitwise_identical"] == 18 and report["decisions"]["flips"] == []
+
+
+def test_an_upstream_export_as_the_request_file_gives_upstreams_prompts(demo_model, tmp_path):
+    """Its inputs are run again: the same records by id, the same prompt text (token ids need the real tokenizer)."""
+    ours = export_records(GOLDEN / "bench-sample.jsonl", tmp_path / "bench.jsonl", demo_model, "torch", "f32").out
+    result = compare_files(GOLDEN / "bench-sample.jsonl", ours, allow_different_models=True)
+    assert result.in_both == 8 and not result.only_a and not result.only_b
+    assert all(d.endswith("(input_ids)") for d in result.inputs_differing)  # prompts, perms equal; ids differ
+    again = export_records(ours, tmp_path / "again.jsonl", demo_model, "torch", "f32", batching="tree").out
+    assert compare_files(ours, again, bitwise=True).ok  # a basal export is a request file too
