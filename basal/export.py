@@ -26,6 +26,7 @@ of the same export, it is finished instead of restarted (`overwrite=True` starts
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -130,4 +131,6 @@ def export_records(
     finally:
         if bar is not None:
             bar.close()
-    return ExportSummary(out, done + written, done, manifest)
+    with open(out, encoding="utf-8") as f:  # a resumed export keeps the manifest (and date) of its first run
+        written_manifest = json.loads(f.readline())["manifest"]
+    return ExportSummary(out, done + written, done, written_manifest)

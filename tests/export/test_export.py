@@ -109,6 +109,7 @@ def test_an_interrupted_export_is_finished_to_the_same_bytes(exports, demo_model
         read_export(cut)
     summary = export_records(REQUESTS, cut, demo_model, "torch", "f32")
     assert summary.resumed_from == 2 and summary.records == 6
+    assert summary.manifest == json.loads(lines[0])["manifest"]
     assert cut.read_bytes() == whole  # the first run's manifest (and date) kept, the rest recomputed identically
 
 
