@@ -153,6 +153,24 @@ def _serve(a: argparse.Namespace) -> int:
             },
             "flags",
         )
+    if a.ray is not None or a.replicas is not None:
+        import msgspec
+
+        from basal.config import RayConfig
+
+        ray = config.ray or RayConfig()
+        if a.ray not in (None, "local"):
+            ray = msgspec.structs.replace(ray, address=a.ray)
+        if a.replicas is not None:
+            ray = msgspec.structs.replace(ray, replicas=a.replicas)
+        config = msgspec.structs.replace(config, ray=ray)
+    if config.ray is not None:
+        try:
+            from basal.deploy.app import serve_ray
+        except ImportError as e:
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal[ray]' ({e})") from e
+        serve_ray(config)
+        return 0
     serve(config)
     return 0
 
@@ -311,6 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
+    v.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="scale out on Ray Serve: start a local Ray, or join the cluster at ADDRESS (auto, ray://HOST:10001)",
+    )
+    v.add_argument("--replicas", type=int, default=None, help="with --ray: engine replicas per model (default 2)")
     v.set_defaults(run=_serve)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")

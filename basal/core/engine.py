@@ -51,6 +51,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
+    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class Lane:
                 job.finish(logits)
             return
         self.queue.observe(stats.packed_tokens, seconds)
+        engine.packed_tokens += stats.packed_tokens
+        engine.prompt_tokens += stats.prompt_tokens
         rows = iter(logits)
         for job in batch:
             job.compute_ms = seconds * 1000
@@ -168,6 +171,7 @@ class Engine:
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
         self.computed_jobs = self.cancelled_jobs = self.batches = 0
+        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -228,6 +232,10 @@ class Engines:
     def start(self) -> None:
         for engine in self.engines.values():
             engine.start()
+
+    def ready(self) -> bool:
+        """Every model can answer (its lanes run); /health reports it."""
+        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     def _enter(self, model: str) -> None:
         with self._lock:
