@@ -8,10 +8,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import uvicorn
-
 from basal.api.app import create_app
 from basal.api.handling import ApiSettings
+from basal.api.listener import DrainingServer, server_config
 from basal.backends.cuda.backend import TorchBackend
 from basal.core.engine import Engine, Engines, EngineSettings
 from basal.core.gate import Gate
@@ -61,14 +60,28 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(engines: Engines, settings: ApiSettings | None = None) -> Iterator[str]:
-    """uvicorn serving the app on a free loopback port, in a thread; yields the base URL."""
+def live_server(engines: Engines, settings: ApiSettings | None = None, grace_s: float = 5.0) -> Iterator[str]:
+    """uvicorn serving the app on a free loopback port, in a thread, as `basal serve` runs it; yields the URL."""
+    settings = settings or ApiSettings()
+    with running_server(engines, settings, grace_s) as (url, _):
+        yield url
+
+
+@contextmanager
+def running_server(
+    engines: Engines, settings: ApiSettings, grace_s: float = 5.0
+) -> Iterator[tuple[str, DrainingServer]]:
+    """`live_server` that also yields the server (tests that stop it themselves)."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(engines, settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
-        )
+    config = server_config(
+        create_app(engines, settings),
+        "127.0.0.1",
+        port,
+        settings.limits,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
     )
+    server = DrainingServer(config, engines, grace_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -77,7 +90,7 @@ def live_server(engines: Engines, settings: ApiSettings | None = None) -> Iterat
             raise RuntimeError("test server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(30)

@@ -365,7 +365,13 @@ class Engines:
             if chars <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
                 job = prepare()
             else:
-                job = await loop.run_in_executor(self._pool, prepare)
+                try:
+                    job = await loop.run_in_executor(self._pool, prepare)
+                except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
+                    task = asyncio.current_task()
+                    if self.closed and task is not None and not task.cancelling():
+                        raise EngineClosed("the server shut down before this request ran") from None
+                    raise
             response = await future
             return Result(response, job.queue_ms, job.compute_ms, job.batch_requests)
         finally:
