@@ -178,6 +178,7 @@ class _ShapeErrors:
         self.items: list[dict[str, Any]] = []
         self.limits = limits
         self.unlisted = 0
+        self.stopped = False  # checking stopped once the list was full
 
     @property
     def full(self) -> bool:
@@ -185,8 +186,8 @@ class _ShapeErrors:
 
     def body(self) -> dict[str, Any]:
         items = self.items
-        if self.unlisted:
-            more = f"{self.unlisted} more errors not listed (at most {self.limits.max_errors} are)"
+        if self.unlisted or self.stopped:
+            more = f"more errors are not listed (at most {self.limits.max_errors} are)"
             items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
         return {"detail": items}
 
@@ -313,6 +314,7 @@ def parse_systemone(
         else:
             for qid, q in questions.items():
                 if errors.full:
+                    errors.stopped = True
                     break
                 _check_question_shape(qid, q, errors)
     if errors.items:

@@ -79,7 +79,7 @@ def test_oversized_header_is_431_without_waiting_for_its_end(guarded):
 
 def test_headers_and_body_in_one_packet_are_fine(guarded):
     """Body bytes that arrive with the head are not counted as head bytes."""
-    url, address = guarded
+    _url, address = guarded
     body = json.dumps({"state": "x" * 20000, "questions": {}}).encode()
     head = b"POST /v1/basal HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
     reply, _ = exchange(address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
@@ -87,7 +87,7 @@ def test_headers_and_body_in_one_packet_are_fine(guarded):
 
 
 def test_silent_connection_is_closed_with_408(guarded):
-    url, address = guarded
+    _url, address = guarded
     reply, seconds = exchange(address)
     status, body = status_and_json(reply)
     assert status == 408 and "headers" in body["detail"] and seconds < CASE_BUDGET_S
@@ -95,7 +95,7 @@ def test_silent_connection_is_closed_with_408(guarded):
 
 def test_slowloris_head_is_closed_at_its_deadline(guarded):
     """A head trickling in a byte at a time is cut at header_timeout_s in all, not per byte."""
-    url, address = guarded
+    _url, address = guarded
     chunks = [b"GET /health HTTP/1.1\r\n"] + [b"X-a: b\r\n"] * 20
     reply, seconds = exchange(address, chunks=chunks, pause_s=0.1)
     assert status_and_json(reply)[0] == 408 and seconds < CASE_BUDGET_S
@@ -128,7 +128,7 @@ def test_connections_over_the_limit_get_503_and_health_recovers(guarded):
 
 
 def test_garbage_is_400_json(guarded):
-    url, address = guarded
+    _url, address = guarded
     status, body = status_and_json(exchange(address, b"\x16\x03\x01 not http\r\n\r\n")[0])
     assert status == 400 and body["detail"]
 
