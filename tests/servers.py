@@ -20,12 +20,16 @@ from basal.core.pipeline import Pipeline
 
 
 class SlowBackend:
-    """The torch backend with a pause after every layer: makes a pass long enough to schedule around."""
+    """The torch backend with a pause after every layer: makes a pass long enough to schedule around.
 
-    def __init__(self, inner: TorchBackend, layer_s: float):
-        self.inner, self.layer_s = inner, layer_s
+    `yields_per_layer` > 1 splits the pause into that many yields, as a backend that steps aside inside a layer
+    (between row chunks) does."""
+
+    def __init__(self, inner: TorchBackend, layer_s: float, yields_per_layer: int = 1):
+        self.inner, self.layer_s, self.yields_per_layer = inner, layer_s, yields_per_layer
         self.name, self.device, self.dtype, self.model = inner.name, inner.device, inner.dtype, inner.model
         self.batches: list[int] = []  # n_tokens of every batch run
+        self.yields = 0  # yields handed to the engine so far
 
     def prefix(self, key, tokens):
         self.inner.prefix(key, tokens)
@@ -38,16 +42,24 @@ class SlowBackend:
                 next(steps)
             except StopIteration as done:
                 return done.value
-            time.sleep(self.layer_s)
-            yield
+            for _ in range(self.yields_per_layer):
+                time.sleep(self.layer_s / self.yields_per_layer)
+                self.yields += 1
+                yield
 
 
 def make_engines(
-    model: ModelDir, *, max_inflight: int = 1024, slow_s: float = 0.0, slice_ms: float = 100.0, **settings
+    model: ModelDir,
+    *,
+    max_inflight: int = 1024,
+    slow_s: float = 0.0,
+    yields_per_layer: int = 1,
+    slice_ms: float = 100.0,
+    **settings,
 ) -> Engines:
     backend = TorchBackend.load(model)
     if slow_s:
-        backend = SlowBackend(backend, slow_s)
+        backend = SlowBackend(backend, slow_s, yields_per_layer)
     metrics, gate = Metrics(max_inflight), Gate(slice_ms)
     engine = Engine(model.name, Pipeline(model, backend), gate, metrics, EngineSettings(**settings))
     return Engines({model.name: engine}, model.name, metrics, max_inflight)
