@@ -239,3 +239,34 @@ def test_a_large_request_that_needs_no_model_is_answered_off_the_event_loop(clie
     r = post(client, body)
     assert r.status_code == 200 and r.json()["answers"]["q7"]["choice"] == "only"
     assert seen == ["thread"]
+
+
+def test_openapi_is_true_to_the_configuration(demo_model):
+    with TestClient(create_app(make_engines(demo_model), ApiSettings(api_keys=("k",), metrics=False))) as c:
+        schema = c.get("/schema/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API key",
+    }
+    op = schema["paths"]["/v1/systemone"]["post"]
+    assert op["security"] == [{"bearerAuth": []}]
+    assert {"200", "400", "401", "403", "413", "415", "422", "503", "529"} <= set(op["responses"])
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["questions"]["minProperties"] == 1
+    assert body["properties"]["questions"]["maxProperties"] == 1024
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]) == {"404"}
+
+
+def test_cors_when_origins_are_configured(demo_model):
+    settings = ApiSettings(cors_origins=("https://app.example",))
+    with TestClient(create_app(make_engines(demo_model), settings)) as c:
+        r = c.options(
+            "/v1/systemone",
+            headers={"origin": "https://app.example", "access-control-request-method": "POST"},
+        )
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        r = c.options(
+            "/v1/systemone", headers={"origin": "https://evil.example", "access-control-request-method": "POST"}
+        )
+        assert r.headers.get("access-control-allow-origin") != "https://evil.example"
