@@ -46,6 +46,36 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`long_tokens` must be 0 (no long lane) or positive")
 
 
+class AutoscalingConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Ray Serve autoscaling of a model's replicas on ongoing requests per replica."""
+
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_ongoing_requests: float = 16.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise msgspec.ValidationError("`autoscaling`: need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+
+
+class RayConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Scale-out on Ray Serve (`basal serve --ray`): per model `replicas` engines behind the state-affinity router."""
+
+    address: str | None = None  # None: start a local Ray; "auto" or "ray://HOST:10001": join a running cluster
+    replicas: int = 2  # per model (ignored with autoscaling)
+    num_cpus: float = 1.0  # resources of one replica
+    num_gpus: float = 0.0  # 1 on a GPU host: one replica per GPU
+    max_ongoing_requests: int = 256  # per replica; Ray holds further requests at the ingress
+    router: Literal["affinity", "power_of_two"] = "affinity"  # power_of_two: Ray's default router (comparisons)
+    router_max_queue: int = 8  # requests on a state's preferred replica before new ones spill over
+    affinity_min_chars: int = 256  # shorter states are not worth keeping together: least-loaded replica
+    autoscaling: AutoscalingConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_ongoing_requests < 1 or self.router_max_queue < 1:
+            raise msgspec.ValidationError("`ray`: replicas, max_ongoing_requests and router_max_queue must be positive")
+
+
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
     addr: str = "127.0.0.1:8000"
@@ -61,6 +91,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     limits: Limits = msgspec.field(default_factory=Limits)  # README "Limits": what one request may cost
     cors_origins: list[str] = msgspec.field(default_factory=list)  # browser origins allowed (none: CORS off)
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
+    ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")

@@ -113,7 +113,13 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         tags=["service"],
     )
     async def health() -> Response:
-        status = "shutting down" if engines.closed else "draining" if engines.draining else "ok"
+        ready = not engines.closed and engines.ready()
+        if engines.closed:
+            status = "shutting down"
+        elif engines.draining:
+            status = "draining"
+        else:
+            status = "ok" if ready else "not ready"
         return Response(
             {"status": status, "models": names, "default_model": engines.default},
             status_code=200 if status == "ok" else 503,

@@ -69,13 +69,16 @@ async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
 
 
 def timing_headers(result: Result, rid: str) -> dict[str, str]:
-    return {
+    headers = {
         "x-basal-queue-ms": f"{result.queue_ms:.3f}",
         "x-basal-compute-ms": f"{result.compute_ms:.3f}",
         "x-basal-batch-requests": str(result.batch_requests),
         "x-request-id": rid,
         "x-typesafe-request-id": rid,
     }
+    if result.replica:
+        headers["x-basal-replica"] = result.replica
+    return headers
 
 
 async def _plan(

@@ -70,7 +70,7 @@ class ModelsResponse(msgspec.Struct):
 
 
 class HealthResponse(msgspec.Struct):
-    status: Literal["ok", "draining", "shutting down"]
+    status: Literal["ok", "not ready", "draining", "shutting down"]
     models: list[str]
     default_model: str
 

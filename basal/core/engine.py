@@ -65,6 +65,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
+    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class Lane:
             self._fail(batch, logits)
             return
         self.queue.observe(stats.packed_tokens, seconds)
+        engine.packed_tokens += stats.packed_tokens
+        engine.prompt_tokens += stats.prompt_tokens
         rows = iter(logits)
         for job in batch:
             job.compute_ms = seconds * 1000
@@ -218,6 +221,7 @@ class Engine:
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
         self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
+        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
         self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
         config = pipeline.model.config
         self.prompt_char_limit = settings.limits.max_prompt_chars or (
@@ -319,6 +323,10 @@ class Engines:
     def start(self) -> None:
         for engine in self.engines.values():
             engine.start()
+
+    def ready(self) -> bool:
+        """Every model can answer (its lanes run); /health reports it."""
+        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     @contextmanager
     def slot(self) -> Iterator[None]:
