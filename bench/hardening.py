@@ -185,7 +185,9 @@ def retry_storm(clients: int, seconds: float, max_inflight: int) -> dict:
 
         asyncio.run(run(2, 3.0))  # warm up
         calm = asyncio.run(run(max_inflight, seconds))
+        server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
         storm = asyncio.run(run(clients, seconds))
+        server_cpu, client_cpu = cpu_seconds(server.pid) - server_cpu, time.process_time() - client_cpu
     finally:
         server.terminate()
         server.wait(30)
@@ -202,7 +204,15 @@ def retry_storm(clients: int, seconds: float, max_inflight: int) -> dict:
         "storm_529_rps": round(storm.get(529, 0) / seconds, 1),
         "storm_other": {str(k): v for k, v in storm.items() if k not in (200, 529)},
         "goodput_kept": round(storm.get(200, 0) / max(1, calm.get(200, 0)), 3),
+        "storm_server_cpu_s": round(server_cpu, 2),
+        "storm_client_cpu_s": round(client_cpu, 2),
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
