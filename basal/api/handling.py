@@ -89,12 +89,15 @@ async def _plan(
     body = await read_body(request.receive, request.headers, settings.max_body_bytes, dialect)
     encoding = request.headers.get("content-encoding")
 
-    def work() -> DecisionRequest:
-        return parse(decode_body(decompress(body, encoding, settings.max_body_bytes), dialect))
+    def decode() -> Any:
+        return decode_body(decompress(body, encoding, settings.max_body_bytes), dialect)
 
-    if len(body) <= INLINE_BODY_BYTES and (encoding or "identity").strip().lower() == "identity":
-        return work()
-    return await asyncio.to_thread(work)
+    if len(body) > INLINE_BODY_BYTES or (encoding or "identity").strip().lower() != "identity":
+        return await asyncio.to_thread(lambda: parse(decode()))
+    raw = decode()
+    if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
+        return await asyncio.to_thread(parse, raw)
+    return parse(raw)
 
 
 async def decide(

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -29,17 +29,18 @@ import numpy as np
 from basal.core.contract import BasalResponse, DecisionRequest, Question, SystemOneResponse
 from basal.core.errors import RequestError
 from basal.core.gate import Gate, Holder
+from basal.core.large_choice import is_large, prompt_count
 from basal.core.limits import DEFAULT_LIMITS, Limits
 from basal.core.memory import release_free_memory
 from basal.core.metrics import Metrics
 from basal.core.pipeline import Pipeline, Stats
+from basal.core.prompt import Item
 from basal.core.scheduler import Job, JobQueue, Policy
-from basal.core.tree import TokenizedQuestion, TrieSize
+from basal.core.tree import TokenizedQuestion
 
 log = logging.getLogger(__name__)
 
 INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
-TOKENIZE_CHUNK_CHARS = 1 << 20  # prompts tokenized at a time: what planning holds beyond the token ids
 TRIM_AFTER_CHARS = 4 << 20  # after a request this large, give freed heap memory back to the system
 
 
@@ -136,9 +137,10 @@ class Lane:
                     continue
                 started = time.perf_counter()
                 for job in batch:
-                    job.queue_ms = (started - job.arrival) * 1000
+                    if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
+                        job.queue_ms = (started - job.arrival) * 1000
+                        metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                     job.batch_requests = len(batch)
-                    metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                 try:
                     steps = engine.pipeline.forward(tokenized, forwards, stats)
                     logits = _drive(steps, holder, _stop_when(engine, batch))
@@ -168,15 +170,21 @@ class Lane:
         engine.prompt_tokens += stats.prompt_tokens
         rows = iter(logits)
         for job in batch:
-            job.compute_ms = seconds * 1000
-            by_name = {}
-            for q in job.request.questions:
-                if q.needs_model:
-                    by_name[q.name] = next(rows)
-            latency = (time.perf_counter() - job.arrival) * 1000
-            engine.computed_jobs += 1
+            job.compute_ms += seconds * 1000
+            results = [next(rows) for _ in job.tokenized]
             try:
-                job.finish(engine.pipeline.answer(job.request, by_name, job.prompt_tokens, latency))
+                engine.pipeline.advance(job.rounds, results)
+                if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
+                    engine.check_length(job.request, job.rounds.tokenized)
+                    job.tokenized = job.rounds.tokenized
+                    job.cost = engine.pipeline.cost(job.tokenized)
+                    self.submit(job)
+                    continue
+                latency = (time.perf_counter() - job.arrival) * 1000
+                engine.computed_jobs += 1
+                job.finish(engine.pipeline.respond(job.rounds, latency))
+            except (EngineClosed, RequestError) as e:
+                job.finish(e)
             except Exception as e:
                 log.exception("answer failed")
                 job.finish(e)
@@ -244,50 +252,47 @@ class Engine:
         a request over a limit is refused after at most one chunk of work."""
         arrival = time.perf_counter()
         limits, dialect = self.settings.limits, request.dialect
-        questions = [q for q in request.questions if q.needs_model]
         context = self.pipeline.model.config.max_position_embeddings
-        chars = [_min_prompt_chars(q) for q in questions]
-        if max(chars, default=0) > self.prompt_char_limit:
+        longest = max((_min_prompt_chars(q) for q in request.questions if q.needs_model), default=0)
+        if longest > self.prompt_char_limit:
             raise _limit_error(
                 dialect,
                 f"a prompt has over {self.prompt_char_limit} characters; the model reads at most {context} tokens",
             )
-        total_chars = sum(c * len(q.item.orders) for q, c in zip(questions, chars, strict=True))
+        total_chars = _prompt_chars(request)
         if total_chars > limits.max_request_chars:
             raise _limit_error(
                 dialect,
                 f"the prompts of this request hold {total_chars} characters; a request may hold at most "
                 f"{limits.max_request_chars} (send fewer questions or a shorter state)",
             )
-        tokenized: list[TokenizedQuestion] = []
-        sizes: dict[str, TrieSize] = {}
-        cost = 0
-        for chunk in _chunks(questions, chars, TOKENIZE_CHUNK_CHARS):
-            if cancelled():
-                raise Cancelled()
-            part = self.pipeline.tokenize(chunk)
-            longest = max((len(p) for t in part for p in t.prompts), default=0)
-            if longest > context:
-                raise _limit_error(dialect, f"a prompt has {longest} tokens; the model reads at most {context}")
-            for t in part:
-                size = sizes.setdefault(t.lang, TrieSize())
-                for p in t.prompts:
-                    size.add(p)
-            cost = sum(s.tokens - len(self.pipeline.prefixes.get(lang, ())) for lang, s in sizes.items())
-            if cost > limits.max_request_tokens:
-                raise _limit_error(
-                    dialect,
-                    f"this request packs over {cost} tokens; a request may compute at most "
-                    f"{limits.max_request_tokens} (send fewer questions or a shorter state)",
-                )
-            tokenized += part
+        if cancelled():
+            raise Cancelled()
+        rounds = self.pipeline.plan(request)
+        tokenized = rounds.tokenized
+        later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
+        self.check_length(request, [*tokenized, *later])
         prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
-        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival)
+        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
+        if cost > limits.max_request_tokens:
+            raise _limit_error(
+                dialect,
+                f"this request packs {cost} tokens; a request may compute at most {limits.max_request_tokens} "
+                "(send fewer questions or a shorter state)",
+            )
+        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+
+    def check_length(self, request: DecisionRequest, tokenized: list[TokenizedQuestion]) -> None:
+        """Refuse a prompt longer than the model's positions (a later round is checked again once planned)."""
+        limit = self.pipeline.model.config.max_position_embeddings
+        longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
+        if longest > limit:
+            raise _limit_error(request.dialect, f"a prompt has {longest} tokens; the model reads at most {limit}")
 
     def submit(self, job: Job) -> None:
         """Queue a planned job; one that needs no model (every question has one option) is answered at once."""
-        if not job.tokenized:
-            job.finish(self.pipeline.answer(job.request, {}, 0, (time.perf_counter() - job.arrival) * 1000))
+        if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
+            job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
             return
         lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
         lane.submit(job)
@@ -406,23 +411,11 @@ def _stop_when(engine: Engine, batch: list[Job]) -> Callable[[], bool]:
 
 
 def _min_prompt_chars(q: Question) -> int:
-    """Characters one prompt of `q` has at least (the template around them is not counted)."""
+    """Characters one prompt of `q` has at least (the template around them is not counted; a large choice's
+    prompts show a group of its options, so none of them is counted)."""
     item = q.item
-    return len(item.state_text) + len(item.question_text) + sum(map(len, item.options))
-
-
-def _chunks(questions: Sequence[Question], chars: Sequence[int], budget: int) -> Iterator[list[Question]]:
-    """Consecutive groups of questions of about `budget` prompt characters (at least one question each)."""
-    chunk: list[Question] = []
-    size = 0
-    for q, c in zip(questions, chars, strict=True):
-        if chunk and size + c > budget:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(q)
-        size += c * len(q.item.orders)
-    if chunk:
-        yield chunk
+    options = 0 if is_large(item) else sum(map(len, item.options))
+    return len(item.state_text) + len(item.question_text) + options
 
 
 def _limit_error(dialect: str, message: str) -> RequestError:
@@ -433,10 +426,15 @@ def _limit_error(dialect: str, message: str) -> RequestError:
 
 
 def _prompt_chars(request: DecisionRequest) -> int:
+    """Characters to tokenize: every prompt repeats state and question (a large choice asks many groups)."""
     return sum(
-        2 * (len(q.item.state_text) + len(q.item.question_text) + sum(map(len, q.item.options)))
+        _prompts_of(q.item) * (len(q.item.state_text) + len(q.item.question_text)) + 2 * sum(map(len, q.item.options))
         for q in request.questions
     )
+
+
+def _prompts_of(item: Item) -> int:
+    return prompt_count(len(item.options), "luce2") if is_large(item) else 2
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

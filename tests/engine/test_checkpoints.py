@@ -1,5 +1,6 @@
 """What the engine does around the device: packs before taking it, treats every backend yield as a checkpoint,
-stops a pass whose clients all left, refuses work over the limits before doing it, survives a closed loop."""
+stops a pass whose clients all left, refuses work over the character bound before tokenizing, survives a closed
+event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 
 import pytest
 
-import basal.core.engine as engine_module
 import basal.core.pipeline as pipeline_module
 from basal.core.engine import Cancelled
 from basal.core.errors import RequestError
@@ -135,7 +135,7 @@ def test_every_backend_yield_is_a_checkpoint_and_bits_do_not_change(demo_model, 
 def test_over_the_character_bound_nothing_is_tokenized(plain, demo_model, monkeypatch):
     engine = plain.engines[DEMO]
     calls = []
-    monkeypatch.setattr(engine.pipeline, "tokenize", lambda qs: calls.append(qs))
+    monkeypatch.setattr(engine.pipeline, "plan", calls.append)
     huge = request(1)
     limit = engine.prompt_char_limit
     item = huge.questions[0].item
@@ -146,16 +146,6 @@ def test_over_the_character_bound_nothing_is_tokenized(plain, demo_model, monkey
     assert e.value.status == 400 and e.value.body["detail"]["error_type"] == "max_tokens_exceeded"
     assert calls == []
     assert limit == demo_model.config.max_position_embeddings * demo_model.tokenizer.max_token_chars
-
-
-def test_tokenizing_in_chunks_gives_the_same_ids_and_cost(plain, monkeypatch):
-    engine = plain.engines[DEMO]
-    req = request(30, 12)
-    whole = engine.plan(req, print, lambda: False)
-    monkeypatch.setattr(engine_module, "TOKENIZE_CHUNK_CHARS", 500)
-    chunked = engine.plan(req, print, lambda: False)
-    assert chunked.tokenized == whole.tokenized and chunked.cost == whole.cost
-    assert whole.cost == engine.pipeline.cost(whole.tokenized)
 
 
 def test_an_answer_for_a_closed_event_loop_does_not_kill_the_lane(plain):
