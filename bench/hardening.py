@@ -219,7 +219,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench", choices=["short-behind-long", "retry-storm"])
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--long-words", type=int, default=560, help="state of the long document, in 9-word phrases")
+    p.add_argument("--long-words", type=int, default=260, help="state of the long document, in 8-word phrases")
     p.add_argument("--shorts-idle", type=int, default=20)
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15.0)
