@@ -91,6 +91,42 @@ def test_preempted_long_pass_gives_the_same_bits(demo_model):
     engines.close()
 
 
+def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model):
+    """Every pause point is a checkpoint, also inside a layer (between row chunks and key-tile spans): a short
+    request that arrives while the long pass is in the middle of a layer runs at that pause, and the long one's
+    answer keeps its bits."""
+    engines = make_engines(demo_model, slow_s=0.001, slow_in_layer=True, long_tokens=300, slice_ms=0)
+    engines.start()
+    engine = engines.engines["basal-synthetic-demo"]
+    slow, gate = engine.pipeline.backend, engine.gate
+    long_req, short_req = request(120, 4), request(2)
+    alone = asyncio.run(engines.run(long_req)).response
+    assert any(inside for inside, _, _ in slow.pauses)  # the pass has pause points inside its layers
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        short: list = []
+
+        def short_arrives() -> None:  # in the long lane's thread, at a pause inside a layer
+            short.append(asyncio.run_coroutine_threadsafe(engines.run(short_req), loop))
+            deadline = time.monotonic() + 20
+            while not gate.urgent_waiting() and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        slow.on_inside_pause = short_arrives
+        long_result = await engines.run(long_req)
+        return long_result, await asyncio.wrap_future(short[0])
+
+    slow.pauses.clear()
+    before = gate.preemptions
+    long_result, short_result = asyncio.run(main())
+    assert long_result.response == alone
+    assert gate.preemptions == before + 1
+    # the long pass stood at a pause inside a layer for the whole of the short request's compute
+    assert any(inside and resumed - paused >= short_result.compute_ms / 1000 for inside, paused, resumed in slow.pauses)
+    engines.close()
+
+
 @pytest.mark.parametrize("policy", ["fifo", "hrrn"])
 def test_queue_order(demo_model, policy):
     engines = make_engines(demo_model, schedule=Policy(policy), max_batch_tokens=1, long_tokens=0)
