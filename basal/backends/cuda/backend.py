@@ -9,6 +9,7 @@ import torch
 
 from basal.backends.cuda.gemm_chunks import process_table
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
+from basal.backends.cuda.threads import configure_threads
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
 
@@ -57,6 +58,8 @@ class TorchBackend:
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dtype is None:
             dtype = "f16" if dev.type == "cuda" else "f32"
+        if dev.type == "cpu":
+            configure_threads()  # physical cores, unless the config or OMP_NUM_THREADS chose (threads.py)
         if dev.type == "cuda":
             # no TF32, no reduced-precision split reductions (backends-determinism.md §2)
             torch.backends.cuda.matmul.allow_tf32 = False
