@@ -23,15 +23,15 @@ from basal.core.pipeline import Pipeline
 class SlowBackend:
     """The torch backend made slow enough to schedule around: a pause of `layer_s` at every layer boundary, or
     (`in_layer=True`) at every pause point inside a layer too, so that one layer alone takes long. Records every
-    pause as (inside a layer, perf_counter at the pause, perf_counter at the resume); `on_inside_pause`, if set,
-    is called (once) at the next pause inside a layer, just before it."""
+    pause as (inside a layer, perf_counter at the pause, perf_counter at the resume). `on_pause`, if set, is called
+    with `inside` at every pause, just before it, until it returns True (then it is cleared)."""
 
     def __init__(self, inner: TorchBackend, layer_s: float, in_layer: bool = False):
         self.inner, self.layer_s, self.in_layer = inner, layer_s, in_layer
         self.name, self.device, self.dtype, self.model = inner.name, inner.device, inner.dtype, inner.model
         self.batches: list[int] = []  # n_tokens of every batch run
         self.pauses: list[tuple[bool, float, float]] = []
-        self.on_inside_pause = None
+        self.on_pause = None
         self._inside = False
         layer = inner.net.layer
 
@@ -58,9 +58,8 @@ class SlowBackend:
             inside = self._inside
             if self.in_layer or not inside:
                 time.sleep(self.layer_s)
-            if inside and self.on_inside_pause is not None:
-                hook, self.on_inside_pause = self.on_inside_pause, None
-                hook()
+            if self.on_pause is not None and self.on_pause(inside):
+                self.on_pause = None
             paused = time.perf_counter()
             yield
             self.pauses.append((inside, paused, time.perf_counter()))
