@@ -46,11 +46,24 @@ def _tiled_steps(q, key_buf, value_buf, plan, query_rows, fixed=True):
     yield  # no pause points inside attention, as in the first version
 
 
+ATTENTION_S = [0.0]  # seconds spent in tree attention since the last reset
+
+
+def _timed(steps_fn):
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = yield from steps_fn(*args, **kwargs)
+        ATTENTION_S[0] += time.perf_counter() - t
+        return out
+
+    return timed
+
+
 @contextmanager
 def before(backend: TorchBackend):
     """The first version: fixed 64/16-row chunks and the tile loop."""
     table, steps = backend.net.chunks, K.tree_attention_steps
-    backend.net.chunks, K.tree_attention_steps = None, _tiled_steps
+    backend.net.chunks, K.tree_attention_steps = None, _timed(_tiled_steps)
     try:
         yield
     finally:
@@ -59,7 +72,12 @@ def before(backend: TorchBackend):
 
 @contextmanager
 def after(backend: TorchBackend):
-    yield
+    steps = K.tree_attention_steps
+    K.tree_attention_steps = _timed(steps)
+    try:
+        yield
+    finally:
+        K.tree_attention_steps = steps
 
 
 def _request(tok, n_q: int, tokens: int, seed: int, lang: str = "en"):
@@ -98,6 +116,7 @@ def run_model(path: Path, reps: int) -> dict:
     load_s = time.perf_counter() - t
     pipeline = Pipeline(model, backend)
     limit = limits.measure(model.config, "f32")
+    print(f"{path.name}: load {load_s:.1f} s, GEMM limit {limit.as_dict()}", flush=True)
     tok = model.tokenizer
     single = _request(tok, 1, 500, 1)
     state = state_of_tokens(tok, 700, "pl", 7)
@@ -114,13 +133,18 @@ def run_model(path: Path, reps: int) -> dict:
             old_bits = _logit_bits(pipeline, request)  # also the warm-up
         new_bits = _logit_bits(pipeline, request)
         times: dict[str, list[float]] = {"before": [], "after": []}
+        attention: dict[str, list[float]] = {"before": [], "after": []}
         for _ in range(reps):
             for label, mode in (("before", before), ("after", after)):
                 with mode(backend):
+                    ATTENTION_S[0] = 0.0
                     t = time.perf_counter()
                     pipeline.decide(request)
                     times[label].append(time.perf_counter() - t)
+                    attention[label].append(ATTENTION_S[0])
         rows.append(_row(name, flops, times, limit, old_bits == new_bits))
+        rows[-1]["attention_before_s"], rows[-1]["attention_after_s"] = attention["before"], attention["after"]
+        print(json.dumps(rows[-1]), flush=True)
     clients = [_request(tok, 10, 512, 20 + i, "en" if i % 2 else "pl") for i in range(4)]
     flops = sum(limits.request_flops(pipeline, r).total for r in clients)
     times = {"before": [], "after": []}
@@ -129,6 +153,7 @@ def run_model(path: Path, reps: int) -> dict:
             with mode(backend):
                 times[label].append(_throughput(pipeline, clients))
     rows.append(_row("throughput, 4 clients x 10 questions", flops, times, limit, None, decisions=40))
+    print(json.dumps(rows[-1]), flush=True)
     return {
         "layers": model.config.num_hidden_layers,
         "load_s": load_s,
@@ -184,12 +209,18 @@ def main() -> None:
             + ", ".join(f"{k} {v:.0f}" for k, v in lim["gflops"].items())
             + f"); load {m['load_s']:.1f} s\n"
         )
-        print("| workload | GFLOP | before s | after s | speedup | fraction before | fraction after | same bits |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        print(
+            "| workload | GFLOP | before s | after s | speedup | attention s before → after | fraction before | "
+            "fraction after | same bits |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for r in m["rows"]:
+            att = "—"
+            if "attention_before_s" in r:
+                att = f"{_span(r['attention_before_s'])} → {_span(r['attention_after_s'])}"
             print(
                 f"| {r['workload']} | {r['gflop']:.1f} | {_span(r['before_s'])} | {_span(r['after_s'])} | "
-                f"{r['speedup']:.2f}x | {r['fraction_before']:.2f} | {r['fraction_after']:.2f} | "
+                f"{r['speedup']:.2f}x | {att} | {r['fraction_before']:.2f} | {r['fraction_after']:.2f} | "
                 f"{'—' if r['same_bits'] is None else 'yes' if r['same_bits'] else 'NO'} |"
             )
 
