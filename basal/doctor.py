@@ -97,7 +97,7 @@ def chunk_lines(facts: dict) -> list[str]:
     for shape, p in chunks.items():
         tails = f"tails {p['tails'][0]}-{p['tails'][-1]}" if len(p["tails"]) > 1 else "no other sizes"
         same = "bits of the 64-row reference" if p["reference_bits"] else "bits DIFFER from the 64-row reference"
-        out.append(f"    GEMM {shape:<22} {p['rows']:>4} rows ({tails}; {same}; {p['source']})")
+        out.append(f"    GEMM {shape:<22} {p['rows']:>4} rows ({tails}; {same})")
     return out
 
 

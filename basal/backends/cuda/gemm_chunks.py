@@ -205,14 +205,15 @@ class ChunkTable:
             tmp.replace(self.cache_file)
 
     def describe(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str, dict[str, object]]:
-        """`{"NxK dtype[+bias]": {"rows", "tails", "reference_bits", "source"}}` (weight [N, K]) of the given GEMMs,
-        for doctor, /v1/models and exports."""
+        """`{"NxK dtype[+bias]": {"rows", "tails", "reference_bits"}}` (weight [N, K]) of the given GEMMs, for
+        doctor, /v1/models and exports: only what the machine decides, so two runs on one machine describe alike
+        (whether a plan was probed or read from the cache is in `source`)."""
         out = {}
         for w, b in weights:
             plan = self.plan(w, b)
             key = (w.shape[0], w.shape[1], str(w.dtype).removeprefix("torch."), b is not None)
             label = f"{key[0]}x{key[1]} {key[2]}{'+bias' if b is not None else ''}"
-            out[label] = {**asdict(plan), "tails": list(plan.tails), "source": self.source[key]}
+            out[label] = {**asdict(plan), "tails": list(plan.tails)}
         return out
 
 
