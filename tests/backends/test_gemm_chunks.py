@@ -44,6 +44,9 @@ def test_choice_within_the_reference_class():
     # 128 is not invariant: neither may be used
     results = [_r(16, 1.0), _r(32, 1.0, b"b"), _r(64, 2.0), _r(256, 4.0), _r(512, 9.0), _r(128, 1.0, invariant=False)]
     assert G.choose(results) == G.ChunkPlan(256, (16, 64, 256), True)
+    # 512 rows at 8.4 s is within 10% of 256's time per row: the larger size is taken
+    results[4] = _r(512, 8.4)
+    assert G.choose(results) == G.ChunkPlan(512, (16, 64, 256, 512), True)
 
 
 def test_choice_weighs_padding_when_sizes_differ_in_bits():

@@ -11,10 +11,10 @@ counts and keeps those that pass two bitwise checks:
   reference chunk's. On torch 2.13 CPU f32 every M >= 4 is one class (§6), so a batch can run its full chunks at
   the fastest size and its tail at a smaller one, with no padding waste and bits identical to the 64-row path.
 
-The plan: full chunks of `rows` (the class member with the lowest time per row), the tail zero-padded to the
-smallest class member that holds it. If no other size shares the reference's class (another library), the plan
-is a single fixed size, picked by the lowest expected time per useful row over `EXPECTED_ROWS` — padding counted
-as wasted work: cost(R) = mean over n of ceil(n / R) * t(R) / n.
+The plan: full chunks of `rows` (the largest class member within 10% of the lowest time per row), the tail
+zero-padded to the smallest class member that holds it. If no other size shares the reference's class (another
+library), the plan is a single fixed size, picked by the lowest expected time per useful row over `EXPECTED_ROWS` —
+padding counted as wasted work: cost(R) = mean over n of ceil(n / R) * t(R) / n.
 
 Which size is fastest only changes speed, never bits, when the chosen sizes share the reference's class; the
 `describe()` dict says whether they do (`reference_bits`). Results are kept once per process (one plan per shape
@@ -40,6 +40,7 @@ import torch
 REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the reference
 CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
 EXPECTED_ROWS = (16, 64, 256, 1024, 4096)  # rows a GEMM sees per forward (readouts .. a long document)
+NEAR_BEST = 1.1  # sizes within 10% of the fastest time per row count as equally fast; the largest is taken
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> Ch
     if ref is not None:
         same = sorted(s for s, r in ok.items() if r.bits == ref.bits)
         if len(same) > 1:
-            rows = min(same, key=lambda s: (ok[s].seconds / s, s))
+            best = min(ok[s].seconds / s for s in same)
+            # the largest size within NEAR_BEST of the fastest per row: one lucky short call on a busy machine
+            # must not pick a tiny chunk (bits are the same either way; only speed is at stake)
+            rows = max(s for s in same if ok[s].seconds / s <= NEAR_BEST * best)
             return ChunkPlan(rows, tuple(s for s in same if s <= rows), True)
     if not ok:
         raise RuntimeError(
