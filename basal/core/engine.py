@@ -25,7 +25,7 @@ from basal.core.contract import BasalResponse, DecisionRequest, SystemOneRespons
 from basal.core.errors import RequestError
 from basal.core.gate import Gate, Holder
 from basal.core.metrics import Metrics
-from basal.core.pipeline import Pipeline, Stats
+from basal.core.pipeline import Pipeline, Stats, rows_by_question
 from basal.core.scheduler import Job, JobQueue, Policy
 
 log = logging.getLogger(__name__)
@@ -135,14 +135,13 @@ class Lane:
         rows = iter(logits)
         for job in batch:
             job.compute_ms = seconds * 1000
-            by_name = {}
-            for q in job.request.questions:
-                if q.needs_model:
-                    by_name[q.name] = next(rows)
+            by_name = rows_by_question(job.request.questions, rows)
             latency = (time.perf_counter() - job.arrival) * 1000
             engine.computed_jobs += 1
             try:
                 job.finish(engine.pipeline.answer(job.request, by_name, job.prompt_tokens, latency))
+            except RequestError as e:  # an answer the request's own fields make impossible (act without defer)
+                job.finish(e)
             except Exception as e:
                 log.exception("answer failed")
                 job.finish(e)

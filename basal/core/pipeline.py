@@ -7,7 +7,7 @@ The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the pla
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +21,17 @@ from basal.core.contract import (
     SystemOneResponse,
     Usage,
 )
-from basal.core.decision import answer_basal, answer_systemone, certain, distribution
+from basal.core.decision import (
+    Distribution,
+    answer_act,
+    answer_basal,
+    answer_multi,
+    answer_systemone,
+    certain,
+    distribution,
+)
 from basal.core.model_dir import ModelDir
+from basal.core.multi_act_contract import evidence_refusal_basal
 from basal.core.prompt import LETTERS, template_prefix
 from basal.core.tree import FORWARD_MAX_TOKENS, TREE_MAX_TOKENS, TokenizedQuestion, packed_tokens, plan_forwards
 
@@ -77,12 +86,16 @@ class Pipeline:
                 self.prefixes[lang] = ids
 
     def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
-        """Token ids of every option order of the questions that need the model."""
-        prompts = [q.item.prompt(perm, self.model.bos) for q in questions for perm in q.item.orders]
+        """Token ids of every option order of every readout the questions ask (a multi: one per label).
+
+        The branches of a multi are separate entries about the same state, so the packer places them next to
+        each other in one trie row (the state is computed once) and may cut rows between them."""
+        items = [item for q in questions for item in q.asked]
+        prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
         ids = iter(self.tokenizer.encode_batch(prompts))
         return [
-            TokenizedQuestion(q.item.lang, q.item.state_text, tuple(tuple(next(ids)) for _ in q.item.orders))
-            for q in questions
+            TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
+            for item in items
         ]
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
@@ -128,7 +141,7 @@ class Pipeline:
         tokenized = self.tokenize(run)
         stats.tokenize_ms += (time.perf_counter() - started) * 1000
         logits = run_to_end(self.letter_logits(tokenized, stats))
-        by_name = {q.name: lg for q, lg in zip(run, logits, strict=True)}
+        by_name = rows_by_question(request.questions, iter(logits))
         return self.answer(
             request, by_name, sum(len(p) for t in tokenized for p in t.prompts), (time.perf_counter() - started) * 1000
         )
@@ -139,15 +152,35 @@ class Pipeline:
         """Letter logits per question -> the response in the request's dialect."""
         answers = {}
         for q in request.questions:
-            if q.needs_model:
-                k = len(q.item.options)
-                dist = distribution(
-                    [lg[:k] for lg in logits[q.name]], q.item.orders, self.model.calibration.temperature(q.item.type)
-                )
+            if q.deferred_error is not None:  # upstream: raised while building this answer
+                raise q.deferred_error
+            dists = self.distributions(q, logits.get(q.name, []))
+            if q.kind == "multi":
+                answers[q.name] = answer_multi(q, dists)
+            elif q.kind == "act":
+                answers[q.name] = answer_act(q, dists[0], self.model.calibration, request.dialect)
             else:
-                dist = certain()
-            answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dist)
+                answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dists[0])
         if request.dialect == "systemone":
             return SystemOneResponse(request.model, answers, Usage(input_tokens))
-        n = len(request.questions)
-        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, n, round(latency_ms, 2)))
+        if any(q.evidence for q in request.questions):  # upstream checks the evidence head after the answers
+            raise evidence_refusal_basal()
+        n, branches = len(request.questions), sum(q.branch_count for q in request.questions)
+        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, branches, round(latency_ms, 2)))
+
+    def distributions(self, question: Question, rows: Sequence[np.ndarray]) -> list[Distribution]:
+        """One distribution per readout of the question; `rows` = letter logits of its readouts' orders in turn."""
+        if not question.needs_model:
+            return [certain()]
+        out, at = [], 0
+        for item in question.asked:
+            n, k = len(item.orders), len(item.options)
+            temperature = self.model.calibration.temperature(item.type)
+            out.append(distribution([lg[:k] for lg in rows[at : at + n]], item.orders, temperature))
+            at += n
+        return out
+
+
+def rows_by_question(questions: Sequence[Question], rows: Iterator[list[np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Letter logits per tokenized readout (in `Pipeline.tokenize` order) -> per question, its readouts' orders."""
+    return {q.name: [order for _ in q.asked for order in next(rows)] for q in questions if q.needs_model}
