@@ -49,7 +49,10 @@ def truthy(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number that fits a float64 (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not isinstance(value, int) or abs(value) < 2**1023
 
 
 def rust_debug(value: str) -> str:
@@ -99,7 +102,7 @@ def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_tex
     keys, labels = _labels_basal(name, criteria)
     try:
         threshold = float(q.get("threshold", 0.5))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise _python_error(e) from e
     limits: dict[str, int | None] = {"max": None, "min": None}
     deferred = None
@@ -156,7 +159,7 @@ def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
             if not isinstance(row, dict) or set(row) != set(outcomes):
                 raise _upstream_error(f"question {name!r}: {_cost_message(action, outcomes, repr)}")
             rows.append((action, tuple((z, float(c)) for z, c in row.items())))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise _python_error(e) from e
     return tuple(rows), full_form_defer(list(costs), q.get("defer_action"))
 
