@@ -209,3 +209,11 @@ def test_e2e_answers_from_the_recorded_probabilities(v):
         assert answer == expected and list(answer) == list(expected)
         checked += 1
     assert checked >= 1
+
+
+def test_models_describe_the_types_each_model_answers(client):
+    (model,) = client.get("/v1/models").json()["models"]
+    assert model["types"] == ["choice", "noul", "score", "multi", "act"]
+    assert model["evidence"] is False and model["calibrated"] is True
+    assert model["certified_max_error"] == ["0.01", "0.05"]  # the demo's CALIBRATION.json thresholds
+    assert "act / multi" in model["description"]

@@ -222,6 +222,7 @@ def test_upstream_errors():
 
 # -- fuzz: any JSON, either dialect: a plan or a RequestError, never anything else -----------------------------
 
+EXTENSION_FIELDS = ["threshold", "max", "min", "costs", "base", "max_error", "defer_action", "evidence"]
 question_values = st.fixed_dictionaries(
     {},
     optional={
@@ -230,7 +231,7 @@ question_values = st.fixed_dictionaries(
         "criteria": json_values,
         "option_keys": json_values,
         "levels": json_values,
-        **dict.fromkeys(["threshold", "max", "min", "costs", "base", "max_error", "defer_action", "evidence"], json_values),
+        **dict.fromkeys(EXTENSION_FIELDS, json_values),
     },
 )
 

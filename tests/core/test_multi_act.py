@@ -234,3 +234,53 @@ def test_upstream_evidence_waits_for_an_act_that_may_need_a_defer_action():
         parse_basal({"state": "s", "questions": questions}, lambda _name: "m")
     assert e.value.body == {"error": "evidence is not available for this model (no evidence_head.pt)"}
     assert NEEDS_DEFER.startswith("max_error needs a defer action")
+
+
+_numbers = st.none() | st.booleans() | st.integers(-3, 12) | st.floats(-2, 12) | st.sampled_from(["0.5", "x", "2"])
+_costs = st.dictionaries(
+    st.sampled_from(["wrong", "defer", "human", "a", "true", "false"]),
+    _numbers | st.dictionaries(st.sampled_from(["true", "false", "a", "b"]), _numbers, max_size=3),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["multi", "act"]),
+    st.none() | st.lists(st.sampled_from(["a", "b", "true", "false"]), max_size=4) | st.just({"true": "T"}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "threshold": _numbers,
+            "max": _numbers,
+            "min": _numbers,
+            "costs": _costs,
+            "base": st.sampled_from(["noul", "choice", "score", "rank"]) | _numbers,
+            "max_error": _numbers,
+            "defer_action": st.sampled_from(["human", ""]) | _numbers,
+        },
+    ),
+    st.floats(0.0, 1.0),
+)
+def test_any_multi_or_act_plans_and_answers_or_is_a_clear_error(qtype, criteria, fields, p):
+    """Both dialects: a RequestError at planning or after the run, or an answer that encodes — never a crash."""
+    import numpy as np
+
+    from basal.core.decision import Distribution, answer_multi
+
+    question = {"type": qtype, **({} if criteria is None else {"criteria": criteria}), **fields}
+    calibration = Calibration(TEMPERATURES, {"0.01": {"confidence": 0.9}, "2": {"confidence": 0.5}})
+    for dialect in ("basal", "systemone"):
+        try:
+            q = _plan(dialect, question)
+            if q.deferred_error is not None:
+                raise q.deferred_error
+            dists = []
+            for item in q.asked:
+                k = len(item.options)
+                values = np.asarray([p, *([(1 - p) / (k - 1)] * (k - 1))] if k > 1 else [1.0])
+                dists.append(Distribution([], values, values))
+            answer = answer_multi(q, dists) if q.kind == "multi" else answer_act(q, dists[0], calibration, dialect)
+            msgspec.json.encode(answer)
+        except RequestError as e:
+            assert e.status in (400, 422) and json.dumps(e.body)
