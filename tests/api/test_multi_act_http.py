@@ -217,3 +217,17 @@ def test_models_describe_the_types_each_model_answers(client):
     assert model["evidence"] is False and model["calibrated"] is True
     assert model["certified_max_error"] == ["0.01", "0.05"]  # the demo's CALIBRATION.json thresholds
     assert "act / multi" in model["description"]
+
+
+def test_the_readme_extension_curl_examples(client):
+    """Every curl example of the README's extensions section, as written there."""
+    readme = (DATA.parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## basal-1.5 extensions: `multi` and `act`")[1].split("\n## ")[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```bash")[1:]]
+    examples = [block.split("-d '", 1)[1].rsplit("'", 1)[0] for block in blocks]
+    assert len(examples) == 2
+    for example in examples:
+        path = "/v1/systemone" if '"model": "jev-latest"' in example else "/v1/basal"
+        r = post(client, json.loads(example), path)
+        assert r.status_code == 200, r.text
+        assert {a["type"] for a in r.json()["answers"].values()} <= {"multi", "act"}
