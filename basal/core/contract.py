@@ -391,7 +391,8 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
     if evidence:
         unsupported.append(ext.evidence_unsupported(qid))
     if qtype == "multi":
-        return _from_planned(ext.plan_multi_systemone(qid, q, state_text, question_text), False)
+        planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, False)
     if qtype == "act":
         planned = ext.plan_act_systemone(qid, q, state_text, question_text, unsupported)
         return None if planned is None else _from_planned(planned, evidence)

@@ -273,8 +273,9 @@ class Engines:
 
 def _prompt_chars(request: DecisionRequest) -> int:
     return sum(
-        2 * (len(q.item.state_text) + len(q.item.question_text) + sum(map(len, q.item.options)))
+        2 * (len(item.state_text) + len(item.question_text) + sum(map(len, item.options)))
         for q in request.questions
+        for item in q.asked
     )
 
 

@@ -26,6 +26,7 @@ from basal.core.render import text_of
 NO_HEAD = "evidence is not available for this model (no evidence_head.pt)"
 NOT_FOR_MULTI = "evidence is not supported for multi"
 ACT_BASES = ("choice", "noul", "score")
+MAX_LABELS = 1000  # basal's own bound (upstream has none): each label is two prompts over the whole state
 MULTI_KEYS = frozenset({"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence"})
 ACT_KEYS = frozenset(
     {"type", "instructions", "criteria", "base", "option_keys", "costs", "defer_action", "max_error", "evidence"}
@@ -100,6 +101,8 @@ def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_tex
     if not criteria:
         raise _upstream_error(f"question {name!r}: multi needs criteria")
     keys, labels = _labels_basal(name, criteria)
+    if len(keys) > MAX_LABELS:
+        raise _upstream_error(f"question {name!r}: {len(keys)} labels (basal asks at most {MAX_LABELS} per multi)")
     try:
         threshold = float(q.get("threshold", 0.5))
     except (TypeError, ValueError, OverflowError) as e:
@@ -286,10 +289,21 @@ def rust_max_error_key(value: float) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def plan_multi_systemone(qid: str, q: dict[str, Any], state_text: str, question_text: str) -> Planned:
+def plan_multi_systemone(
+    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: list[dict[str, Any]]
+) -> Planned | None:
     criteria = q["criteria"]
     if isinstance(criteria, list):
         criteria = dict.fromkeys(criteria)
+    if len(criteria) > MAX_LABELS:
+        unsupported.append(
+            {
+                "type": "unsupported_label_count",
+                "loc": ["body", "questions", qid, "criteria"],
+                "msg": f"{len(criteria)} labels: basal asks at most {MAX_LABELS} labels per multi question",
+            }
+        )
+        return None
     keys = list(criteria)
     labels = [k if v is None else text_of(v) for k, v in criteria.items()]
     lang = lang_of(state_text + question_text)

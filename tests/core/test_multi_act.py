@@ -284,3 +284,14 @@ def test_any_multi_or_act_plans_and_answers_or_is_a_clear_error(qtype, criteria,
             msgspec.json.encode(answer)
         except RequestError as e:
             assert e.status in (400, 422) and json.dumps(e.body)
+
+
+def test_multi_label_count_is_bounded_before_any_work():
+    labels = [f"l{i}" for i in range(1001)]
+    with pytest.raises(RequestError) as e:
+        _plan("basal", {"type": "multi", "criteria": labels})
+    assert e.value.body == {"error": "question 'q': 1001 labels (basal asks at most 1000 per multi)"}
+    with pytest.raises(RequestError) as e:
+        _plan("systemone", {"type": "multi", "criteria": labels})
+    assert e.value.status == 422 and e.value.body["detail"][0]["type"] == "unsupported_label_count"
+    assert len(_plan("systemone", {"type": "multi", "criteria": labels[:1000]}).branches) == 1000
