@@ -9,7 +9,7 @@ import pytest
 
 from basal.cli import main
 from basal.core.reference import ReferenceChecker, manifest_temperatures
-from tests.conftest import GOLDEN, golden_records
+from tests.conftest import DATA, GOLDEN, golden_records
 
 
 def _write(tmp_path, records, name="export.jsonl"):
@@ -49,7 +49,9 @@ def test_upstream_errors_are_reproduced(tmp_path, case_id, error):
 
 
 def test_extension_records_are_skipped_not_failed(tmp_path):
-    cases = [{**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl")]
+    cases = [  # facts records are checked, not skipped (tests/core/test_facts_reference.py)
+        {**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl") if c["request"].get("facts") != "auto"
+    ]
     checker = ReferenceChecker()
     checker.check_file(_write(tmp_path, cases))
     assert checker.report.ok and sum(checker.report.skipped.values()) == len(cases)
@@ -103,7 +105,7 @@ def extension_records(demo_model) -> dict[str, dict]:
     from basal.backends.cuda.backend import TorchBackend
     from basal.core.compute import run_to_end
     from basal.core.contract import parse_basal
-    from basal.core.pipeline import Pipeline, rows_by_question
+    from basal.core.pipeline import Pipeline
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     records = {}
@@ -112,8 +114,10 @@ def extension_records(demo_model) -> dict[str, dict]:
             continue
         request = {**case["request"], "model": demo_model.name}
         plan = parse_basal(request, lambda _name: demo_model.name)
-        tokenized = pipeline.tokenize(plan.questions)
-        logits = rows_by_question(plan.questions, iter(run_to_end(pipeline.letter_logits(tokenized))))
+        rounds = pipeline.plan(plan)
+        tokenized = rounds.tokenized
+        pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
+        logits = rounds.plain_logits
         ids = iter(p for t in tokenized for p in t.prompts)
         items = []
         for q in plan.questions:
@@ -140,8 +144,7 @@ def extension_records(demo_model) -> dict[str, dict]:
                         "p_cal": dist.p_cal.tolist(),
                     }
                 )
-        tokens = sum(len(p) for t in tokenized for p in t.prompts)
-        answer = msgspec.to_builtins(pipeline.answer(plan, logits, tokens, 0.0))
+        answer = msgspec.to_builtins(pipeline.respond(rounds, 0.0))
         records[case["id"]] = {**case, "request": request, "items": items, "upstream_answer": answer}
     return records
 
@@ -168,3 +171,40 @@ def test_multi_and_act_records_are_checked(tmp_path, demo_model, extension_recor
     unknown = ReferenceChecker(temperatures=demo_model.calibration.temperatures)
     unknown.check_file(_write(tmp_path, [extension_records[case_id]]))
     assert unknown.report.ok, unknown.report.mismatches
+
+
+def _large_choice_records():
+    lines = (DATA / "extensions" / "large_choice.jsonl").read_text().splitlines()
+    vectors = [json.loads(line) for line in lines if line]
+    return [v for v in vectors if v["kind"] in ("large_choice_pipeline", "e2e_model")]
+
+
+def test_large_choice_records_are_checked(tmp_path):
+    records = _large_choice_records()
+    checker = ReferenceChecker(temperatures={"choice": 1.4983070768766815})
+    checker.check_file(_write(tmp_path, records))
+    report = checker.report
+    assert report.ok, report.mismatches
+    e2e = len(records) - 1
+    assert report.passed["large-choice plan"] == e2e and report.passed["large-choice prompts"] == e2e
+    for name in ("first fit", "finalists", "joint", "p_cal", "answer"):
+        assert report.passed[f"large-choice {name}"] == 1, name
+    assert sum(report.skipped.values()) == e2e  # e2e records carry no group distributions: said, not passed
+
+
+@pytest.mark.parametrize("tamper", ["target", "finalists", "prompts", "temperature"])
+def test_tampered_large_choice_records_are_caught(tmp_path, tamper):
+    records = _large_choice_records()
+    pipeline = next(r for r in records if r["kind"] == "large_choice_pipeline")
+    e2e = next(r for r in records if r["kind"] == "e2e_model")
+    if tamper == "target":
+        pipeline["first_round"]["p_avg"][0] = pipeline["first_round"]["p_avg"][0][::-1]
+    elif tamper == "finalists":
+        pipeline["expected"]["finalists"][0] = 2
+    elif tamper == "prompts":
+        e2e["expected"]["prompts"] += 1
+    else:
+        pipeline["temperature_choice"] = 1.0
+    checker = ReferenceChecker(temperatures={"choice": 1.4983070768766815})
+    checker.check_file(_write(tmp_path, [pipeline, e2e]))
+    assert not checker.report.ok
