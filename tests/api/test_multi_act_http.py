@@ -231,3 +231,18 @@ def test_the_readme_extension_curl_examples(client):
         r = post(client, json.loads(example), path)
         assert r.status_code == 200, r.text
         assert {a["type"] for a in r.json()["answers"].values()} <= {"multi", "act"}
+
+
+def test_multi_and_act_beside_a_large_choice(client, demo_model):
+    """A multi's branches and an act share round 1 with the groups of an 11+-option choice."""
+    questions = {
+        "big": {"type": "choice", "instructions": "Which?", "criteria": {f"o{i}": f"option {i}" for i in range(12)}},
+        "tags": {"type": "multi", "instructions": "Which apply?", "criteria": ["a", "b", "c"], "min": 1},
+        "route": {"type": "act", "costs": {"wrong": 3, "defer": 1}},
+    }
+    r = post(client, {"model": demo_model.name, "state": "Order 42 was late.", "questions": questions})
+    assert r.status_code == 200, r.text
+    answers = r.json()["answers"]
+    assert answers["big"]["choice"] in questions["big"]["criteria"]
+    assert list(answers["tags"]["probabilities"]) == ["a", "b", "c"] and len(answers["tags"]["selected"]) >= 1
+    assert answers["route"]["action"] in ("true", "false", "defer")
