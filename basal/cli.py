@@ -87,7 +87,7 @@ def _decide(a: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = _open_model(a.model)
     backend = load_backend(model, a.backend, a.dtype)
-    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache, large_choice=a.large_choice)
     load_ms = (time.perf_counter() - started) * 1000
     if from_stdin:
         if sys.stdin.isatty():
@@ -169,6 +169,7 @@ def _serve(a: argparse.Namespace) -> int:
                     "long_tokens": a.long_tokens,
                     "tree_max_tokens": a.tree_max_tokens,
                     "no_prefix_cache": a.no_prefix_cache,
+                    "large_choice": a.large_choice,
                 }
             ]
         config = parse_config(
@@ -259,6 +260,42 @@ def _bench(a: argparse.Namespace) -> int:
     return 0
 
 
+LARGE_CHOICE_HELP = "choices with 11..255 options: group rounds in one option order (luce2-1o, default) or both"
+
+
+def _export(a: argparse.Namespace) -> int:
+    from basal.export import export_records
+
+    model = _open_model(a.model)
+    try:
+        summary = export_records(
+            a.requests,
+            a.out,
+            model,
+            a.backend,
+            a.dtype,
+            batching=a.batching,
+            dialect=a.dialect,
+            prefix_cache=not a.no_prefix_cache,
+            overwrite=a.overwrite,
+            progress=not a.quiet,
+        )
+    except KeyboardInterrupt:
+        print(f"basal export: interrupted; run the same command again to continue {a.out}", file=sys.stderr)
+        return 130
+    resumed = f" ({summary.resumed_from} were there from an interrupted run)" if summary.resumed_from else ""
+    print(f"wrote {summary.records} records to {summary.out}{resumed}", file=sys.stderr)
+    return 0
+
+
+def _compare(a: argparse.Namespace) -> int:
+    from basal.core.compare import compare_files, dumps
+
+    result = compare_files(a.a, a.b, a.bitwise, a.max_logit_diff, a.allow_different_models)
+    print(dumps(result) if a.json else result.table())
+    return 0 if result.ok else 1
+
+
 def _preset_help() -> str:
     from basal.core.synth import PRESETS, preset_config, weights_bytes
 
@@ -308,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
+    d.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     d.set_defaults(run=_decide)
 
     f = sub.add_parser("facts", help='print a state as the model reads it with facts: "auto" (the facts block)')
@@ -335,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--long-slice-ms", type=float, default=100.0)
     v.add_argument("--tree-max-tokens", type=int, default=32768)
     v.add_argument("--no-prefix-cache", action="store_true")
+    v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     v.add_argument("--release-date", default="2026-10-05")
     v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
@@ -355,6 +394,33 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")
     o.add_argument("--no-check", action="store_true", help="only list backends, devices and versions")
     o.set_defaults(run=_doctor)
+
+    e = sub.add_parser("export", help="run a request file and write the reference export format (JSONL)")
+    e.add_argument("requests", help="JSONL: requests ({id, request, dialect?}) or bench items (state, question, ...)")
+    e.add_argument("-o", "--out", required=True, help="output JSONL (an interrupted export there is continued)")
+    e.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    e.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
+    e.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    e.add_argument(
+        "--batching",
+        default="single",
+        choices=["single", "batch", "tree"],
+        help="single: each question alone; batch: through the engine as a server; tree: questions packed together",
+    )
+    e.add_argument("--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one")
+    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(run=_export)
+
+    m = sub.add_parser("compare", help="compare two exports: tokens, logits, decisions, answers (exit 1: policy fails)")
+    m.add_argument("a", help="export JSONL (basal or upstream)")
+    m.add_argument("b", help="export JSONL (basal or upstream)")
+    m.add_argument("--bitwise", action="store_true", help="require bitwise-identical letter logits and answers")
+    m.add_argument("--max-logit-diff", type=float, default=None, help="require every |Δ letter logit| <= X")
+    m.add_argument("--json", action="store_true", help="print the report as JSON")
+    m.add_argument("--allow-different-models", action="store_true", help="compare exports of different models")
+    m.set_defaults(run=_compare)
 
     b = sub.add_parser("bench", help="benchmark suites with their baselines; JSON + markdown (+ PNG with --plot)")
     b.add_argument("suites", nargs="*", help="single latency scoring throughput concurrency mixed (default: all)")

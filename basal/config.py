@@ -27,6 +27,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     no_prefix_cache: bool = False
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
+    large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):

@@ -26,7 +26,7 @@ from basal.core.render import MAX_DEPTH, depth_of, text_of
 
 Dialect = Literal["systemone", "basal"]
 Kind = Literal["choice", "noul", "score"]
-MAX_CHOICES = 255  # TypeSafe's limit; 11..255 needs the grouped strategy (not in basal yet)
+MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (basal.core.large_choice), /v1/basal keeps 2..10
 MAX_LEVELS = 10
 EXTENSION_QUESTION_KEYS = frozenset(
     {"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"}
@@ -379,14 +379,6 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
             raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
         if len(criteria) > MAX_CHOICES:
             raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
-        if len(criteria) > MAX_OPTIONS:
-            unsupported.append(
-                _unsupported(
-                    ["questions", qid, "choice", "criteria"],
-                    f"{len(criteria)} options: choices with more than {MAX_OPTIONS} options are not supported yet",
-                )
-            )
-            return None
         keys, options = named_options(criteria, q.get("option_keys", "show"))
     else:
         if len(criteria) > MAX_LEVELS:
