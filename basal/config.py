@@ -92,6 +92,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     limits: Limits = msgspec.field(default_factory=Limits)  # README "Limits": what one request may cost
     cors_origins: list[str] = msgspec.field(default_factory=list)  # browser origins allowed (none: CORS off)
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
+    threads: int | None = None  # CPU forward threads (default: the physical cores)
     ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
 
     def __post_init__(self) -> None:
@@ -102,6 +103,8 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`max_inflight` must be positive")
         if self.shutdown_grace_s < 0:
             raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
+        if self.threads is not None and self.threads < 1:
+            raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
 
     @property
     def host(self) -> str:

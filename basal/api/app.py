@@ -20,6 +20,7 @@ from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhand
 from basal.api.handling import ApiSettings, check_auth, decide
 from basal.api.openapi import BEARER, decision_responses, documented, request_schema
 from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
+from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
 from basal.core.engine import Engines
 from basal.core.errors import RequestError
@@ -27,8 +28,15 @@ from basal.core.pipeline import model_resolver
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = "basal typed-decision model (choice / noul / score), Polish and English"
+DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+
+
+def compute_info(engines: Engines, name: str) -> dict[str, object]:
+    """Backend, device, dtype and (torch) the GEMM row-chunk plans: what decides the bits of this model's answers."""
+    backend = engines.engines[name].pipeline.backend
+    describe = getattr(backend, "describe", None)
+    return describe() if describe else {"backend": backend.name, "device": backend.device, "dtype": backend.dtype}
 
 
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
@@ -51,7 +59,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
         return await decide(
-            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model, limits)
+            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model, limits=limits)
         )
 
     @post(
@@ -64,7 +72,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         tags=["decisions"],
     )
     async def basal(request: Request) -> Response[BasalResponse]:
-        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve, limits))
+        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve, limits=limits))
 
     models_responses = {"200": {"description": "served models", "content": _json_content(ModelsResponse)}}
     if keys:
@@ -92,6 +100,8 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
                         "description": settings.descriptions.get(n, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
+                        **capabilities(engines.engines[n].pipeline.model),
+                        "compute": compute_info(engines, n),
                     }
                     for n in names
                 ]
