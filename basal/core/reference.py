@@ -282,7 +282,7 @@ def is_large_choice_record(rec: dict[str, Any]) -> bool:
         rec.get("kind") == "request_error"
         or "upstream_error" in rec
         or "to_items_error" in rec
-        or "error" in rec  # refused in a basal export
+        or "error" in rec  # a basal export of a refused request: checked as a refusal
         or not isinstance(rec.get("request"), dict)
     ):
         return False
