@@ -118,7 +118,10 @@ def translate(source: str) -> str:
     name, template, params, body = parse_signature(source)
     template_decl = re.match(r"(template <[^>]*>)\n", source)
     signature = ",\n".join(
-        f"  const {p.ctype}* {p.name}" if p.kind == "in" else f"  {p.ctype}* {p.name}" if p.kind == "out"
+        f"  const {p.ctype}* {p.name}"
+        if p.kind == "in"
+        else f"  {p.ctype}* {p.name}"
+        if p.kind == "out"
         else f"  {p.ctype} {p.name}"
         for p in params
     )
@@ -131,9 +134,7 @@ def translate(source: str) -> str:
 def _driver(params: list[Param], call_name: str, buffers: list[Param]) -> str:
     loads = "\n".join(f"  auto {p.name}_buf = load(argv[{i + 3}]);" for i, p in enumerate(buffers))
     args = ", ".join(f"({p.ctype}*){p.name}_buf.data()" if p.kind != "attr" else ATTRIBUTES[p.name] for p in params)
-    stores = "\n".join(
-        f"  save(argv[{buffers.index(p) + 3}], {p.name}_buf);" for p in buffers if p.kind == "out"
-    )
+    stores = "\n".join(f"  save(argv[{buffers.index(p) + 3}], {p.name}_buf);" for p in buffers if p.kind == "out")
     return f"""
 static std::vector<char> load(const char* path) {{
   FILE* f = std::fopen(path, "rb");

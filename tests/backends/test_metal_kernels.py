@@ -48,7 +48,10 @@ class Logical:
             return rng.standard_normal((n, h, dim)).astype(np.float32)
 
         return cls(
-            parent, length, [rows(n, heads) for n in length], [rows(n, kv_heads) for n in length],
+            parent,
+            length,
+            [rows(n, heads) for n in length],
+            [rows(n, kv_heads) for n in length],
             [rows(n, kv_heads) for n in length],
         )
 
@@ -66,7 +69,9 @@ def pack(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int =
     parents = np.asarray([index[world.parent[b]] if world.parent[b] >= 0 else -1 for b in blocks])
     block_of = np.repeat(np.arange(len(blocks)), lens)
     first = [cached_prefix if world.parent[b] < 0 else 0 for b in blocks]
-    positions = np.concatenate([world.start(b) + np.arange(f, world.length[b]) for b, f in zip(blocks, first)])
+    positions = np.concatenate(
+        [world.start(b) + np.arange(f, world.length[b]) for b, f in zip(blocks, first, strict=True)]
+    )
     roots = [b for b in blocks if world.parent[b] < 0]
     prefix_rows, offsets, row = [], {}, 1
     for j, b in enumerate(roots):
@@ -75,17 +80,22 @@ def pack(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int =
         prefix_rows.append(b)
     root_prefix = np.asarray([roots.index(b) if world.parent[b] < 0 and cached_prefix else -1 for b in blocks])
     n = len(block_of)
-    if readouts:
-        queries = np.asarray(starts + np.asarray(lens) - 1)  # the last token of every block
-    else:
-        queries = np.arange(n)
+    queries = np.asarray(starts + np.asarray(lens) - 1) if readouts else np.arange(n)  # readouts: last tokens
     plan = plan_attention(
-        block_of, positions, starts, np.asarray(lens), parents, root_prefix, offsets, row, queries,
+        block_of,
+        positions,
+        starts,
+        np.asarray(lens),
+        parents,
+        root_prefix,
+        offsets,
+        row,
+        queries,
         1 if readouts else QUERY_ROWS,
     )
     query_rows = np.full(n, -1)
     query_rows[queries] = np.arange(len(queries))
-    tokens = [(b, o) for b, f in zip(blocks, first) for o in range(f, world.length[b])]
+    tokens = [(b, o) for b, f in zip(blocks, first, strict=True) for o in range(f, world.length[b])]
     kv_shape = world.k[0].shape[1:]
     keys = [np.zeros((1, *kv_shape), np.float32)] + [world.k[b][:cached_prefix] for b in prefix_rows]
     values = [np.zeros((1, *kv_shape), np.float32)] + [world.v[b][:cached_prefix] for b in prefix_rows]
@@ -153,7 +163,10 @@ def test_simdgroup_kernel_computes_what_one_thread_per_query_did(build_dir):
     call, _, _, _ = attention_call(world, [0, 2, 1, 4, 5, 6], readouts=False)
     n_q, heads, _ = call.launch.output_shape
     threads = metal.Launch(
-        call.launch.arrays, (-(-(n_q * heads) // 64) * 64, 1, 1), (64, 1, 1), call.launch.output_shape,
+        call.launch.arrays,
+        (-(-(n_q * heads) // 64) * 64, 1, 1),
+        (64, 1, 1),
+        call.launch.output_shape,
         (("KEY_TILE", 64), ("MAX_D", 256)),
     )
     reference = metal.KernelCall(call.name, call.input_names, call.inputs, threads)

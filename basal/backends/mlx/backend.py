@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from basal.backends.mlx.model import MLXLlama
+from basal.backends.mlx.precision import require_full_f32
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
 
@@ -17,7 +18,10 @@ class MLXBackend:
 
     def __init__(self, model: ModelDir, dtype: str, device: str):
         self.model, self.dtype, self.device = model, dtype, device
-        mx.set_default_device(mx.gpu if device == "metal" else mx.cpu)
+        mx_device = mx.gpu if device == "metal" else mx.cpu
+        mx.set_default_device(mx_device)
+        if dtype == "f32":  # the reference mode: no reduced-precision f32 matmuls (M5 class GPUs)
+            require_full_f32(mx_device)
         self.net = MLXLlama(model, dtype, use_metal=device == "metal")
 
     @staticmethod

@@ -1,7 +1,13 @@
 """Llama over a packed prefix tree in MLX — the torch backend's model, op for op (see its docstring).
 
-`mx.eval` runs at every layer boundary, so a paused long-lane pass holds finished tensors, not a lazy graph.
-On Metal, tree attention and the letter readout run as custom kernels (`metal.py`); elsewhere, portable ops.
+Two sets of building blocks, chosen once at load: on Metal, custom kernels for tree attention and the letter
+readout (`metal.py`) and Metal-native norms and elementwise ops (`native.py`); on the CPU, the portable
+batch-invariant ops (`ops.py`). Matmuls run in fixed 64-row chunks on both.
+
+Every layer ends at a yield, where the engine may pause a long-lane pass. On the CPU each layer is evaluated
+before it yields. On Metal a layer is submitted with `mx.async_eval` and the pass blocks on the layer before it:
+the GPU always has the next layer queued, a paused pass leaves at most one layer in flight, and the host's clock
+(which the long lane's slice is measured with) stays within one layer of the GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from basal.backends.mlx import metal
+from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
 from basal.core.attention_plan import AttentionPlan, plan_batch
 from basal.core.model_dir import ModelDir
@@ -45,13 +51,22 @@ class TreeInputs:
     all_rows: np.ndarray
     readout_rows: np.ndarray
     prefix_keys: tuple[str, ...]
+    attention: dict[bool, metal.AttentionArgs] | None = None  # Metal: launch per plan (last layer or not)
 
 
 class MLXLlama:
-    def __init__(self, model: ModelDir, dtype: str, use_metal: bool):
+    def __init__(self, model: ModelDir, dtype: str, use_metal: bool, native_ops: bool | None = None):
         self.cfg = cfg = model.config
+        if dtype not in MX_DTYPE:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(MX_DTYPE)}")
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise ValueError(
+                f"{cfg.num_attention_heads} attention heads are not a multiple of "
+                f"{cfg.num_key_value_heads} key/value heads"
+            )
         self.dtype = MX_DTYPE[dtype]
         self.use_metal = use_metal
+        self.native = use_metal if native_ops is None else native_ops  # tests run the native ops on the CPU too
         weights: dict[str, mx.array] = {}
         for f in model.weight_files:
             weights.update(mx.load(str(f)))
@@ -111,6 +126,16 @@ class MLXLlama:
         readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
         pos = mx.array(batch.positions.astype(np.int32))
+        attention = None
+        if self.use_metal:
+            cfg = self.cfg
+            shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            attention = {
+                False: metal.AttentionArgs(
+                    metal.attention_launch(plan, np.arange(batch.n_tokens), batch.n_tokens, *shape)
+                ),
+                True: metal.AttentionArgs(metal.attention_launch(readout_plan, readout_rows, len(readouts), *shape)),
+            }
         return TreeInputs(
             self.cos[pos],
             self.sin[pos],
@@ -120,17 +145,27 @@ class MLXLlama:
             np.arange(batch.n_tokens),
             readout_rows,
             batch.prefix_keys,
+            attention,
         )
 
-    def _attention(self, q, key_buf, value_buf, plan, rows):
-        if self.use_metal:
-            return metal.tree_attention(q, key_buf, value_buf, plan, rows)
+    def _attention(self, q, key_buf, value_buf, t: TreeInputs, last: bool):
+        if t.attention is not None:
+            return metal.tree_attention(q, key_buf, value_buf, t.attention[last])
+        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
         return O.tree_attention(q, key_buf, value_buf, plan, rows)
+
+    def _norm(self, x: mx.array, w: mx.array, rows: int) -> mx.array:
+        if self.native:
+            return native.rms_norm(x, w, self.cfg.rms_norm_eps)
+        return O.rms_norm(x, w, self.cfg.rms_norm_eps, rows)
+
+    def _swiglu(self, gate_up: mx.array) -> mx.array:
+        return native.swiglu(gate_up) if self.native else O.swiglu(gate_up)
 
     def layer(self, i: int, h: mx.array, t: TreeInputs, last: bool) -> tuple[mx.array, tuple[mx.array, mx.array]]:
         cfg, lw = self.cfg, self.layers[i]
         hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        x = O.rms_norm(h, lw.input_norm, cfg.rms_norm_eps, O.ROWS)
+        x = self._norm(h, lw.input_norm, O.ROWS)
         if not last:
             qkv = O.linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
             q, k, v = mx.split(qkv, [nq * hd, (nq + nkv) * hd], axis=-1)
@@ -146,14 +181,15 @@ class MLXLlama:
         zero = mx.zeros((1, nkv, hd))
         key_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][0] for p in t.prefix_keys], k])
         value_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][1] for p in t.prefix_keys], v])
-        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        attn = self._attention(q, key_buf, value_buf, plan, rows).astype(h.dtype).reshape(q.shape[0], nq * hd)
+        attn = self._attention(q, key_buf, value_buf, t, last).astype(h.dtype).reshape(q.shape[0], nq * hd)
         chunk = O.READOUT_ROWS if last else O.ROWS
         if last:
             h = h[mx.array(t.readouts)]
         h = h + O.linear(attn, lw.o_t, lw.o_bias, chunk)
-        x = O.rms_norm(h, lw.post_norm, cfg.rms_norm_eps, chunk)
-        h = h + O.linear(O.swiglu(O.linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk)
+        x = self._norm(h, lw.post_norm, chunk)
+        h = h + O.linear(
+            self._swiglu(O.linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk
+        )
         return h, (k, v)
 
     def forward(
@@ -161,11 +197,18 @@ class MLXLlama:
     ) -> Generator[None, None, np.ndarray]:
         h = self.embed[mx.array(tokens.astype(np.int32))]
         n_layers = self.cfg.num_hidden_layers
+        previous = None
         for i in range(n_layers):
             h, _ = self.layer(i, h, t, last=i == n_layers - 1)
-            mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
+            if self.use_metal:
+                mx.async_eval(h)
+                if previous is not None:
+                    mx.eval(previous)  # one layer in flight where the long lane may pause (module docstring)
+                previous = h
+            else:
+                mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
             yield
-        x = O.rms_norm(h, self.norm, self.cfg.rms_norm_eps, O.READOUT_ROWS).astype(mx.float32)
+        x = self._norm(h, self.norm, O.READOUT_ROWS).astype(mx.float32)
         head = self.letter_rows(letter_ids)
         logits = metal.letter_readout(x, head) if self.use_metal else O.linear(x, head.T, None, O.READOUT_ROWS)
         return np.array(logits.astype(mx.float32))

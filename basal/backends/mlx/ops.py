@@ -18,6 +18,10 @@ from basal.core.attention_plan import KEY_TILE, AttentionPlan
 
 ROWS = 64
 READOUT_ROWS = 16
+# MLX's Metal matmul switches to a gemv kernel for fewer rows (mlx/backend/metal/matmul.cpp), whose arithmetic
+# depends on where a row sits; 16 is the first chunk size that never takes it, so no chunk may be smaller.
+MIN_CHUNK_ROWS = 16
+assert MIN_CHUNK_ROWS <= READOUT_ROWS <= ROWS, "matmul chunks under 16 rows take MLX's offset-dependent gemv"
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693359375
@@ -27,6 +31,9 @@ _EXP_MIN, _EXP_MAX = -87.33654, 88.72284
 
 
 def by_row_chunks(fn: Callable[[mx.array], mx.array], x: mx.array, rows: int) -> mx.array:
+    """fn over fixed-shape chunks of `rows` rows (the last one zero-padded), so every call sees the same shape."""
+    if rows < MIN_CHUNK_ROWS:
+        raise ValueError(f"row chunks of {rows} < {MIN_CHUNK_ROWS}: MLX's Metal matmul would take its gemv kernel")
     n = x.shape[0]
     padded = -n % rows
     if padded:
