@@ -12,6 +12,7 @@ the GPU always has the next layer queued, a paused pass leaves at most one layer
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -55,7 +56,16 @@ class TreeInputs:
 
 
 class MLXLlama:
-    def __init__(self, model: ModelDir, dtype: str, use_metal: bool, native_ops: bool | None = None):
+    def __init__(
+        self,
+        model: ModelDir,
+        dtype: str,
+        use_metal: bool,
+        native_ops: bool | None = None,
+        fixed_shapes: bool = True,
+    ):
+        """`fixed_shapes=False` is the negative control: whole-array matmuls and library elementwise ops, which
+        change their arithmetic with the row count (MLX's Metal GEMM dispatch; mlx-cpu's vectorised exp)."""
         self.cfg = cfg = model.config
         if dtype not in MX_DTYPE:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(MX_DTYPE)}")
@@ -67,6 +77,8 @@ class MLXLlama:
         self.dtype = MX_DTYPE[dtype]
         self.use_metal = use_metal
         self.native = use_metal if native_ops is None else native_ops  # tests run the native ops on the CPU too
+        self.native = self.native or not fixed_shapes
+        self.fixed = fixed_shapes
         weights: dict[str, mx.array] = {}
         for f in model.weight_files:
             weights.update(mx.load(str(f)))
@@ -159,6 +171,20 @@ class MLXLlama:
             return native.rms_norm(x, w, self.cfg.rms_norm_eps)
         return O.rms_norm(x, w, self.cfg.rms_norm_eps, rows)
 
+    def _linear(self, x: mx.array, w_t: mx.array, b: mx.array | None, rows: int) -> mx.array:
+        if self.fixed:
+            return O.linear(x, w_t, b, rows)
+        # the negative control only: a GEMM whose arithmetic changes with the row count. MLX's Metal GEMM does that
+        # by itself; mlx-cpu's (reference BLAS) does not, so there it splits K into 1-3 parts by the row count, as
+        # a shape-driven dispatcher picks split-K (steel_gemm_splitk, backends-determinism.md §5.1)
+        splits = 1 if self.use_metal else 1 + (x.shape[0] // O.ROWS) % 3
+        edges = [w_t.shape[0] * i // splits for i in range(splits + 1)]
+        parts = [x[:, lo:hi] @ w_t[lo:hi] for lo, hi in itertools.pairwise(edges)]
+        y = parts[0]
+        for part in parts[1:]:
+            y = y + part
+        return y if b is None else y + b
+
     def _swiglu(self, gate_up: mx.array) -> mx.array:
         return native.swiglu(gate_up) if self.native else O.swiglu(gate_up)
 
@@ -167,13 +193,13 @@ class MLXLlama:
         hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         x = self._norm(h, lw.input_norm, O.ROWS)
         if not last:
-            qkv = O.linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
+            qkv = self._linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
             q, k, v = mx.split(qkv, [nq * hd, (nq + nkv) * hd], axis=-1)
         else:  # keys and values everywhere, queries only at the readouts
             kv_b = None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
-            k, v = mx.split(O.linear(x, lw.qkv_t[:, nq * hd :], kv_b, O.ROWS), 2, axis=-1)
+            k, v = mx.split(self._linear(x, lw.qkv_t[:, nq * hd :], kv_b, O.ROWS), 2, axis=-1)
             q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
-            q = O.linear(x[mx.array(t.readouts)], lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
+            q = self._linear(x[mx.array(t.readouts)], lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
         k = O.apply_rope(k.astype(mx.float32).reshape(-1, nkv, hd), t.cos, t.sin)
         v = v.astype(mx.float32).reshape(-1, nkv, hd)
         cos, sin = (t.cos, t.sin) if not last else (t.cos[mx.array(t.readouts)], t.sin[mx.array(t.readouts)])
@@ -185,10 +211,10 @@ class MLXLlama:
         chunk = O.READOUT_ROWS if last else O.ROWS
         if last:
             h = h[mx.array(t.readouts)]
-        h = h + O.linear(attn, lw.o_t, lw.o_bias, chunk)
+        h = h + self._linear(attn, lw.o_t, lw.o_bias, chunk)
         x = self._norm(h, lw.post_norm, chunk)
-        h = h + O.linear(
-            self._swiglu(O.linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk
+        h = h + self._linear(
+            self._swiglu(self._linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk
         )
         return h, (k, v)
 
@@ -210,7 +236,7 @@ class MLXLlama:
             yield
         x = self._norm(h, self.norm, O.READOUT_ROWS).astype(mx.float32)
         head = self.letter_rows(letter_ids)
-        logits = metal.letter_readout(x, head) if self.use_metal else O.linear(x, head.T, None, O.READOUT_ROWS)
+        logits = metal.letter_readout(x, head) if self.use_metal else self._linear(x, head.T, None, O.READOUT_ROWS)
         return np.array(logits.astype(mx.float32))
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
