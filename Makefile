@@ -4,20 +4,30 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-all determinism bench lint serve clean
+.PHONY: venv test test-fast test-all determinism bench lint serve clean
 
 venv: $(STAMP)
 
-# torch is installed first and by exact version, so that no dependency can pull a (multi-GB) CUDA build.
+# torch is installed first and by exact version, so that no dependency can pull a different build. On a Linux
+# machine without a GPU, `make venv TORCH_INDEX_URL=<PyTorch's CPU wheel index>` takes the CPU-only build instead
+# of the default (multi-GB) CUDA one; see the README's set-up section.
+TORCH_INDEX_URL ?=
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not slow"
+
+# the development loop: everything but the determinism suite (run `make determinism` before you push)
+test-fast: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow" --ignore=tests/determinism
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q
@@ -26,7 +36,7 @@ test-all: $(STAMP)
 determinism: $(STAMP)
 	$(PY) -m pytest -q tests/determinism
 
-# every benchmark suite, CPU-sized (mini shapes cut to 1 layer), tables and plots in bench/results
+# every benchmark suite, CPU-sized (mini shapes cut to 2 layers), tables and plots in bench/results
 bench: $(STAMP)
 	$(VENV)/bin/basal bench --plot
 

@@ -11,23 +11,29 @@ from basal import __version__
 
 
 def _synth_model(a: argparse.Namespace) -> int:
+    import signal
+
     from tqdm import tqdm
 
-    from basal.core.synth import PRESETS, preset_config, synth_model
+    from basal.core.synth import PRESETS, preset_config, synth_model, weights_bytes
 
     cfg = preset_config(a.preset, a.layers)
     print(
         f"writing {a.preset} ({PRESETS[a.preset].description}; {cfg.num_hidden_layers} layers, "
-        f"{cfg.n_params / 1e9:.2f}B parameters, bf16) to {a.out}",
+        f"{cfg.n_params / 1e9:.2f}B parameters, {weights_bytes(cfg) / 2**30:.2f} GiB bf16) to {a.out}",
         file=sys.stderr,
     )
+    # SIGTERM becomes SystemExit, so synth_model removes its temporary folder exactly as on Ctrl-C
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=a.quiet) as bar:
 
         def on_total(n: int) -> None:
             bar.total = n
             bar.refresh()
 
-        synth_model(a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total)
+        synth_model(
+            a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total, evidence_head=a.evidence_head
+        )
     print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
     return 0
 
@@ -67,6 +73,8 @@ def _open_model(path: str | None):
 
 
 def _decide(a: argparse.Namespace) -> int:
+    import time
+
     import msgspec
 
     from basal.backends.base import load_backend
@@ -74,10 +82,17 @@ def _decide(a: argparse.Namespace) -> int:
     from basal.core.errors import RequestError
     from basal.core.pipeline import Pipeline, Stats, model_resolver
 
+    from_stdin = a.request in (None, "-")
+    body = b"" if from_stdin else Path(a.request).read_bytes()  # a missing file fails before the model loads
+    started = time.perf_counter()
     model = _open_model(a.model)
-    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
     backend = load_backend(model, a.backend, a.dtype)
     pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    load_ms = (time.perf_counter() - started) * 1000
+    if from_stdin:
+        if sys.stdin.isatty():
+            print("basal decide: reading the request JSON from standard input (end it with Ctrl-D)", file=sys.stderr)
+        body = sys.stdin.buffer.read()
     resolve = model_resolver([model.name], model.name)
     stats = Stats()
     try:
@@ -95,7 +110,8 @@ def _decide(a: argparse.Namespace) -> int:
             f"backend {backend.name} {backend.device} {backend.dtype}\n"
             f"tokens: {stats.prompt_tokens} in the option-order prompts, {stats.packed_tokens} computed "
             f"({saved:.0%} saved by the prefix tree and the template-prefix cache), {stats.forwards} forward(s)\n"
-            f"time: tokenize {stats.tokenize_ms:.1f} ms, pack {stats.pack_ms:.1f} ms, "
+            f"time: load {load_ms:.0f} ms (model, backend, template prefix), tokenize {stats.tokenize_ms:.1f} ms, "
+            f"pack {stats.pack_ms:.1f} ms, "
             f"forward {stats.forward_ms:.1f} ms",
             file=sys.stderr,
         )
@@ -154,6 +170,7 @@ def _bench(a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
     from basal.core.model_dir import ModelDir
@@ -180,14 +197,28 @@ def _bench(a: argparse.Namespace) -> int:
         }
         out = Path(a.out)
         for name in tqdm(names, desc="suites", disable=a.quiet):
+            before = machine_load.measure()
+            if warning := before.warning():
+                tqdm.write(f"warning before {name}: {warning}")
             result = SUITES[name](bench)
-            files = write(result, out, context, a.plot)
+            after = machine_load.measure()
+            load = {"before": before.to_json(), "after": after.to_json()}
+            files = write(result, out, context, a.plot, load)
             tqdm.write(result.markdown())
             tqdm.write("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 
+def _preset_help() -> str:
+    from basal.core.synth import PRESETS, preset_config, weights_bytes
+
+    sizes = ", ".join(f"{name} {weights_bytes(preset_config(name)) / 2**30:.2g} GiB" for name in PRESETS)
+    return f"model shapes (default demo); full-size weights: {sizes}"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from basal.core.synth import PRESETS
+
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -195,9 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth-model", help="write a synthetic Basal model directory (real shapes, random weights)")
     s.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
-    s.add_argument("--preset", default="demo", choices=["demo", "mini", "4.5B", "max"])
-    s.add_argument("--layers", type=int, default=None, help="cut the preset to N layers (fast tests, benchmarks)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--preset", default="demo", choices=list(PRESETS), help=_preset_help())
+    s.add_argument(
+        "--layers", type=int, default=None, help="cut the preset to N layers, at most its own (fast tests, benchmarks)"
+    )
+    s.add_argument("--seed", type=int, default=0, help="random seed of the weights and tokenizer (default 0)")
+    s.add_argument(
+        "--evidence-head", action="store_true", help="also write a seeded synthetic evidence_head.pt (k = 256)"
+    )
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=_synth_model)
 
@@ -252,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark suites with their baselines; JSON + markdown (+ PNG with --plot)")
     b.add_argument("suites", nargs="*", help="single latency scoring throughput concurrency mixed (default: all)")
     b.add_argument("--model", default=None, help="model directory (default: synthesize --preset cut to --layers)")
-    b.add_argument("--preset", default="mini")
+    b.add_argument("--preset", default="mini", choices=list(PRESETS), help="preset to synthesize (default mini)")
     b.add_argument(
         "--layers",
         type=int,
@@ -280,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return a.run(a)
-    except (ModelDirError, ConfigError, FileExistsError, ValueError) as e:
+    except (ModelDirError, ConfigError, ValueError) as e:
         print(f"basal {a.command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a missing or unreadable file, a full disk: the message says which
+        print(f"basal {a.command}: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"basal {a.command}: interrupted", file=sys.stderr)
+        return 130

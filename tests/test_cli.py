@@ -63,3 +63,22 @@ def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
     assert "torch  cpu" in out and "mlx    cpu" in out and "Metal:" in out and "CUDA:" in out
     assert "torch-cpu-f32    verified" in out and "mlx-cpu-f32      verified" in out
     assert "NOT INVARIANT" not in out
+
+
+def test_a_missing_request_file_is_a_message_not_a_traceback(tmp_path, capsys):
+    assert main(["decide", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert "No such file or directory" in err and "missing.json" in err and "Traceback" not in err
+
+
+def test_decide_timing_includes_the_load_time(tmp_path, capsys, demo_dir):
+    request = tmp_path / "r.json"
+    request.write_text(
+        json.dumps({"model": "x", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})
+    )
+    assert main(["decide", "--model", str(demo_dir), "--timing", str(request)]) == 1  # unknown model "x"
+    request.write_text(
+        json.dumps({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})
+    )
+    assert main(["decide", "--model", str(demo_dir), "--timing", str(request)]) == 0
+    assert "time: load " in capsys.readouterr().err

@@ -8,12 +8,15 @@ engine drives it; a backend never sleeps or reorders), and returns ``float32[rea
 from __future__ import annotations
 
 import importlib.util
+import logging
 import platform
 
 from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
 
 __all__ = ["BACKENDS", "DTYPES", "Backend", "load_backend", "pick_backend"]
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "mlx")
 DTYPES = ("f32", "f16", "bf16")
@@ -54,9 +57,15 @@ def load_backend_class(name: str):
 def load_backend(
     model: ModelDir, backend: str = "auto", dtype: str | None = None, device: str | None = None
 ) -> Backend:
-    cls = load_backend_class(pick_backend(backend))
+    name = pick_backend(backend)
+    cls = load_backend_class(name)
     if cls is None:
         raise ValueError(f"the {backend} backend is not available in this build of basal")
+    if name == "mlx" and not _apple_silicon():
+        log.warning(
+            "MLX runs on the CPU here (mlx[cpu], a slow reference BLAS): about 10x slower than the torch backend "
+            "on the same machine; use --backend torch unless you are checking MLX itself"
+        )
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     return cls.load(model, dtype=dtype, device=device)

@@ -53,12 +53,16 @@ class SuiteResult:
         return "\n".join(lines) + "\n"
 
 
-def write(result: SuiteResult, out: Path, context: dict[str, object], plot: bool) -> list[Path]:
+def write(
+    result: SuiteResult, out: Path, context: dict[str, object], plot: bool, load: dict[str, object] | None = None
+) -> list[Path]:
+    """`load`: the machine's load before and after the suite (`basal.benchsuite.machine_load`), recorded as is."""
     out.mkdir(parents=True, exist_ok=True)
     payload = {
         "suite": result.name,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine_load": load or {},
         "versions": versions(),
         **context,
         "columns": result.columns,

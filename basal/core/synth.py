@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from basal.core.evidence import HEAD_FILE, HEAD_RANK, EvidenceHead
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.safetensors_io import TensorSpec, to_bf16_bits, write_safetensors
@@ -161,10 +162,31 @@ def preset_config(preset: str, layers: int | None = None) -> LlamaConfig:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = PRESETS[preset].config
     if layers is not None:
-        if layers < 1:
-            raise ValueError("--layers must be at least 1")
+        if not 1 <= layers <= cfg.num_hidden_layers:
+            raise ValueError(
+                f"--layers {layers}: the {preset} preset has {cfg.num_hidden_layers} layers; "
+                f"choose 1 to {cfg.num_hidden_layers}"
+            )
         cfg = replace(cfg, num_hidden_layers=layers)
     return cfg
+
+
+def weights_bytes(cfg: LlamaConfig) -> int:
+    """Size of the synthetic ``model.safetensors`` tensors (bf16), to show and to check free disk first."""
+    return sum(s.nbytes for s in _tensor_specs(cfg))
+
+
+DISK_MARGIN = 64 << 20  # free space kept beyond the weights (tokenizer, JSON files, the file system's own needs)
+
+
+def check_free_disk(cfg: LlamaConfig, where: Path) -> None:
+    need = weights_bytes(cfg) + DISK_MARGIN
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ValueError(
+            f"the weights need {need / 2**30:.2f} GiB but {where} has {free / 2**30:.2f} GiB free; "
+            "free some space or choose fewer --layers"
+        )
 
 
 def config_json(cfg: LlamaConfig, tok: Tokenizer) -> dict[str, object]:
@@ -199,9 +221,11 @@ def synth_model(
     seed: int = 0,
     on_bytes: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
+    evidence_head: bool = False,
 ) -> Path:
     """Write a complete synthetic Basal model directory to `out` (written in a temporary folder, then renamed,
-    so a crash never leaves a half-written model behind). Same arguments -> same bytes."""
+    so a crash or an interrupt never leaves a half-written model behind). Same arguments -> same bytes.
+    `evidence_head`: also write a seeded synthetic `evidence_head.pt` (the real layout, k = 256)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
@@ -210,6 +234,7 @@ def synth_model(
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {cfg.vocab_size}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    check_free_disk(cfg, out.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_json(tmp / "config.json", config_json(cfg, tok))
@@ -248,6 +273,8 @@ def synth_model(
                 "thresholds": {"0.01": {"confidence": 0.93}, "0.05": {"confidence": 0.74}},
             },
         )
+        if evidence_head:
+            EvidenceHead.random(cfg.hidden_size, HEAD_RANK, seed).save(tmp / HEAD_FILE)
         specs = _tensor_specs(cfg)
         if on_total:
             on_total(sum(s.nbytes for s in specs))

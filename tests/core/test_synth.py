@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
+from basal.core import synth
 from basal.core.model_dir import ModelDir
-from basal.core.synth import PRESETS, demo_model, synth_model
+from basal.core.synth import PRESETS, demo_model, preset_config, synth_model
 
 
 def _digest(path) -> dict[str, str]:
@@ -63,3 +72,37 @@ def test_demo_model_is_created_once_in_the_cache(tmp_path, monkeypatch):
     assert first.path.is_relative_to(tmp_path) and first.synthetic
     mtime = (first.path / "model.safetensors").stat().st_mtime_ns
     assert (demo_model().path / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_layers_beyond_the_preset_are_refused_before_writing(tmp_path):
+    with pytest.raises(ValueError, match="the max preset has 50 layers"):
+        preset_config("max", 200)
+    with pytest.raises(ValueError, match="choose 1 to"):
+        preset_config("demo", 0)
+
+
+def test_free_disk_is_checked_first(tmp_path, monkeypatch):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(ValueError, match="GiB free"):
+        synth.synth_model(tmp_path / "m", "demo")
+    assert list(tmp_path.iterdir()) == []  # nothing was started
+
+
+def test_sigterm_removes_the_half_written_directory(tmp_path):
+    """The CLI turns SIGTERM into SystemExit; the temporary folder goes as it does on Ctrl-C."""
+    out = tmp_path / "mini2"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "basal", "synth-model", "--out", str(out), "--preset", "mini", "--layers", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".mini2.") and (p / "model.safetensors").exists() for p in tmp_path.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer finished or never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []

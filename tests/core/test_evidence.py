@@ -1,0 +1,127 @@
+"""Evidence spans: the head file read safely, the state's tokens located, spans chosen as the reference does."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from basal.core.evidence import EvidenceHead, best_spans, layer_norm, log_softmax, state_tokens
+from basal.core.torch_file import TorchFileError, load_tensors, save_tensors
+from tests.conftest import DATA
+
+VECTORS = [json.loads(line) for line in (DATA / "extensions" / "evidence.jsonl").read_text().splitlines() if line]
+
+
+def vectors(kind: str) -> list[dict]:
+    return [v for v in VECTORS if v["kind"] == kind]
+
+
+@pytest.mark.parametrize("v", vectors("evidence_spans"), ids=lambda v: v["id"])
+def test_span_selection_vectors(v):
+    x = v["inputs"]
+    got = best_spans(x["state"], [tuple(r) for r in x["rel"]], np.float32(x["ls"]), np.float32(x["le"]), x["limit"])
+    assert got == v["expected"]
+    for span in got:
+        assert x["state"][span["start"] : span["end"]] == span["text"]
+
+
+@pytest.mark.parametrize("v", vectors("evidence_input"), ids=lambda v: v["id"])
+def test_state_token_vectors(v):
+    x, want = v["inputs"], v["expected"]
+    prompt = "x" * (x["s0"] - 1) + "\n" + x["state"] + "\n\nPytanie: ..."  # the state starts at s0
+    found = state_tokens(prompt, x["state"], [tuple(o) for o in x["offset_mapping"]])
+    assert (found.t0, found.t1) == (want["t0"], want["t1"])
+    assert [list(r) for r in found.rel] == want["rel"]
+
+
+def test_no_state_token_means_no_evidence():
+    assert state_tokens("abc\n\ndef", "", [(0, 3), (3, 5)]) is None
+    assert best_spans("", [], np.zeros(0, np.float32), np.zeros(0, np.float32)) == []
+
+
+def test_spans_never_end_before_they_start_or_exceed_the_maximum():
+    """The upstream property: with n*n >= 20 valid pairs every kept span has 0 < end - start <= 80 tokens."""
+    rng = np.random.default_rng(0)
+    state = "x" * 300
+    rel = [(i, i + 1) for i in range(300)]
+    for _ in range(5):
+        ls = log_softmax(rng.standard_normal(300).astype(np.float32))
+        le = log_softmax(rng.standard_normal(300).astype(np.float32))
+        for span in best_spans(state, rel, ls, le):
+            assert 0 < span["end"] - span["start"] <= 80
+
+
+def test_head_scores_are_log_probabilities_and_follow_the_formula():
+    head = EvidenceHead.random(d=16, k=8, seed=1)
+    rng = np.random.default_rng(2)
+    h, q = rng.standard_normal((7, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    ls, _ = head.log_scores(h, q)
+    assert ls.dtype == np.float32 and np.isclose(np.exp(ls.astype(np.float64)).sum(), 1.0, atol=1e-5)
+    lh, lq = layer_norm(h), layer_norm(q[None])[0]
+    s = (lh @ head.ws.T) @ (head.us @ lq) / np.sqrt(8) + lh @ head.bs[0]
+    np.testing.assert_allclose(ls, s - np.log(np.exp(s - s.max()).sum()) - s.max(), rtol=1e-5, atol=1e-5)
+
+
+def test_head_file_round_trip_with_torch(tmp_path):
+    head = EvidenceHead.random(d=16, k=8, seed=3)
+    head.save(tmp_path / "evidence_head.pt")
+    loaded = torch.load(tmp_path / "evidence_head.pt", weights_only=True)  # torch reads what basal writes
+    assert (
+        loaded["d"] == 16
+        and loaded["k"] == 8
+        and torch.equal(loaded["state_dict"]["ue.weight"], torch.from_numpy(head.ue))
+    )
+    torch.save(loaded, tmp_path / "by_torch.pt")  # and basal reads what torch writes
+    again = EvidenceHead.load(tmp_path / "by_torch.pt", hidden_size=16)
+    assert all(np.array_equal(getattr(again, n), getattr(head, n)) for n in ("ws", "us", "we", "ue", "bs", "be"))
+    with pytest.raises(TorchFileError, match="hidden size 16, the model has 32"):
+        EvidenceHead.load(tmp_path / "by_torch.pt", hidden_size=32)
+
+
+def test_the_writer_is_deterministic(tmp_path):
+    head = EvidenceHead.random(d=8, k=4, seed=0)
+    head.save(tmp_path / "a.pt")
+    head.save(tmp_path / "b.pt")
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("echo this must never run",))
+
+
+def test_a_file_that_would_run_code_is_refused(tmp_path, capfd):
+    torch.save({"d": 1, "k": 1, "state_dict": {"ws.weight": _RunsCode()}}, tmp_path / "evil.pt")
+    with pytest.raises(TorchFileError, match=r"refusing to load posix\.system"):
+        load_tensors(tmp_path / "evil.pt")
+    assert "must never run" not in capfd.readouterr().out
+    (tmp_path / "junk.pt").write_bytes(b"not a zip")
+    with pytest.raises(TorchFileError, match=r"not a torch\.save archive"):
+        EvidenceHead.load(tmp_path / "junk.pt")
+
+
+def test_missing_and_misshapen_weights_are_named(tmp_path):
+    save_tensors(tmp_path / "h.pt", {"d": 4, "k": 2, "state_dict": {"ws.weight": np.zeros((2, 4), np.float32)}})
+    with pytest.raises(TorchFileError, match=r"lacks us\.weight"):
+        EvidenceHead.load(tmp_path / "h.pt")
+    good = EvidenceHead.random(4, 2, 0)
+    sd = {f"{n}.weight": getattr(good, n) for n in ("ws", "us", "we", "ue", "bs", "be")}
+    sd["be.weight"] = np.zeros((2, 4), np.float32)
+    save_tensors(tmp_path / "h.pt", {"d": 4, "k": 2, "state_dict": sd})
+    with pytest.raises(TorchFileError, match=r"be \(2, 4\)"):
+        EvidenceHead.load(tmp_path / "h.pt")
+
+
+def test_synth_model_writes_a_head_that_loads(tmp_path):
+    from basal.core.evidence import load_head
+    from basal.core.synth import synth_model
+
+    plain = synth_model(tmp_path / "plain", "demo")
+    with_head = synth_model(tmp_path / "head", "demo", evidence_head=True)
+    assert load_head(plain, 64) is None
+    head = load_head(with_head, 64)
+    assert (head.d, head.k) == (64, 256)
