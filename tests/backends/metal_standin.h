@@ -10,8 +10,12 @@
 // because threadgroup_barrier is deliberately not provided. simd_sum is not provided either: its reduction order
 // is the hardware's, which this stand-in cannot know; the kernels reduce across lanes only with exact operations.
 #pragma once
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 600  // macOS keeps the (deprecated) ucontext routines behind it
+#endif
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
