@@ -162,3 +162,32 @@ def test_metal_native_ops_agree_with_the_portable_ones(demo_model):
         results.append(run_to_end(net.forward(net.inputs(batch), batch.tokens, letters)))
     assert results[0].shape == results[1].shape
     np.testing.assert_allclose(results[1], results[0], atol=1e-4)
+
+
+def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model, monkeypatch):
+    """On the CPU, past STEP_ROWS rows a layer yields between row blocks and attention groups; the engine may
+    pause at every yield, so another batch runs at each one here, and the bits must not change."""
+    from basal.backends.mlx import model as mlx_model
+    from basal.core.tree import plan_forwards
+    from tests.determinism.harness import Harness
+
+    h = Harness(demo_model, "mlx", "cpu", "f32")
+    rng = random.Random(5)
+    questions = [h.question(rng, "en", state_words=50) for _ in range(2)]
+    interloper = [h.question(rng, "pl")]
+    (forward,) = plan_forwards(questions, h.cached.letter_ids, h.cached.prefixes)
+    assert forward.batch.n_tokens > 2 * 64
+    reference = run_to_end(h.backend.run(forward.batch))
+    monkeypatch.setattr(mlx_model, "STEP_ROWS", 64)
+    steps, yields, stepped = h.backend.run(forward.batch), 0, None
+    while stepped is None:
+        try:
+            next(steps)
+        except StopIteration as done:
+            stepped = done.value
+        else:
+            yields += 1
+            if yields % 3 == 1:  # another batch takes the device between two blocks of a layer
+                run_to_end(h.cached.letter_logits(interloper))
+    assert yields > 2 * demo_model.config.num_hidden_layers
+    assert stepped.tobytes() == reference.tobytes()

@@ -13,7 +13,7 @@ the GPU always has the next layer queued, a paused pass leaves at most one layer
 from __future__ import annotations
 
 import itertools
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -22,9 +22,14 @@ import numpy as np
 from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
 from basal.core.attention_plan import AttentionPlan, plan_batch
+from basal.core.compute import run_to_end
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch, single_prompt_batch
 
+# On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
+# groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.
+STEP_ROWS = 512
+assert STEP_ROWS % O.ROWS == 0 and STEP_ROWS % O.READOUT_ROWS == 0, "blocks of whole chunks keep the bits"
 MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
 
@@ -160,12 +165,6 @@ class MLXLlama:
             attention,
         )
 
-    def _attention(self, q, key_buf, value_buf, t: TreeInputs, last: bool):
-        if t.attention is not None:
-            return metal.tree_attention(q, key_buf, value_buf, t.attention[last])
-        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        return O.tree_attention(q, key_buf, value_buf, plan, rows)
-
     def _norm(self, x: mx.array, w: mx.array, rows: int) -> mx.array:
         if self.native:
             return native.rms_norm(x, w, self.cfg.rms_norm_eps)
@@ -188,18 +187,54 @@ class MLXLlama:
     def _swiglu(self, gate_up: mx.array) -> mx.array:
         return native.swiglu(gate_up) if self.native else O.swiglu(gate_up)
 
-    def layer(self, i: int, h: mx.array, t: TreeInputs, last: bool) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    def _row_blocks(self, fn: Callable[[slice], mx.array], n: int) -> Generator[None, None, mx.array]:
+        """fn over rows [0, n); on the CPU in blocks of STEP_ROWS rows, each evaluated and followed by a yield (a
+        point where the long lane may step aside inside a layer). A block is whole 64-row chunks, so every chunk
+        holds the same rows as without blocks: the same bits."""
+        if self.use_metal or n <= STEP_ROWS:
+            return fn(slice(0, n))
+        parts = []
+        for start in range(0, n, STEP_ROWS):
+            parts.append(fn(slice(start, min(start + STEP_ROWS, n))))
+            mx.eval(parts[-1])
+            yield
+        return mx.concatenate(parts)
+
+    def _attention_steps(self, q, key_buf, value_buf, t: TreeInputs, last: bool) -> Generator[None, None, mx.array]:
+        if t.attention is not None:
+            return metal.tree_attention(q, key_buf, value_buf, t.attention[last])
+        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
+        if plan.n_queries <= STEP_ROWS:
+            return O.tree_attention(q, key_buf, value_buf, plan, rows)
+        parts = []
+        for group in O.attention_groups(q, key_buf, value_buf, plan, rows):  # one group of query chunks at a time
+            mx.eval(group[1])
+            parts.append(group)
+            yield
+        return O.gather_attention(parts, q.shape[1], q.shape[2])
+
+    def layer(
+        self, i: int, h: mx.array, t: TreeInputs, last: bool
+    ) -> Generator[None, None, tuple[mx.array, tuple[mx.array, mx.array]]]:
+        """One layer; yields inside it only on the CPU and only for more than STEP_ROWS rows (`_row_blocks`)."""
         cfg, lw = self.cfg, self.layers[i]
         hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        x = self._norm(h, lw.input_norm, O.ROWS)
+        n = h.shape[0]
         if not last:
-            qkv = self._linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
+            qkv = yield from self._row_blocks(
+                lambda r: self._linear(self._norm(h[r], lw.input_norm, O.ROWS), lw.qkv_t, lw.qkv_bias, O.ROWS), n
+            )
             q, k, v = mx.split(qkv, [nq * hd, (nq + nkv) * hd], axis=-1)
         else:  # keys and values everywhere, queries only at the readouts
             kv_b = None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
-            k, v = mx.split(self._linear(x, lw.qkv_t[:, nq * hd :], kv_b, O.ROWS), 2, axis=-1)
+            kv = yield from self._row_blocks(
+                lambda r: self._linear(self._norm(h[r], lw.input_norm, O.ROWS), lw.qkv_t[:, nq * hd :], kv_b, O.ROWS),
+                n,
+            )
+            k, v = mx.split(kv, 2, axis=-1)
             q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
-            q = self._linear(x[mx.array(t.readouts)], lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
+            x = self._norm(h[mx.array(t.readouts)], lw.input_norm, O.READOUT_ROWS)
+            q = self._linear(x, lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
         k = O.apply_rope(k.astype(mx.float32).reshape(-1, nkv, hd), t.cos, t.sin)
         v = v.astype(mx.float32).reshape(-1, nkv, hd)
         cos, sin = (t.cos, t.sin) if not last else (t.cos[mx.array(t.readouts)], t.sin[mx.array(t.readouts)])
@@ -207,15 +242,19 @@ class MLXLlama:
         zero = mx.zeros((1, nkv, hd))
         key_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][0] for p in t.prefix_keys], k])
         value_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][1] for p in t.prefix_keys], v])
-        attn = self._attention(q, key_buf, value_buf, t, last).astype(h.dtype).reshape(q.shape[0], nq * hd)
+        attn = yield from self._attention_steps(q, key_buf, value_buf, t, last)
+        attn = attn.astype(h.dtype).reshape(q.shape[0], nq * hd)
         chunk = O.READOUT_ROWS if last else O.ROWS
         if last:
             h = h[mx.array(t.readouts)]
-        h = h + self._linear(attn, lw.o_t, lw.o_bias, chunk)
-        x = self._norm(h, lw.post_norm, chunk)
-        h = h + self._linear(
-            self._swiglu(self._linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk
-        )
+
+        def mlp(r: slice) -> mx.array:
+            hr = h[r] + self._linear(attn[r], lw.o_t, lw.o_bias, chunk)
+            x = self._norm(hr, lw.post_norm, chunk)
+            up = self._swiglu(self._linear(x, lw.gate_up_t, lw.gate_up_bias, chunk))
+            return hr + self._linear(up, lw.down_t, lw.down_bias, chunk)
+
+        h = yield from self._row_blocks(mlp, h.shape[0])
         return h, (k, v)
 
     def forward(
@@ -225,7 +264,7 @@ class MLXLlama:
         n_layers = self.cfg.num_hidden_layers
         previous = None
         for i in range(n_layers):
-            h, _ = self.layer(i, h, t, last=i == n_layers - 1)
+            h, _ = yield from self.layer(i, h, t, last=i == n_layers - 1)
             if self.use_metal:
                 mx.async_eval(h)
                 if previous is not None:
@@ -244,7 +283,7 @@ class MLXLlama:
         h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
         kv = []
         for i in range(self.cfg.num_hidden_layers):
-            h, (k, v) = self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1)
+            h, (k, v) = run_to_end(self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1))
             mx.eval(h, k, v)
             kv.append((k, v))
         self.prefix_kv[key] = kv
