@@ -27,10 +27,13 @@ import os
 os.environ.setdefault("MLX_ENABLE_TF32", "0")  # before MLX's first matmul: read once per process (precision.py)
 
 import argparse
+import gc
 import importlib.metadata
 import json
+import math
 import platform
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -111,7 +114,11 @@ def environment(device: str, model: ModelDir) -> dict:
         "model": {"name": model.name, "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size},
     }
     if mx.metal.is_available():
-        env["gpu"] = {k: v if isinstance(v, int | float | str) else str(v) for k, v in mx.metal.device_info().items()}
+        try:
+            info = mx.metal.device_info()
+            env["gpu"] = {k: v if isinstance(v, int | float | str) else str(v) for k, v in info.items()}
+        except Exception as e:  # the report still goes out without it
+            env["gpu"] = {"error": str(e)}
     return env
 
 
@@ -257,11 +264,19 @@ def negative_control(model: ModelDir, device: str, dtype: str) -> tuple[bool, st
     return ok, f"chunking off: {differences}/3 rounds differ" + ("" if ok else " — the checks CANNOT FAIL")
 
 
-def agreement(model: ModelDir, device: str, f32: Subject) -> tuple[bool, str]:
+def agreement_questions(model: ModelDir) -> list:
+    return Questions(model, seed=3).make(6)
+
+
+def decision_questions(model: ModelDir) -> list:
+    return Questions(model, seed=4).make(8)
+
+
+def agreement(model: ModelDir, ours) -> tuple[bool, str]:
+    """f32 MLX logits (of `agreement_questions`) vs the torch CPU f32 reference."""
     from basal.backends.cuda.backend import TorchBackend
 
-    qs = Questions(model, seed=3).make(6)
-    ours = f32.logits(qs)
+    qs = agreement_questions(model)
     ref = run_to_end(Pipeline(model, TorchBackend.load(model, dtype="f32", device="cpu")).letter_logits(qs))
     diff = max(
         float(np.abs(a - b).max()) for qa, qb in zip(ours, ref, strict=True) for a, b in zip(qa, qb, strict=True)
@@ -277,16 +292,16 @@ def decisions(logits) -> list[int]:
     return [distribution(q, option_orders(len(q[0])), 1.4).argmax for q in logits]
 
 
-def decisions_16_bit(model: ModelDir, s16: Subject, f32: Subject) -> tuple[bool, str]:
-    qs = Questions(model, seed=4).make(8)
-    a, b = s16.logits(qs), f32.logits(qs)
-    clear = [
-        i
-        for i, q in enumerate(b)
-        if np.diff(np.sort(distribution(q, option_orders(len(q[0])), 1.4).p_cal)[-2:])[0] > NEAR_TIE
-    ]
-    same = all(decisions([a[i]]) == decisions([b[i]]) for i in clear)
-    return same, f"{len(clear)}/{len(qs)} questions not near a tie, same decisions: {same}"
+def decisions_16_bit(low, f32) -> tuple[bool, str]:
+    """The 16-bit decisions (of `decision_questions`) equal f32's wherever f32 is not a near tie."""
+
+    def margin(q) -> float:
+        top2 = np.sort(distribution(q, option_orders(len(q[0])), 1.4).p_cal)[-2:]
+        return float(top2[1] - top2[0])
+
+    clear = [i for i, q in enumerate(f32) if margin(q) > NEAR_TIE]
+    same = all(decisions([low[i]]) == decisions([f32[i]]) for i in clear)
+    return same, f"{len(clear)}/{len(f32)} questions not near a tie, same decisions: {same}"
 
 
 def precision_check(device: str) -> tuple[bool, str]:
@@ -313,7 +328,7 @@ def speed(model: ModelDir, device: str, dtype: str, subject: Subject, runs: int)
         batch = sum(timed(fn, q) for q in qs) if fn is not basal_one else timed(lambda _: subject.logits(qs), None)
         return {
             "single_ms_median": round(statistics.median(single) * 1000, 2),
-            "single_ms_p90": round(single[int(0.9 * (len(single) - 1))] * 1000, 2),
+            "single_ms_p90": round(single[max(0, math.ceil(0.9 * len(single)) - 1)] * 1000, 2),
             "batch16_decisions_per_s": round(len(qs) / batch, 2),
         }
 
@@ -349,10 +364,57 @@ def speed(model: ModelDir, device: str, dtype: str, subject: Subject, runs: int)
     return {"dtype": dtype, "rows": rows}
 
 
+@dataclass
+class DtypeResult:
+    """What a dtype's pass leaves for the checks across dtypes, once its backend is released."""
+
+    agreement_logits: list
+    decision_logits: list
+
+
+def dtype_pass(report: Report, model: ModelDir, a, dtype: str) -> DtypeResult:
+    """Everything one dtype needs its backend for; the backend is dropped afterwards (a mini f32 copy is 6 GB).
+    One more step per dtype — an export for `basal compare` — is one more call here."""
+    subject = invariance_checks(report, model, a.device, dtype, a)
+    result = DtypeResult(subject.logits(agreement_questions(model)), subject.logits(decision_questions(model)))
+    if dtype != "f32" or a.dtypes == "f32":
+        print(f"speed ({dtype}):")
+        report.speed.append(speed(model, a.device, dtype, subject, a.runs))
+    return result
+
+
+def release() -> None:
+    gc.collect()
+    mx.clear_cache()
+
+
+def check_model(report: Report, model: ModelDir, a) -> None:
+    report.run("f32 matmuls at full precision", lambda: precision_check(a.device))
+    results: dict[str, DtypeResult] = {}
+    for dtype in [d for d in a.dtypes.split(",") if d]:
+        try:
+            results[dtype] = dtype_pass(report, model, a, dtype)
+        except Exception as e:  # this dtype's remaining checks are lost; the others still run
+            report.checks.append(Check(f"{dtype} pass", False, f"error: {e}", error=traceback.format_exc()))
+            print(f"  FAIL {dtype} pass: {e}")
+        release()
+    control = "f16" if a.device == "metal" and "f16" in a.dtypes else a.dtypes.split(",")[0]
+    report.run(f"negative control ({control})", lambda: negative_control(model, a.device, control))
+    release()
+    if "f32" in results:
+        f32 = results["f32"]
+        report.run("f32 agreement with torch CPU", lambda: agreement(model, f32.agreement_logits))
+        for dtype, r in results.items():
+            if dtype != "f32":
+                report.run(
+                    f"{dtype} decisions vs f32", lambda r=r: decisions_16_bit(r.decision_logits, f32.decision_logits)
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a Basal model directory (default: synthesize --preset)")
-    ap.add_argument("--preset", default="mini")
+    ap.add_argument("--preset", default="mini", help="mini, 4.5B, ... or several: mini,4.5B")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--device", default="metal", choices=["metal", "cpu"])
     ap.add_argument("--dtypes", default="f16,bf16,f32")
@@ -364,43 +426,31 @@ def main(argv: list[str] | None = None) -> int:
     if a.device not in MLXBackend.devices():
         print(f"MLX device {a.device} is not available here (devices: {', '.join(MLXBackend.devices())})")
         return 2
-    dtypes = [d for d in a.dtypes.split(",") if d]
+    reports = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else synth_model(Path(tmp) / "m", a.preset, layers=a.layers)
-        model = ModelDir.load(path)
-        report = Report(environment(a.device, model))
-        print(
-            f"basal mac check: {report.environment['platform']}, MLX {report.environment['packages']['mlx']}, "
-            f"device {a.device}, model {model.name} ({model.config.num_hidden_layers} layers)"
-        )
-        report.run("f32 matmuls at full precision", lambda: precision_check(a.device))
-        subjects: dict[str, Subject] = {}
-        for dtype in dtypes:  # per dtype: one more function here (e.g. an export for `basal compare`) is all it takes
-            try:
-                subjects[dtype] = invariance_checks(report, model, a.device, dtype, a)
-            except Exception as e:
-                report.checks.append(Check(f"{dtype} load", False, f"error: {e}", error=traceback.format_exc()))
-                print(f"  FAIL {dtype} load: {e}")
-        control_dtype = "f16" if a.device == "metal" and "f16" in dtypes else dtypes[0]
-        report.run(f"negative control ({control_dtype})", lambda: negative_control(model, a.device, control_dtype))
-        if "f32" in subjects:
-            report.run("f32 agreement with torch CPU", lambda: agreement(model, a.device, subjects["f32"]))
-            for dtype in (d for d in subjects if d != "f32"):
-                report.run(
-                    f"{dtype} decisions vs f32", lambda d=dtype: decisions_16_bit(model, subjects[d], subjects["f32"])
-                )
-        print("speed:")
-        for dtype in [d for d in subjects if d != "f32"] or list(subjects):  # f32 only when it is the only one
-            try:
-                report.speed.append(speed(model, a.device, dtype, subjects[dtype], a.runs))
-            except Exception as e:
-                report.checks.append(Check(f"{dtype} speed", False, f"error: {e}", error=traceback.format_exc()))
-                print(f"  FAIL {dtype} speed: {e}")
-        Path(a.json).write_text(json.dumps(asdict(report), indent=2))
-        judged = [c for c in report.checks if c.ok is not None]
-        verdict = "FAILED: " + ", ".join(c.name for c in report.failed) if report.failed else "all checks passed"
-        print(f"{len(judged) - len(report.failed)}/{len(judged)} checks passed — {verdict}; report: {a.json}")
-        return 1 if report.failed else 0
+        sources = [Path(a.model)] if a.model else [None] * len(a.preset.split(","))
+        for i, source in enumerate(sources):
+            preset = a.preset.split(",")[i]
+            path = source or synth_model(Path(tmp) / preset, preset, layers=a.layers)
+            model = ModelDir.load(path)
+            report = Report(environment(a.device, model))
+            env = report.environment
+            print(
+                f"basal mac check: {env['platform']}, MLX {env['packages']['mlx']}, device {a.device}, "
+                f"model {model.name} ({model.config.num_hidden_layers} layers)"
+            )
+            check_model(report, model, a)
+            reports.append(report)
+            if source is None:
+                shutil.rmtree(path, ignore_errors=True)  # several GB each
+    Path(a.json).write_text(
+        json.dumps([asdict(r) for r in reports] if len(reports) > 1 else asdict(reports[0]), indent=2)
+    )
+    failed = [c for r in reports for c in r.failed]
+    judged = [c for r in reports for c in r.checks if c.ok is not None]
+    verdict = "FAILED: " + ", ".join(c.name for c in failed) if failed else "all checks passed"
+    print(f"{len(judged) - len(failed)}/{len(judged)} checks passed — {verdict}; report: {a.json}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
