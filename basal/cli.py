@@ -87,7 +87,7 @@ def _decide(a: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = _open_model(a.model)
     backend = load_backend(model, a.backend, a.dtype)
-    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache)
+    pipeline = Pipeline(model, backend, prefix_cache=not a.no_prefix_cache, large_choice=a.large_choice)
     load_ms = (time.perf_counter() - started) * 1000
     if from_stdin:
         if sys.stdin.isatty():
@@ -118,6 +118,38 @@ def _decide(a: argparse.Namespace) -> int:
     return 0
 
 
+def _facts(a: argparse.Namespace) -> int:
+    from basal.core.facts import FactsError, inject
+    from basal.core.facts.show import jsonl_results, state_of_file
+
+    if a.jsonl is not None and a.state is not None:
+        raise ValueError("give either a state file or --jsonl FILE, not both")
+    source = a.jsonl if a.jsonl is not None else a.state
+    from_stdin = source in (None, "-")
+    if from_stdin and sys.stdin.isatty():
+        print("basal facts: reading from standard input (end it with Ctrl-D)", file=sys.stderr)
+    if a.jsonl is not None:
+        stream = sys.stdin if from_stdin else open(source, encoding="utf-8")  # noqa: SIM115 - closed below
+        malformed = 0
+        try:
+            for line, well_formed in jsonl_results(stream):
+                print(line, flush=False)
+                malformed += not well_formed
+        finally:
+            if stream is not sys.stdin:
+                stream.close()
+        if malformed:
+            print(f'basal facts: {malformed} input line(s) were not {{"id", "state"}} objects', file=sys.stderr)
+        return 1 if malformed else 0
+    content = sys.stdin.read() if from_stdin else Path(source).read_text(encoding="utf-8")
+    try:
+        print(inject(state_of_file(content)))
+    except FactsError as e:
+        print(f"basal facts: the facts computation fails as upstream's does: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(a: argparse.Namespace) -> int:
     from basal.config import load_config, parse_config
     from basal.server import serve
@@ -137,6 +169,7 @@ def _serve(a: argparse.Namespace) -> int:
                     "long_tokens": a.long_tokens,
                     "tree_max_tokens": a.tree_max_tokens,
                     "no_prefix_cache": a.no_prefix_cache,
+                    "large_choice": a.large_choice,
                 }
             ]
         config = parse_config(
@@ -153,6 +186,24 @@ def _serve(a: argparse.Namespace) -> int:
             },
             "flags",
         )
+    if a.ray is not None or a.replicas is not None:
+        import msgspec
+
+        from basal.config import RayConfig
+
+        ray = config.ray or RayConfig()
+        if a.ray not in (None, "local"):
+            ray = msgspec.structs.replace(ray, address=a.ray)
+        if a.replicas is not None:
+            ray = msgspec.structs.replace(ray, replicas=a.replicas)
+        config = msgspec.structs.replace(config, ray=ray)
+    if config.ray is not None:
+        try:
+            from basal.deploy.app import serve_ray
+        except ImportError as e:
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal[ray]' ({e})") from e
+        serve_ray(config)
+        return 0
     serve(config)
     return 0
 
@@ -209,6 +260,42 @@ def _bench(a: argparse.Namespace) -> int:
     return 0
 
 
+LARGE_CHOICE_HELP = "choices with 11..255 options: group rounds in one option order (luce2-1o, default) or both"
+
+
+def _export(a: argparse.Namespace) -> int:
+    from basal.export import export_records
+
+    model = _open_model(a.model)
+    try:
+        summary = export_records(
+            a.requests,
+            a.out,
+            model,
+            a.backend,
+            a.dtype,
+            batching=a.batching,
+            dialect=a.dialect,
+            prefix_cache=not a.no_prefix_cache,
+            overwrite=a.overwrite,
+            progress=not a.quiet,
+        )
+    except KeyboardInterrupt:
+        print(f"basal export: interrupted; run the same command again to continue {a.out}", file=sys.stderr)
+        return 130
+    resumed = f" ({summary.resumed_from} were there from an interrupted run)" if summary.resumed_from else ""
+    print(f"wrote {summary.records} records to {summary.out}{resumed}", file=sys.stderr)
+    return 0
+
+
+def _compare(a: argparse.Namespace) -> int:
+    from basal.core.compare import compare_files, dumps
+
+    result = compare_files(a.a, a.b, a.bitwise, a.max_logit_diff, a.allow_different_models)
+    print(dumps(result) if a.json else result.table())
+    return 0 if result.ok else 1
+
+
 def _preset_help() -> str:
     from basal.core.synth import PRESETS, preset_config, weights_bytes
 
@@ -258,7 +345,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
+    d.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     d.set_defaults(run=_decide)
+
+    f = sub.add_parser("facts", help='print a state as the model reads it with facts: "auto" (the facts block)')
+    f.add_argument(
+        "state", nargs="?", default=None, help="file with the state (text, or a JSON object/array); - or nothing: stdin"
+    )
+    f.add_argument(
+        "--jsonl",
+        metavar="FILE",
+        default=None,
+        help='many states: lines {"id", "state"} in, lines {"id", "output"} or {"id", "error"} out (- = stdin)',
+    )
+    f.set_defaults(run=_facts)
 
     v = sub.add_parser("serve", help="serve models over HTTP (System One and basal dialects)")
     v.add_argument("--config", default=None, help="YAML configuration (several models); replaces the flags below")
@@ -273,17 +373,54 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--long-slice-ms", type=float, default=100.0)
     v.add_argument("--tree-max-tokens", type=int, default=32768)
     v.add_argument("--no-prefix-cache", action="store_true")
+    v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
     v.add_argument("--release-date", default="2026-10-05")
     v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
+    v.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="scale out on Ray Serve: start a local Ray, or join the cluster at ADDRESS (auto, ray://HOST:10001)",
+    )
+    v.add_argument("--replicas", type=int, default=None, help="with --ray: engine replicas per model (default 2)")
     v.set_defaults(run=_serve)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")
     o.add_argument("--no-check", action="store_true", help="only list backends, devices and versions")
     o.set_defaults(run=_doctor)
+
+    e = sub.add_parser("export", help="run a request file and write the reference export format (JSONL)")
+    e.add_argument("requests", help="JSONL: requests ({id, request, dialect?}) or bench items (state, question, ...)")
+    e.add_argument("-o", "--out", required=True, help="output JSONL (an interrupted export there is continued)")
+    e.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    e.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
+    e.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    e.add_argument(
+        "--batching",
+        default="single",
+        choices=["single", "batch", "tree"],
+        help="single: each question alone; batch: through the engine as a server; tree: questions packed together",
+    )
+    e.add_argument("--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one")
+    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(run=_export)
+
+    m = sub.add_parser("compare", help="compare two exports: tokens, logits, decisions, answers (exit 1: policy fails)")
+    m.add_argument("a", help="export JSONL (basal or upstream)")
+    m.add_argument("b", help="export JSONL (basal or upstream)")
+    m.add_argument("--bitwise", action="store_true", help="require bitwise-identical letter logits and answers")
+    m.add_argument("--max-logit-diff", type=float, default=None, help="require every |Δ letter logit| <= X")
+    m.add_argument("--json", action="store_true", help="print the report as JSON")
+    m.add_argument("--allow-different-models", action="store_true", help="compare exports of different models")
+    m.set_defaults(run=_compare)
 
     b = sub.add_parser("bench", help="benchmark suites with their baselines; JSON + markdown (+ PNG with --plot)")
     b.add_argument("suites", nargs="*", help="single latency scoring throughput concurrency mixed (default: all)")

@@ -27,6 +27,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     no_prefix_cache: bool = False
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
+    large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):
@@ -44,6 +45,36 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`long_tokens` must be 0 (no long lane) or positive")
 
 
+class AutoscalingConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Ray Serve autoscaling of a model's replicas on ongoing requests per replica."""
+
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_ongoing_requests: float = 16.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise msgspec.ValidationError("`autoscaling`: need 0 <= min_replicas <= max_replicas and max_replicas >= 1")
+
+
+class RayConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Scale-out on Ray Serve (`basal serve --ray`): per model `replicas` engines behind the state-affinity router."""
+
+    address: str | None = None  # None: start a local Ray; "auto" or "ray://HOST:10001": join a running cluster
+    replicas: int = 2  # per model (ignored with autoscaling)
+    num_cpus: float = 1.0  # resources of one replica
+    num_gpus: float = 0.0  # 1 on a GPU host: one replica per GPU
+    max_ongoing_requests: int = 256  # per replica; Ray holds further requests at the ingress
+    router: Literal["affinity", "power_of_two"] = "affinity"  # power_of_two: Ray's default router (comparisons)
+    router_max_queue: int = 8  # requests on a state's preferred replica before new ones spill over
+    affinity_min_chars: int = 256  # shorter states are not worth keeping together: least-loaded replica
+    autoscaling: AutoscalingConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_ongoing_requests < 1 or self.router_max_queue < 1:
+            raise msgspec.ValidationError("`ray`: replicas, max_ongoing_requests and router_max_queue must be positive")
+
+
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
     addr: str = "127.0.0.1:8000"
@@ -56,6 +87,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_body_mb: float = 16.0
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
+    ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")

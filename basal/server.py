@@ -67,7 +67,13 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> 
             log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
         backend = load_backend(model, spec.backend, spec.dtype)
         log.info("loaded %s on %s %s (%s)", model.name, backend.name, backend.device, backend.dtype)
-        pipeline = Pipeline(model, backend, prefix_cache=not spec.no_prefix_cache, tree_max_tokens=spec.tree_max_tokens)
+        pipeline = Pipeline(
+            model,
+            backend,
+            prefix_cache=not spec.no_prefix_cache,
+            tree_max_tokens=spec.tree_max_tokens,
+            large_choice=spec.large_choice,
+        )
         settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens)
         engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
     default = config.default_model or next(iter(engines))

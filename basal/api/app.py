@@ -78,10 +78,10 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
 
     @get("/health", summary="Liveness and the served models", tags=["service"])
     async def health() -> Response:
-        status = "shutting down" if engines.closed else "ok"
+        ready = not engines.closed and engines.ready()
+        status = "shutting down" if engines.closed else ("ok" if ready else "not ready")
         return Response(
-            {"status": status, "models": names, "default_model": engines.default},
-            status_code=503 if engines.closed else 200,
+            {"status": status, "models": names, "default_model": engines.default}, status_code=200 if ready else 503
         )
 
     @get(

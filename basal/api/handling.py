@@ -53,13 +53,16 @@ async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
 
 
 def timing_headers(result: Result, rid: str) -> dict[str, str]:
-    return {
+    headers = {
         "x-basal-queue-ms": f"{result.queue_ms:.3f}",
         "x-basal-compute-ms": f"{result.compute_ms:.3f}",
         "x-basal-batch-requests": str(result.batch_requests),
         "x-request-id": rid,
         "x-typesafe-request-id": rid,
     }
+    if result.replica:
+        headers["x-basal-replica"] = result.replica
+    return headers
 
 
 async def decide(
@@ -78,7 +81,11 @@ async def decide(
     try:
         check_auth(request, settings, dialect)
         body = decompress(await request.body(), request.headers.get("content-encoding"), settings.max_body_bytes)
-        plan = parse(decode_body(body, dialect))
+        raw = decode_body(body, dialect)
+        if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
+            plan = await asyncio.get_running_loop().run_in_executor(None, parse, raw)
+        else:
+            plan = parse(raw)
         model = plan.model
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(request, gone))

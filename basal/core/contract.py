@@ -20,18 +20,18 @@ from typing import Any, Literal
 import msgspec
 
 from basal.core.errors import RequestError
+from basal.core.facts.request import basal_state_text, systemone_state_text
 from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
 from basal.core.render import MAX_DEPTH, depth_of, text_of
 
 Dialect = Literal["systemone", "basal"]
 Kind = Literal["choice", "noul", "score"]
-MAX_CHOICES = 255  # TypeSafe's limit; 11..255 needs the grouped strategy (not in basal yet)
+MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (basal.core.large_choice), /v1/basal keeps 2..10
 MAX_LEVELS = 10
 EXTENSION_QUESTION_KEYS = frozenset(
     {"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"}
 )
 EXTENSION_TYPES = frozenset({"multi", "act"})
-EXTENSION_REQUEST_KEYS = ("facts",)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -225,8 +225,7 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
             errors.missing([key])
     if "model" in raw and not isinstance(raw["model"], str):
         errors.add("string_type", ["model"], "Input should be a valid string", raw["model"])
-    if "state" in raw:
-        errors.entry(raw["state"], ["state"], nullable=False)
+    state_ok = "state" in raw and errors.entry(raw["state"], ["state"], nullable=False)
     questions = raw.get("questions")
     if "questions" in raw:
         if not isinstance(questions, dict):
@@ -241,9 +240,10 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
                 min_length=1,
                 actual_length=0,
             )
-        else:
-            for qid, q in questions.items():
-                _check_question_shape(qid, q, errors)
+    state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
+    if isinstance(questions, dict):
+        for qid, q in questions.items():
+            _check_question_shape(qid, q, errors)
     if errors.items:
         raise RequestError(422, {"detail": errors.items})
 
@@ -251,12 +251,6 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
     if model is None:
         raise _usage_error(f"Unknown model: {raw['model']}")
     unsupported: list[dict[str, Any]] = []
-    for key in EXTENSION_REQUEST_KEYS:
-        if key in raw:
-            unsupported.append(
-                _unsupported([key], f'"{key}" is a basal-1.5 extension that this server does not support yet')
-            )
-    state_text = text_of(raw["state"])
     planned = []
     for qid, q in questions.items():
         question = _plan_systemone(qid, q, state_text, unsupported)
@@ -385,14 +379,6 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
             raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
         if len(criteria) > MAX_CHOICES:
             raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
-        if len(criteria) > MAX_OPTIONS:
-            unsupported.append(
-                _unsupported(
-                    ["questions", qid, "choice", "criteria"],
-                    f"{len(criteria)} options: choices with more than {MAX_OPTIONS} options are not supported yet",
-                )
-            )
-            return None
         keys, options = named_options(criteria, q.get("option_keys", "show"))
     else:
         if len(criteria) > MAX_LEVELS:
@@ -430,10 +416,7 @@ def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> 
         raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
-    for key in EXTENSION_REQUEST_KEYS:
-        if key in raw:
-            raise _basal_error(f'"{key}" (basal-1.5 extension) is not supported yet', "unsupported")
-    state_text = text_of(raw["state"])
+    state_text = basal_state_text(raw)  # facts: "off" / "auto"
     return DecisionRequest("basal", model, tuple(_plan_basal(name, q, state_text) for name, q in questions.items()))
 
 

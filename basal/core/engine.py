@@ -24,9 +24,12 @@ import numpy as np
 from basal.core.contract import BasalResponse, DecisionRequest, SystemOneResponse
 from basal.core.errors import RequestError
 from basal.core.gate import Gate, Holder
+from basal.core.large_choice import is_large, prompt_count
 from basal.core.metrics import Metrics
 from basal.core.pipeline import Pipeline, Stats
+from basal.core.prompt import Item
 from basal.core.scheduler import Job, JobQueue, Policy
+from basal.core.tree import TokenizedQuestion
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
+    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,10 @@ class Lane:
                 return
             tokenized = [t for job in batch for t in job.tokenized]
             for job in batch:
-                job.queue_ms = (started - job.arrival) * 1000
+                if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
+                    job.queue_ms = (started - job.arrival) * 1000
+                    metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                 job.batch_requests = len(batch)
-                metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
             try:
                 logits = _drive(engine.pipeline.letter_logits(tokenized, stats), holder)
             except Exception as e:  # a bug or a device failure: fail this batch, keep serving
@@ -132,17 +137,25 @@ class Lane:
                 job.finish(logits)
             return
         self.queue.observe(stats.packed_tokens, seconds)
+        engine.packed_tokens += stats.packed_tokens
+        engine.prompt_tokens += stats.prompt_tokens
         rows = iter(logits)
         for job in batch:
-            job.compute_ms = seconds * 1000
-            by_name = {}
-            for q in job.request.questions:
-                if q.needs_model:
-                    by_name[q.name] = next(rows)
-            latency = (time.perf_counter() - job.arrival) * 1000
-            engine.computed_jobs += 1
+            job.compute_ms += seconds * 1000
+            results = [next(rows) for _ in job.tokenized]
             try:
-                job.finish(engine.pipeline.answer(job.request, by_name, job.prompt_tokens, latency))
+                engine.pipeline.advance(job.rounds, results)
+                if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
+                    engine.check_length(job.request, job.rounds.tokenized)
+                    job.tokenized = job.rounds.tokenized
+                    job.cost = engine.pipeline.cost(job.tokenized)
+                    self.submit(job)
+                    continue
+                latency = (time.perf_counter() - job.arrival) * 1000
+                engine.computed_jobs += 1
+                job.finish(engine.pipeline.respond(job.rounds, latency))
+            except (EngineClosed, RequestError) as e:
+                job.finish(e)
             except Exception as e:
                 log.exception("answer failed")
                 job.finish(e)
@@ -168,6 +181,7 @@ class Engine:
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
         self.computed_jobs = self.cancelled_jobs = self.batches = 0
+        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -181,8 +195,16 @@ class Engine:
     def plan(self, request: DecisionRequest, finish: Callable[[Any], None], cancelled: Callable[[], bool]) -> Job:
         """Tokenize and cost a validated request (runs in the planning pool, off the event loop)."""
         arrival = time.perf_counter()
-        questions = [q for q in request.questions if q.needs_model]
-        tokenized = self.pipeline.tokenize(questions)
+        rounds = self.pipeline.plan(request)
+        tokenized = rounds.tokenized
+        later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
+        self.check_length(request, [*tokenized, *later])
+        prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
+        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
+        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+
+    def check_length(self, request: DecisionRequest, tokenized: list[TokenizedQuestion]) -> None:
+        """Refuse a prompt longer than the model's positions (a later round is checked again once planned)."""
         limit = self.pipeline.model.config.max_position_embeddings
         longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
         if longest > limit:
@@ -190,12 +212,10 @@ class Engine:
             if request.dialect == "systemone":
                 raise RequestError(400, {"detail": {"error_type": "max_tokens_exceeded", "message": message}})
             raise RequestError(422, {"error": message})
-        prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
-        return Job(request, tokenized, self.pipeline.cost(tokenized), prompt_tokens, finish, cancelled, arrival)
 
     def submit(self, job: Job) -> None:
-        if not job.tokenized:  # every question has a single option: answered without the model
-            job.finish(self.pipeline.answer(job.request, {}, 0, (time.perf_counter() - job.arrival) * 1000))
+        if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
+            job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
             return
         lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
         lane.submit(job)
@@ -228,6 +248,10 @@ class Engines:
     def start(self) -> None:
         for engine in self.engines.values():
             engine.start()
+
+    def ready(self) -> bool:
+        """Every model can answer (its lanes run); /health reports it."""
+        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     def _enter(self, model: str) -> None:
         with self._lock:
@@ -273,10 +297,15 @@ class Engines:
 
 
 def _prompt_chars(request: DecisionRequest) -> int:
+    """Characters to tokenize: every prompt repeats state and question (a large choice asks many groups)."""
     return sum(
-        2 * (len(q.item.state_text) + len(q.item.question_text) + sum(map(len, q.item.options)))
+        _prompts_of(q.item) * (len(q.item.state_text) + len(q.item.question_text)) + 2 * sum(map(len, q.item.options))
         for q in request.questions
     )
+
+
+def _prompts_of(item: Item) -> int:
+    return prompt_count(len(item.options), "luce2") if is_large(item) else 2
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -21,9 +21,11 @@ from basal.core.contract import (
     SystemOneResponse,
     Usage,
 )
-from basal.core.decision import answer_basal, answer_systemone, certain, distribution
+from basal.core.decision import Distribution, answer_basal, answer_systemone, calibrate, certain, distribution
+from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.model_dir import ModelDir
-from basal.core.prompt import LETTERS, template_prefix
+from basal.core.prompt import LETTERS, Item, template_prefix
+from basal.core.rounds import Rounds
 from basal.core.tree import FORWARD_MAX_TOKENS, TREE_MAX_TOKENS, TokenizedQuestion, packed_tokens, plan_forwards
 
 JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
@@ -61,8 +63,10 @@ class Pipeline:
         tree_max_tokens: int = TREE_MAX_TOKENS,
         forward_max_tokens: int = FORWARD_MAX_TOKENS,
         share_across_questions: bool = True,
+        large_choice: Strategy = DEFAULT_STRATEGY,
     ):
         self.model = model
+        self.large_choice = large_choice  # strategy for choices with 11..255 options
         self.backend = backend
         self.tokenizer = model.tokenizer
         self.letter_ids = self.tokenizer.letter_ids(len(LETTERS))
@@ -78,12 +82,44 @@ class Pipeline:
 
     def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
         """Token ids of every option order of the questions that need the model."""
-        prompts = [q.item.prompt(perm, self.model.bos) for q in questions for perm in q.item.orders]
+        return self.tokenize_items([q.item for q in questions])
+
+    def tokenize_items(self, items: Sequence[Item]) -> list[TokenizedQuestion]:
+        """Token ids of every asked option order of each item."""
+        prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
         ids = iter(self.tokenizer.encode_batch(prompts))
         return [
-            TokenizedQuestion(q.item.lang, q.item.state_text, tuple(tuple(next(ids)) for _ in q.item.orders))
-            for q in questions
+            TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
+            for item in items
         ]
+
+    # -- rounds: a request whose later prompts depend on earlier answers (choices with 11..255 options) ------
+
+    def plan(self, request: DecisionRequest) -> Rounds:
+        """The request's rounds, the first one tokenized."""
+        rounds = Rounds(request, self.large_choice)
+        rounds.tokenized = self.tokenize_items(rounds.asked)
+        return rounds
+
+    def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
+        """Hand a round's letter logits back; tokenize the next round, if there is one."""
+        rounds.take(logits)
+        if not rounds.done:
+            rounds.tokenized = self.tokenize_items(rounds.asked)
+
+    def later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
+        """Stand-ins for the final rounds before they are known: each large choice's 10 longest options (by
+        characters), in both orders. Their cost and length bound the real final group's closely."""
+        stand_ins = []
+        for lc in rounds.large.values():
+            options = lc.item.options
+            longest = sorted(sorted(range(len(options)), key=lambda i: (-len(options[i]), i))[:FINALISTS])
+            stand_ins.append(sub_item(lc.item, longest, f"{lc.item.name}#final", 2))
+        return self.tokenize_items(stand_ins)
+
+    def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
+        """The response of a request whose rounds have all been run."""
+        return self.answer(rounds.request, rounds.plain_logits, rounds.input_tokens, latency_ms, rounds.joints())
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
@@ -124,22 +160,27 @@ class Pipeline:
         """Answer a planned request (no pausing, no batching with other requests)."""
         stats = stats if stats is not None else Stats()
         started = time.perf_counter()
-        run = [q for q in request.questions if q.needs_model]
-        tokenized = self.tokenize(run)
+        rounds = self.plan(request)
         stats.tokenize_ms += (time.perf_counter() - started) * 1000
-        logits = run_to_end(self.letter_logits(tokenized, stats))
-        by_name = {q.name: lg for q, lg in zip(run, logits, strict=True)}
-        return self.answer(
-            request, by_name, sum(len(p) for t in tokenized for p in t.prompts), (time.perf_counter() - started) * 1000
-        )
+        while not rounds.done:  # one pass for an ordinary request; a large choice adds its final round
+            self.advance(rounds, run_to_end(self.letter_logits(rounds.tokenized, stats)))
+        return self.respond(rounds, (time.perf_counter() - started) * 1000)
 
     def answer(
-        self, request: DecisionRequest, logits: dict[str, list[np.ndarray]], input_tokens: int, latency_ms: float
+        self,
+        request: DecisionRequest,
+        logits: dict[str, list[np.ndarray]],
+        input_tokens: int,
+        latency_ms: float,
+        joints: dict[str, np.ndarray] | None = None,
     ) -> SystemOneResponse | BasalResponse:
-        """Letter logits per question -> the response in the request's dialect."""
+        """Letter logits per question (joint distributions of large choices) -> the response in the dialect."""
         answers = {}
         for q in request.questions:
-            if q.needs_model:
+            if joints and q.name in joints:
+                joint = joints[q.name]
+                dist = Distribution([], joint, calibrate(joint, self.model.calibration.temperature(q.item.type)))
+            elif q.needs_model:
                 k = len(q.item.options)
                 dist = distribution(
                     [lg[:k] for lg in logits[q.name]], q.item.orders, self.model.calibration.temperature(q.item.type)

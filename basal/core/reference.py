@@ -11,6 +11,10 @@ Every prompt is rebuilt from the record's own inputs with basal's contract code;
 logits the distribution (to 1e-12) and the full upstream answer (to 1e-6: upstream computed it in float32) are
 recomputed, and the packing of each question alone (prefix length, packed length, readout columns) is rebuilt
 from the exported token ids. With a model directory, token ids and letter ids are compared too.
+
+A basal export (`basal export`) reads the same way: its manifest line is skipped, its ``answer`` / ``error``
+stand for ``upstream_answer`` / ``upstream_error``, and a ``"dialect": "systemone"`` record is parsed and
+answered in that dialect.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from basal.core.contract import Question, parse_basal
-from basal.core.decision import answer_basal, distribution
+from basal.core.contract import Question, parse_basal, parse_systemone
+from basal.core.decision import Distribution, answer_basal, answer_systemone, calibrate, certain, distribution
 from basal.core.errors import RequestError
+from basal.core.facts import FactsError, inject
+from basal.core.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
 from basal.core.model_dir import ModelDir
 from basal.core.prompt import Item, lang_of, option_orders
+from basal.core.render import text_of
 from basal.core.tree import pack_fields
 
 EXACT = 1e-12  # float64 host math of the export
@@ -96,7 +103,9 @@ class ReferenceChecker:
         for n, record in _records(path):
             self.report.records += 1
             where = f"{path.name}:{n} {record.get('id') or record.get('index')}"
-            if "request" in record:
+            if is_large_choice_record(record):
+                check_large_choice(self, record, where)
+            elif "request" in record:
                 self.check_request(record, where)
             elif "options" in record and "question" in record:
                 self.check_bench(record, where)
@@ -122,24 +131,30 @@ class ReferenceChecker:
 
     def check_request(self, rec: dict[str, Any], where: str) -> None:
         r = self.report
+        self.check_facts_state(rec, where)
+        systemone = rec.get("dialect") == "systemone"  # a basal export of a System One request
+        expected_error = rec.get("upstream_error") or rec.get("to_items_error") or rec.get("error")
         try:
-            plan = parse_basal(rec["request"], lambda _model: "reference")
+            plan = (parse_systemone if systemone else parse_basal)(rec["request"], lambda _model: "reference")
         except RequestError as e:
-            expected = rec.get("upstream_error") or rec.get("to_items_error")
             if e.upstream and e.upstream.startswith("unsupported:"):
                 r.skip("request uses a basal-1.5 extension (multi/act/facts/evidence) that basal does not support yet")
                 return
+            if isinstance(expected_error, dict):  # basal's own error record: status and body
+                same = (e.status, e.body) == (expected_error.get("status"), expected_error.get("body"))
+                r.check("error", same, where, f"basal: {e.status} {e.body}, export: {expected_error}")
+                return
             r.check(
                 "upstream error",
-                expected is not None and e.upstream == expected,
+                expected_error is not None and e.upstream == expected_error,
                 where,
-                f"basal: {e.upstream!r}, upstream: {expected!r}",
+                f"basal: {e.upstream!r}, upstream: {expected_error!r}",
             )
             return
-        if "upstream_error" in rec:
-            r.check("upstream error", False, where, f"upstream rejected it ({rec['upstream_error']}), basal accepts it")
+        if expected_error is not None:
+            r.check("upstream error", False, where, f"the export has an error ({expected_error}), basal accepts it")
             return
-        questions = {q.name: q for q in plan.questions}
+        questions = {q.name: q for q in plan.questions if q.needs_model}
         items = rec.get("items", [])
         r.check(
             "question names",
@@ -167,8 +182,29 @@ class ReferenceChecker:
                 r.skip("item without logits (upstream: letters are not single tokens)")
                 continue
             dists[q.name] = self.check_orders(q.item, it, w)
-        if "upstream_answer" in rec and all(d is not None for d in dists.values()):
-            self.check_answer(plan.questions, dists, items, rec["upstream_answer"], where)
+        expected_answer = rec.get("upstream_answer", rec.get("answer"))
+        if expected_answer is not None and all(d is not None for d in dists.values()):
+            answer = answer_systemone if systemone else answer_basal
+            self.check_answer(plan.questions, dists, items, expected_answer, where, answer)
+
+    def check_facts_state(self, rec: dict[str, Any], where: str) -> None:
+        """A ``facts: "auto"`` request: every item's state text is the injected state rebuilt from the request.
+
+        Checked on its own so that it runs even where the rest of the record cannot be rebuilt yet; a failing
+        injection is compared with ``upstream_error`` by the request check (`parse_basal` raises it).
+        """
+        request = rec["request"]
+        if not isinstance(request, dict) or request.get("facts") != "auto" or "state" not in request:
+            return
+        try:
+            text = inject(text_of(request["state"]))
+        except FactsError:
+            return
+        for it in rec.get("items", []):
+            want = it.get("state_text")
+            self.report.check(
+                "facts state text", want == text, f"{where}/{it.get('name')}", _first_difference(text, str(want))
+            )
 
     # -- per question ---------------------------------------------------------------------------------------
 
@@ -203,9 +239,11 @@ class ReferenceChecker:
         r.check("p_cal", _close(dist.p_cal, rec["p_cal"], EXACT), where, _maxdiff(dist.p_cal, rec["p_cal"]))
         return dist
 
-    def check_answer(self, questions: tuple[Question, ...], dists, items, expected: dict[str, Any], where: str):
+    def check_answer(
+        self, questions: tuple[Question, ...], dists, items, expected: dict[str, Any], where: str, answer=answer_basal
+    ):
         r = self.report
-        got = {q.name: msgspec.to_builtins(answer_basal(q, dists[q.name])) for q in questions}
+        got = {q.name: msgspec.to_builtins(answer(q, dists.get(q.name) or certain())) for q in questions}
         for name, want in expected.get("answers", {}).items():
             w = f"{where}/{name}"
             have = got.get(name)
@@ -216,7 +254,7 @@ class ReferenceChecker:
             exact_ok = all(have[k] == want[k] for k in ("type", "choice", "legend") if k in want)
             numbers_ok = all(_close(have[k], want[k], UPSTREAM) for k in ("noul", "score", "confidence") if k in want)
             probs_ok = list(have.get("probabilities", {})) == list(want.get("probabilities", {})) and _close(
-                list(have["probabilities"].values()), list(want["probabilities"].values()), UPSTREAM
+                list(have.get("probabilities", {}).values()), list(want.get("probabilities", {}).values()), UPSTREAM
             )
             r.check(
                 "upstream answer",
@@ -235,6 +273,91 @@ class ReferenceChecker:
             r.check("usage.questions", len(questions) == usage["questions"], where)
 
 
+def is_large_choice_record(rec: dict[str, Any]) -> bool:
+    """A record of the grouped 11..255 strategy (basal-rs, TypeSafe dialect): a request with a choice of more than
+    10 options that no upstream refused, or a recorded pipeline (group and final-round distributions)."""
+    if rec.get("kind") == "large_choice_pipeline":
+        return True
+    if (
+        rec.get("kind") == "request_error"
+        or "upstream_error" in rec
+        or "to_items_error" in rec
+        or not isinstance(rec.get("request"), dict)
+    ):
+        return False
+    questions = rec["request"].get("questions")
+    return isinstance(questions, dict) and any(
+        isinstance(q, dict) and q.get("type", "choice") == "choice" and len(q.get("criteria") or ()) > 10
+        for q in questions.values()
+    )
+
+
+def check_large_choice(checker: ReferenceChecker, rec: dict[str, Any], where: str) -> None:
+    """A large-choice record (extensions.md §7): the plan, groups and prompt count from the request; with the
+    recorded group and final-round distributions also the fit, the finalists and the TypeSafe answer."""
+    r = checker.report
+    strategy = rec.get("strategy", DEFAULT_STRATEGY)
+    if not r.check("large-choice strategy", strategy in STRATEGIES, where, f"unknown strategy {strategy!r}"):
+        return
+    expected = rec.get("expected") or {}
+    if "request" in rec:
+        try:
+            plan = parse_systemone(rec["request"], lambda model: model)
+        except RequestError as e:
+            r.check("large-choice plan", False, where, f"basal refuses it: {e.body}")
+            return
+        large = [q for q in plan.questions if is_large(q.item)]
+        r.check("large-choice plan", bool(large), where, "no choice with 11..255 options")
+    else:
+        keys = tuple(f"o{i}" for i in range(rec["n"]))
+        large = [Question("choice", Item("q", "choice", keys, keys, "en", "", ""))]
+    for q in large:
+        n = len(q.item.options)
+        if "prompts" in expected:
+            count = prompt_count(n, strategy)
+            r.check("large-choice prompts", count == expected["prompts"], where, f"{count} vs {expected['prompts']}")
+        recorded = rec.get("first_round") or {}
+        if "groups" in recorded:
+            r.check("large-choice groups", groups(n) == recorded["groups"], where)
+        if "p_avg" in recorded and "final_round_p_avg" in rec:
+            _check_large_choice_fit(checker, q, rec, strategy, where)
+        elif "finalists" in expected or "choice" in expected:
+            r.skip("large choice: finalists and probabilities need the group distributions (not in the record)")
+
+
+def _check_large_choice_fit(
+    checker: ReferenceChecker, q: Question, rec: dict[str, Any], strategy: str, where: str
+) -> None:
+    r, expected = checker.report, rec.get("expected") or {}
+    tol = float(rec.get("tolerance", 1e-9))
+    lc = LargeChoice(q.item, strategy)
+    lc.take_first_round(rec["first_round"]["p_avg"])
+    if "first_fit" in expected:
+        r.check("large-choice first fit", _close(lc.first_fit, expected["first_fit"], tol), where)
+    if "finalists" in expected:
+        r.check("large-choice finalists", lc.finalists == expected["finalists"], where)
+    joint = lc.take_final_round(rec["final_round_p_avg"])
+    if "joint" in expected:
+        r.check("large-choice joint", _close(joint, expected["joint"], tol), where, _maxdiff(joint, expected["joint"]))
+    temperature = float(rec.get("temperature_choice", 1.0))
+    if checker.temperatures is not None and "choice" in checker.temperatures:
+        want_t = float(checker.temperatures["choice"])
+        r.check("temperature", want_t == temperature, where, f"{temperature} vs {want_t}")
+    p_cal = calibrate(joint, temperature)
+    if "p_cal" in expected:
+        r.check("large-choice p_cal", _close(p_cal, expected["p_cal"], tol), where, _maxdiff(p_cal, expected["p_cal"]))
+    want = expected.get("answer_typesafe")
+    if want is not None:
+        have = msgspec.to_builtins(answer_systemone(q, Distribution([], joint, p_cal)))
+        ok = (
+            have["choice"] == want["choice"]
+            and list(have["probabilities"]) == list(want["probabilities"])
+            and _close(list(have["probabilities"].values()), list(want["probabilities"].values()), tol)
+            and abs(have["confidence"] - want["confidence"]) <= tol
+        )
+        r.check("large-choice answer", ok, where, f"{json.dumps(have)[:300]} vs {json.dumps(want)[:300]}")
+
+
 def _first_difference(a: str, b: str) -> str:
     n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return f"at char {n}: {a[max(0, n - 20) : n + 20]!r} vs {b[max(0, n - 20) : n + 20]!r}"
@@ -244,13 +367,24 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
-                yield n, json.loads(line)
+                record = json.loads(line)
+                if not (n == 1 and isinstance(record, dict) and set(record) == {"manifest"}):  # basal's manifest
+                    yield n, record
 
 
 def manifest_temperatures(export: Path) -> dict[str, float] | None:
-    """Calibration temperatures from the ``manifest.json`` beside an export, if there is one."""
-    manifest = export.parent / "manifest.json"
-    if not manifest.is_file():
+    """Calibration temperatures from the manifest: basal's first line, or the ``manifest.json`` beside an export."""
+    with open(export, encoding="utf-8") as f:
+        head = f.readline()
+    try:
+        first = json.loads(head) if head.strip() else None
+    except json.JSONDecodeError:
+        first = None
+    if isinstance(first, dict) and set(first) == {"manifest"}:
+        data = first["manifest"]
+    elif (export.parent / "manifest.json").is_file():
+        data = json.loads((export.parent / "manifest.json").read_text(encoding="utf-8"))
+    else:
         return None
-    temps = json.loads(manifest.read_text(encoding="utf-8")).get("calibration", {}).get("temperatures")
+    temps = data.get("calibration", {}).get("temperatures")
     return {k: float(v) for k, v in temps.items()} if temps else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from basal.core.contract import DecisionRequest
+from basal.core.rounds import Rounds
 from basal.core.tree import TokenizedQuestion, TrieSize
 
 INITIAL_RATE = 3000.0  # packed tokens/s before the first batch was measured
@@ -33,8 +34,8 @@ class Job:
     """One HTTP request inside the engine."""
 
     request: DecisionRequest
-    tokenized: list[TokenizedQuestion]  # the questions that need the model, in request order
-    cost: int  # packed tokens
+    tokenized: list[TokenizedQuestion]  # the items of the round to run next, in request order
+    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is planned)
     prompt_tokens: int  # tokens of every option-order prompt (usage.input_tokens)
     finish: Callable[[Any], None]  # called once from a lane thread with the result or an exception
     cancelled: Callable[[], bool] = lambda: False
@@ -44,6 +45,7 @@ class Job:
     queue_ms: float = 0.0
     compute_ms: float = 0.0
     batch_requests: int = 0
+    rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
 
 
 class JobQueue:

@@ -8,7 +8,7 @@ import pytest
 
 from basal.cli import main
 from basal.core.reference import ReferenceChecker, manifest_temperatures
-from tests.conftest import GOLDEN, golden_records
+from tests.conftest import DATA, GOLDEN, golden_records
 
 
 def _write(tmp_path, records, name="export.jsonl"):
@@ -48,7 +48,9 @@ def test_upstream_errors_are_reproduced(tmp_path, case_id, error):
 
 
 def test_extension_records_are_skipped_not_failed(tmp_path):
-    cases = [{**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl")]
+    cases = [  # facts records are checked, not skipped (tests/core/test_facts_reference.py)
+        {**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl") if c["request"].get("facts") != "auto"
+    ]
     checker = ReferenceChecker()
     checker.check_file(_write(tmp_path, cases))
     assert checker.report.ok and sum(checker.report.skipped.values()) == len(cases)
@@ -89,3 +91,40 @@ def test_with_a_model_token_ids_are_compared(demo_dir, capsys):
     assert main(["check-reference", "--model", str(demo_dir), str(GOLDEN / "bench-sample.jsonl")]) == 1
     out = capsys.readouterr().out
     assert "token ids" in out and "letter ids" in out and "temperature" in out
+
+
+def _large_choice_records():
+    lines = (DATA / "extensions" / "large_choice.jsonl").read_text().splitlines()
+    vectors = [json.loads(line) for line in lines if line]
+    return [v for v in vectors if v["kind"] in ("large_choice_pipeline", "e2e_model")]
+
+
+def test_large_choice_records_are_checked(tmp_path):
+    records = _large_choice_records()
+    checker = ReferenceChecker(temperatures={"choice": 1.4983070768766815})
+    checker.check_file(_write(tmp_path, records))
+    report = checker.report
+    assert report.ok, report.mismatches
+    e2e = len(records) - 1
+    assert report.passed["large-choice plan"] == e2e and report.passed["large-choice prompts"] == e2e
+    for name in ("first fit", "finalists", "joint", "p_cal", "answer"):
+        assert report.passed[f"large-choice {name}"] == 1, name
+    assert sum(report.skipped.values()) == e2e  # e2e records carry no group distributions: said, not passed
+
+
+@pytest.mark.parametrize("tamper", ["target", "finalists", "prompts", "temperature"])
+def test_tampered_large_choice_records_are_caught(tmp_path, tamper):
+    records = _large_choice_records()
+    pipeline = next(r for r in records if r["kind"] == "large_choice_pipeline")
+    e2e = next(r for r in records if r["kind"] == "e2e_model")
+    if tamper == "target":
+        pipeline["first_round"]["p_avg"][0] = pipeline["first_round"]["p_avg"][0][::-1]
+    elif tamper == "finalists":
+        pipeline["expected"]["finalists"][0] = 2
+    elif tamper == "prompts":
+        e2e["expected"]["prompts"] += 1
+    else:
+        pipeline["temperature_choice"] = 1.0
+    checker = ReferenceChecker(temperatures={"choice": 1.4983070768766815})
+    checker.check_file(_write(tmp_path, [pipeline, e2e]))
+    assert not checker.report.ok

@@ -1,0 +1,66 @@
+"""The ``facts`` request field on both dialects (extensions.md §1.2, §1.3, §5.1, §11).
+
+Runs right after the state is read and before any question: the state text (a string as is, other JSON as
+``_text`` renders it, basal-contract.md §1.4) becomes the injected text that every question reads — prompts
+and language detection alike. A failure of the computation is the request's error in the dialect's shape.
+
+* ``/v1/basal`` follows upstream: the field must be exactly ``"off"`` or ``"auto"`` when present (``null``
+  too is refused); errors are 422 ``{"error": text}``.
+* ``/v1/systemone`` follows basal-rs's TypeSafe dialect: ``null`` is off; errors are 422 entries of the
+  collected ``detail`` list, without ``input``/``ctx``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from basal.core.errors import RequestError
+from basal.core.facts.inject import FactsError, inject
+from basal.core.render import text_of
+
+FACTS_VALUE_ERROR = 'facts must be "off" or "auto"'
+
+
+def _wants_facts(raw: dict[str, Any], null_is_off: bool) -> bool | None:
+    """True for "auto", False for off, None for a value the dialect refuses."""
+    if "facts" not in raw or (raw["facts"] is None and null_is_off):
+        return False
+    value = raw["facts"]
+    if isinstance(value, str) and value in ("off", "auto"):
+        return value == "auto"
+    return None
+
+
+def basal_state_text(raw: dict[str, Any]) -> str:
+    """The state text of a ``/v1/basal`` request (``raw`` has a ``state``), with facts injected if asked."""
+    wants = _wants_facts(raw, null_is_off=False)
+    if wants is None:
+        raise RequestError(422, {"error": FACTS_VALUE_ERROR}, upstream=f"ValueError: {FACTS_VALUE_ERROR}")
+    text = text_of(raw["state"])
+    if not wants:
+        return text
+    try:
+        return inject(text)
+    except FactsError as e:
+        raise RequestError(422, {"error": str(e)}, upstream=f"{e.kind}: {e}") from e
+
+
+def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[str, Any]]) -> str:
+    """The state text of a ``/v1/systemone`` request; facts errors are appended to the collected `errors`.
+
+    `state_ok`: the body has a state of a valid shape (otherwise its own error is already collected, and the
+    returned text is unused).
+    """
+    wants = _wants_facts(raw, null_is_off=True)
+    if wants is None:
+        errors.append({"type": "literal_error", "loc": ["body", "facts"], "msg": FACTS_VALUE_ERROR})
+    if not state_ok:
+        return ""
+    text = text_of(raw["state"])
+    if not wants:
+        return text
+    try:
+        return inject(text)
+    except FactsError as e:
+        errors.append({"type": "value_error", "loc": ["body", "state"], "msg": str(e)})
+        return text

@@ -1,0 +1,104 @@
+"""The ingress side of a Ray deployment: the basal HTTP front calls model replicas through deployment handles.
+
+`RayEngines` stands where `basal.core.engine.Engines` stands in one process — the Litestar app cannot tell them
+apart: the same in-flight limit (529), the same errors, and a `Result` per request, plus the replica that
+answered. Each call carries the request's affinity key for the router. A replica that dies during a call is
+retried once on another replica (answers are deterministic, so a retry is safe); a client that goes away cancels
+the call, and the replica drops the job before it is computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from basal.core.contract import DecisionRequest
+from basal.core.engine import Cancelled, EngineClosed, Overloaded, Result
+from basal.core.metrics import Metrics
+from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
+from basal.deploy.replica import ReplicaAnswer
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05  # how often a waiting call checks whether its client went away
+RETRYABLE = (RayActorError, ActorUnavailableError)
+
+
+class RayEngines:
+    """Deployment handles by served model name, behind the interface of `Engines`."""
+
+    def __init__(
+        self,
+        handles: dict[str, Any],
+        default: str,
+        max_inflight: int = 1024,
+        affinity_min_chars: int = AFFINITY_MIN_CHARS,
+        ready: Callable[[], bool] = lambda: True,
+    ):
+        self.engines, self.default, self.max_inflight = handles, default, max_inflight
+        self.metrics = Metrics(max_inflight)
+        self.affinity_min_chars = affinity_min_chars
+        self._ready = ready
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self.closed = False
+        self.retries = 0
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def start(self) -> None:
+        """Replicas are started by Ray Serve before the front listens."""
+
+    def ready(self) -> bool:
+        return self._ready()
+
+    def close(self, drain: bool = True, timeout: float = 30.0) -> None:
+        self.closed = True
+
+    async def run(self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False) -> Result:
+        with self._lock:
+            if self.closed:
+                raise EngineClosed("the server is shutting down")
+            if self._inflight >= self.max_inflight:
+                raise Overloaded()
+            self._inflight += 1
+        try:
+            key = affinity_key(request, self.affinity_min_chars)
+            handle = self.engines[request.model]
+
+            async def call() -> Result:
+                answer: ReplicaAnswer = await _cancellable(handle.decide.remote(request, affinity=key), cancelled)
+                return answer.result()
+
+            try:
+                return await call()
+            except RETRYABLE as e:
+                self.retries += 1
+                log.warning("a replica died while answering a request; retrying once on another (%s)", e)
+            try:
+                return await call()
+            except RETRYABLE as e:
+                raise EngineClosed("two replicas failed while answering this request; retry later") from e
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+
+async def _cancellable(response: Any, cancelled: Callable[[], bool]) -> ReplicaAnswer:
+    """Await a handle call; cancel it (and raise Cancelled) once the client is gone."""
+    pending = asyncio.ensure_future(response)
+    while True:
+        done, _ = await asyncio.wait({pending}, timeout=POLL_S)
+        if done:
+            return pending.result()
+        if cancelled():
+            response.cancel()
+            pending.cancel()
+            raise Cancelled()

@@ -1,0 +1,151 @@
+"""basal on Ray Serve (a local Ray, 2 CPU replicas of the demo model): the same answers, bit for bit, as one
+process; state affinity; overload; a replica killed during load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+
+from basal.config import parse_config
+from basal.core.engine import Cancelled
+from basal.deploy.app import start
+from basal.deploy.ingress import RayEngines, _cancellable
+from tests.servers import live_server, make_engines
+
+MODEL = "basal-synthetic-demo"
+LONG = [
+    f"Zgłoszenie {i}: klient pisze, że paczka nr {i} dotarła uszkodzona i żąda zwrotu pieniędzy. " * 5
+    for i in range(16)
+]
+
+
+def mix() -> list[tuple[str, dict]]:
+    out = []
+    for i in range(10):
+        questions = {
+            "refund": {"type": "noul", "instructions": f"Czy należy się zwrot {i}?"},
+            "team": {
+                "type": "choice",
+                "criteria": {"billing": "Płatności", "logistics": f"Dostawa {i}", "other": None},
+            },
+            "anger": {"type": "score", "instructions": "Jak bardzo zły?", "criteria": ["spokój", "złość", "furia"]},
+        }
+        state = LONG[i % 3] if i % 2 else {"ticket": f"Faktura {i} bez numeru NIP", "amount": 1299.0 + i}
+        out.append(
+            ("/v1/systemone" if i % 3 else "/v1/basal", {"model": MODEL, "state": state, "questions": questions})
+        )
+    out.append(("/v1/basal", {"state": "x", "questions": {"q": {"type": "score", "criteria": ["only"]}}}))  # 422
+    return out
+
+
+def comparable(r: httpx.Response) -> tuple[int, object]:
+    body = r.json()
+    if r.status_code == 200:
+        body["usage"].pop("latency_ms", None)  # wall time, not an answer
+    return r.status_code, body
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray import serve
+
+    engines = start(parse_config({"ray": {"replicas": 2}}))
+    try:
+        yield engines
+    finally:
+        serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_url(cluster):
+    with live_server(cluster) as url:
+        yield url
+
+
+def test_answers_over_ray_equal_one_process_bit_for_bit(ray_url, demo_model):
+    requests = mix()
+    with live_server(make_engines(demo_model)) as local_url, httpx.Client(timeout=120) as client:
+        alone = [comparable(client.post(local_url + path, json=body)) for path, body in requests]
+        with ThreadPoolExecutor(8) as pool:
+            over_ray = list(pool.map(lambda pb: comparable(client.post(ray_url + pb[0], json=pb[1])), requests))
+    assert over_ray == alone
+    assert alone[-1][0] == 422
+
+
+def test_the_official_sdk_over_ray(ray_url):
+    from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
+
+    with TypeSafeClient(api_key="k", base_url=ray_url, retry=RetryPolicy(max_retries=0)) as client:
+        r = client.system_one(state=LONG[0], questions={"refund": Noul(instructions="Czy należy się zwrot?")})
+    assert r.model == MODEL and 0 <= r.nouls["refund"].noul <= 1
+
+
+def test_a_state_stays_on_its_replica_and_states_spread(ray_url):
+    def replica(state: str, i: int) -> str:
+        body = {"model": MODEL, "state": state, "questions": {"q": {"type": "noul", "instructions": f"Pytanie {i}?"}}}
+        r = httpx.post(ray_url + "/v1/systemone", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.headers["x-basal-replica"]
+
+    assert len({replica(LONG[0], i) for i in range(6)}) == 1
+    assert len({replica(state, 0) for state in LONG}) == 2  # 16 states on 2 replicas: both get some
+
+
+def test_the_fronts_inflight_limit_answers_529(cluster):
+    tight = RayEngines(cluster.engines, cluster.default, max_inflight=1)
+    body = {
+        "model": MODEL,
+        "state": LONG[1],
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"{i}?"} for i in range(20)},
+    }
+    with live_server(tight) as url, ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda _: httpx.post(url + "/v1/systemone", json=body, timeout=120), range(6)))
+    statuses = sorted(r.status_code for r in responses)
+    assert 200 in statuses and 529 in statuses and set(statuses) <= {200, 529}
+    assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 529)
+
+
+def test_a_client_that_leaves_cancels_the_call():
+    class Hanging:
+        cancelled = False
+
+        def __await__(self):
+            return asyncio.sleep(3600).__await__()
+
+        def cancel(self):
+            self.cancelled = True
+
+    call = Hanging()
+    with pytest.raises(Cancelled):
+        asyncio.run(_cancellable(call, lambda: True))
+    assert call.cancelled
+
+
+def test_a_replica_killed_during_load_loses_nothing(cluster, ray_url):
+    import ray
+
+    def replicas() -> set[str]:
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]}
+
+    requests = [r for r in mix() if r[0] == "/v1/systemone"] * 3
+    with httpx.Client(timeout=180) as client:
+        expected = [comparable(client.post(ray_url + p, json=b)) for p, b in requests[:6]]
+        victim = sorted(replicas())[0]
+        with ThreadPoolExecutor(6) as pool:
+            futures = [
+                pool.submit(lambda pb: comparable(client.post(ray_url + pb[0], json=pb[1])), r) for r in requests
+            ]
+            time.sleep(0.5)
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+            results = [f.result() for f in futures]
+    assert results == (expected * 3)[: len(results)]  # every request answered, and answered right
+    deadline = time.monotonic() + 180
+    while not (len(replicas()) == 2 and victim not in replicas()):
+        assert time.monotonic() < deadline, "Ray did not bring the killed replica back"
+        time.sleep(1)
