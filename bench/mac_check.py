@@ -13,10 +13,12 @@ around the 64-token tiles, a long prompt, a pass paused at every layer while oth
 row-invariant at many row counts; a negative control (chunking off must change bits, or the checks prove
 nothing); f32 agreement with the torch CPU reference (max |Δ logit| <= 1e-4, enforced) and 16-bit decisions; f32
 matmuls at full precision (MLX_ENABLE_TF32). Speed: a single decision and a 16-question batch with basal, plain MLX
-(bench/plain_mlx.py, the mlx-lm way) and mlx-lm itself where installed, on the same prompts. Writes a JSON report
-(--json) and prints a table.
+(bench/plain_mlx.py, the mlx-lm way) and mlx-lm itself where installed, on the same prompts. Per dtype, a
+`basal export` of a request file (--requests) compared with a torch CPU f32 export (`basal compare`). Writes a JSON
+report (--json) and the exports (--exports), and prints a table.
 
-Nobody on the project has a Mac: none of this has run on Apple hardware yet. Please send the JSON report.
+Nobody on the project has a Mac: none of this has run on Apple hardware yet. Please send the JSON report and
+the exports directory.
 Reference points (basal-contract.md §5.9, M2 Max, single mini decision): 80 ms basal-rs, 130 ms plain MLX f16.
 """
 
@@ -58,6 +60,7 @@ from basal.core.prompt import option_orders, render_prompt
 from basal.core.synth import synth_model
 from basal.core.tree import TokenizedQuestion, plan_forwards
 
+DEFAULT_REQUESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "export_requests.jsonl"
 AGREEMENT_BOUND = 1e-4  # f32 letter logits vs the torch CPU reference (tests/determinism/test_cross_backend.py)
 NEAR_TIE = 0.02
 WORDS = "order customer package arrived damaged refund invoice deadline payment late box item".split()
@@ -304,6 +307,26 @@ def decisions_16_bit(low, f32) -> tuple[bool, str]:
     return same, f"{len(clear)}/{len(f32)} questions not near a tie, same decisions: {same}"
 
 
+def export_and_compare(
+    model: ModelDir, device: str, dtype: str, requests: Path, exports: Path
+) -> tuple[bool | None, str]:
+    """`basal export` of the request file with this backend and dtype, and `basal compare` with a CPU f32 export of
+    the same requests (written once per model): f32 must agree within the bound; 16-bit is reported (near ties
+    may flip there; the enforced 16-bit decision check is `decisions_16_bit`)."""
+    from basal.core.compare import compare_files
+    from basal.export import export_records
+
+    exports.mkdir(parents=True, exist_ok=True)
+    reference = exports / f"{model.name}-torch-cpu-f32.jsonl"
+    if not reference.exists():
+        export_records(requests, reference, model, "torch", "f32", device="cpu", batching="single", overwrite=True)
+    ours = exports / f"{model.name}-mlx-{device}-{dtype}.jsonl"
+    export_records(requests, ours, model, "mlx", dtype, device=device, batching="tree", overwrite=True)
+    c = compare_files(reference, ours, max_logit_diff=AGREEMENT_BOUND if dtype == "f32" else None)
+    detail = f"{ours.name}: {c.policy} policy, max |Δ logit| {c.max_abs_diff:.2e}, {len(c.flips)} decisions differ"
+    return (c.ok if dtype == "f32" else None), detail
+
+
 def precision_check(device: str) -> tuple[bool, str]:
     err = f32_matmul_error(mx.gpu if device == "metal" else mx.cpu)
     return err <= TF32_ERROR, f"f32 matmul relative error {err:.1e} (TF32 would be ~7e-4)"
@@ -374,9 +397,14 @@ class DtypeResult:
 
 def dtype_pass(report: Report, model: ModelDir, a, dtype: str) -> DtypeResult:
     """Everything one dtype needs its backend for; the backend is dropped afterwards (a mini f32 copy is 6 GB).
-    One more step per dtype — an export for `basal compare` — is one more call here."""
+    The export for `basal compare` loads its own backend (as `basal export` does)."""
     subject = invariance_checks(report, model, a.device, dtype, a)
     result = DtypeResult(subject.logits(agreement_questions(model)), subject.logits(decision_questions(model)))
+    if a.requests:
+        report.run(
+            f"{dtype} export vs CPU f32 export",
+            lambda: export_and_compare(model, a.device, dtype, Path(a.requests), Path(a.exports)),
+        )
     if dtype != "f32" or a.dtypes == "f32":
         print(f"speed ({dtype}):")
         report.speed.append(speed(model, a.device, dtype, subject, a.runs))
@@ -422,6 +450,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-words", type=int, default=1500, help="state length of the long-prompt check")
     ap.add_argument("--quick", action="store_true", help="fewer questions per check")
     ap.add_argument("--json", default="mac_check.json", help="where to write the report")
+    ap.add_argument(
+        "--requests",
+        default=str(DEFAULT_REQUESTS) if DEFAULT_REQUESTS.exists() else "",
+        help="request file for the exports ('' for none)",
+    )
+    ap.add_argument("--exports", default="mac_check_exports", help="where the exports go (send them with the report)")
     a = ap.parse_args(argv)
     if a.device not in MLXBackend.devices():
         print(f"MLX device {a.device} is not available here (devices: {', '.join(MLXBackend.devices())})")

@@ -10,14 +10,17 @@ def test_mac_check_smoke_on_cpu(tmp_path, capsys):
     changed the bits), so the same checks can fail."""
     import json
 
-    report = tmp_path / "mac.json"
+    report, requests, exports = tmp_path / "mac.json", tmp_path / "requests.jsonl", tmp_path / "exports"
+    requests.write_text(mac_check.DEFAULT_REQUESTS.read_text().splitlines()[0] + "\n")  # one request: quick
     argv = ["--device", "cpu", "--preset", "demo", "--dtypes", "f32", "--quick", "--runs", "2", "--long-words", "120"]
-    assert mac_check.main([*argv, "--json", str(report)]) == 0
+    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)]
+    assert mac_check.main(argv) == 0
     data = json.loads(report.read_text())
     judged = {c["name"]: c["ok"] for c in data["checks"] if c["ok"] is not None}
     assert len(judged) >= 10 and all(judged.values()), judged
     assert judged["negative control (f32)"] and "differ" in capsys.readouterr().out
     assert {"basal", "plain MLX"} <= set(data["speed"][0]["rows"]) and data["environment"]["packages"]["mlx"]
+    assert judged["f32 export vs CPU f32 export"] and len(list(exports.glob("*.jsonl"))) == 2
 
 
 def test_mac_check_report_isolates_failures():

@@ -6,9 +6,9 @@ batch-invariant ops (`ops.py`). Matmuls run in fixed 64-row chunks on both.
 
 Every layer ends at a yield, where the engine may pause a long-lane pass. On the CPU each layer is evaluated
 before it yields, and a layer over more than STEP_ROWS rows also yields inside, between row blocks and attention
-groups (`_row_blocks`), with the same bits. On Metal a layer is submitted with `mx.async_eval` and the pass blocks on the layer before it:
-the GPU always has the next layer queued, a paused pass leaves at most one layer in flight, and the host's clock
-(which the long lane's slice is measured with) stays within one layer of the GPU.
+groups (`_row_blocks`), with the same bits. On Metal a layer is submitted with `mx.async_eval` and the pass
+blocks on the layer before it: the GPU always has the next layer queued, a paused pass leaves at most one layer
+in flight, and the host's clock (which the long lane's slice is measured with) stays within one layer of the GPU.
 """
 
 from __future__ import annotations
