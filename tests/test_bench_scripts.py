@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench import mac_check
 
 
@@ -47,3 +49,26 @@ def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
     engines = {row[1] for row in data["rows"]}
     assert engines == {"basal (tree)", "basal, tree off"}
     assert len(data["samples_s"]) == 6 and "speed vs tree off" in files[1].read_text()
+
+
+@pytest.mark.slow
+def test_multi_speed_smoke(demo_dir, tmp_path):
+    from bench import multi_speed
+
+    rows = multi_speed.main(
+        [
+            "--model",
+            str(demo_dir),
+            "--labels",
+            "3",
+            "--reps",
+            "1",
+            "--state-tokens",
+            "64",
+            "--out",
+            str(tmp_path / "m.json"),
+        ]
+    )
+    (row,) = rows
+    assert row["labels"] == 3 and row["packed_tokens"] < row["prompt_tokens"]  # the state is computed once
+    assert row["packed_tokens"] < row["separate_packed_tokens"]

@@ -17,6 +17,7 @@ from basal import __version__
 from basal.api.errors import litestar_http_exception, unhandled_exception
 from basal.api.handling import ApiSettings, check_auth, decide
 from basal.api.wire import BasalRequest, SystemOneRequest, body_operation
+from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
 from basal.core.engine import Engines
 from basal.core.errors import RequestError
@@ -24,7 +25,14 @@ from basal.core.pipeline import model_resolver
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = "basal typed-decision model (choice / noul / score), Polish and English"
+DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
+
+
+def compute_info(engines: Engines, name: str) -> dict[str, object]:
+    """Backend, device, dtype and (torch) the GEMM row-chunk plans: what decides the bits of this model's answers."""
+    backend = engines.engines[name].pipeline.backend
+    describe = getattr(backend, "describe", None)
+    return describe() if describe else {"backend": backend.name, "device": backend.device, "dtype": backend.dtype}
 
 
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
@@ -70,6 +78,8 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
                         "description": settings.descriptions.get(n, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
+                        **capabilities(engines.engines[n].pipeline.model),
+                        "compute": compute_info(engines, n),
                     }
                     for n in names
                 ]

@@ -20,17 +20,45 @@ class NoulCriteria(msgspec.Struct, forbid_unknown_fields=True):
 class NoulQuestion(msgspec.Struct, tag_field="type", tag="noul", forbid_unknown_fields=True):
     instructions: Entry | None = None
     criteria: NoulCriteria | None = None
+    evidence: Any = None
 
 
 class ChoiceQuestion(msgspec.Struct, tag_field="type", tag="choice", forbid_unknown_fields=True):
     criteria: dict[str, Entry | None]
     instructions: Entry | None = None
     option_keys: Literal["show", "hide"] = "show"
+    evidence: Any = None
 
 
 class ScoreQuestion(msgspec.Struct, tag_field="type", tag="score", forbid_unknown_fields=True):
     criteria: list[Entry]
     instructions: Entry | None = None
+    evidence: Any = None
+
+
+class MultiQuestion(msgspec.Struct, tag_field="type", tag="multi", forbid_unknown_fields=True):
+    """One yes/no branch per label; the labels whose P(yes) >= threshold, at most `max`, at least `min`."""
+
+    criteria: dict[str, Entry | None] | list[str]
+    instructions: Entry | None = None
+    threshold: float | None = 0.5
+    max: float | None = None
+    min: float | None = None
+    option_keys: Literal["show", "hide"] = "show"
+
+
+class ActQuestion(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
+    """A readout, then the action of minimum expected cost: costs ``{action: {outcome: cost}}`` or
+    ``{"wrong": W, "defer": D}``; `max_error` refuses below the certified confidence of CALIBRATION.json."""
+
+    costs: dict[str, float | dict[str, float]]
+    criteria: dict[str, Entry | None] | list[str] | None = None
+    instructions: Entry | None = None
+    base: Literal["choice", "noul", "score"] | None = None
+    option_keys: Literal["show", "hide"] = "show"
+    defer_action: str | None = None
+    max_error: float | None = None
+    evidence: Any = None
 
 
 class SystemOneRequest(msgspec.Struct):
@@ -38,7 +66,7 @@ class SystemOneRequest(msgspec.Struct):
 
     model: str
     state: Entry
-    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion]
+    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion | MultiQuestion | ActQuestion]
 
 
 class BasalQuestion(msgspec.Struct):

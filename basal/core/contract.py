@@ -14,24 +14,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
 
+from basal.core import multi_act_contract as ext
+from basal.core.act import ActAnswer, ActSpec
 from basal.core.errors import RequestError
 from basal.core.facts.request import basal_state_text, systemone_state_text
+from basal.core.multi import MultiAnswer, MultiSpec
 from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
 from basal.core.render import MAX_DEPTH, depth_of, text_of
 
 Dialect = Literal["systemone", "basal"]
-Kind = Literal["choice", "noul", "score"]
+Kind = Literal["choice", "noul", "score", "multi", "act"]
 MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (basal.core.large_choice), /v1/basal keeps 2..10
 MAX_LEVELS = 10
-EXTENSION_QUESTION_KEYS = frozenset(
-    {"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"}
-)
-EXTENSION_TYPES = frozenset({"multi", "act"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -43,6 +42,10 @@ class Question:
     kind: Kind  # answer shape
     item: Item  # what the model sees; one option -> answered with p = 1 without running the model
     legend: tuple[Any, ...] = ()  # score legend values (TypeSafe: levels as sent; upstream: shown texts)
+    branches: tuple[Item, ...] = ()  # multi: one yes/no item per label, asked instead of `item`
+    spec: MultiSpec | ActSpec | None = None  # multi selection rule / act cost matrix
+    evidence: bool = False  # a truthy `evidence` field
+    deferred_error: RequestError | None = None  # upstream: raised when the answer is built (after the run)
 
     @property
     def name(self) -> str:
@@ -50,7 +53,28 @@ class Question:
 
     @property
     def needs_model(self) -> bool:
-        return len(self.item.options) >= 2
+        return bool(self.branches) or len(self.item.options) >= 2
+
+    @property
+    def asked(self) -> tuple[Item, ...]:
+        """The readouts the model answers for this question, in order (multi: its branches)."""
+        return self.branches or (self.item,)
+
+    @property
+    def branch_count(self) -> int:
+        """``usage.branches`` of the question: its labels for multi, 1 otherwise."""
+        return len(self.branches) or 1
+
+
+def _from_planned(planned: ext.Planned, evidence: bool) -> Question:
+    return Question(
+        planned.kind,  # type: ignore[arg-type]
+        planned.item,
+        branches=planned.branches,
+        spec=planned.spec,
+        evidence=evidence,
+        deferred_error=planned.deferred_error,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +114,7 @@ class Usage(msgspec.Struct):
 
 class SystemOneResponse(msgspec.Struct):
     model: str
-    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer | MultiAnswer | ActAnswer]
     usage: Usage
 
 
@@ -123,7 +147,7 @@ class BasalUsage(msgspec.Struct):
 
 class BasalResponse(msgspec.Struct):
     model: str
-    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer]
+    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer | MultiAnswer | ActAnswer]
     usage: BasalUsage
 
 
@@ -242,6 +266,7 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
             )
     state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
     if isinstance(questions, dict):
+        ext.check_multi_evidence(questions, ext.Errors(errors.items))
         for qid, q in questions.items():
             _check_question_shape(qid, q, errors)
     if errors.items:
@@ -265,8 +290,14 @@ def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
     return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
 
 
-_COMMON_KEYS = frozenset({"type", "instructions", "criteria"})
-_ALLOWED_KEYS = {"noul": _COMMON_KEYS, "choice": _COMMON_KEYS | {"option_keys"}, "score": _COMMON_KEYS}
+_COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
+_ALLOWED_KEYS = {
+    "noul": _COMMON_KEYS,
+    "choice": _COMMON_KEYS | {"option_keys"},
+    "score": _COMMON_KEYS,
+    "multi": ext.MULTI_KEYS,
+    "act": ext.ACT_KEYS,
+}
 
 
 def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
@@ -284,12 +315,16 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
         return  # an unknown type is a 400 (checked with the limits); extensions are 422 unsupported
     loc = ["questions", qid, qtype]
     for key in q:
-        if key not in _ALLOWED_KEYS[qtype] and key not in EXTENSION_QUESTION_KEYS:
+        if key not in _ALLOWED_KEYS[qtype]:
             errors.add("extra_forbidden", [*loc, key], "Extra inputs are not permitted", q[key])
     if "instructions" in q:
         errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
     criteria = q.get("criteria")
-    if qtype == "noul":
+    if qtype == "multi":
+        ext.check_multi_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "act":
+        ext.check_act_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "noul":
         if criteria is None:
             return
         if not isinstance(criteria, dict):
@@ -339,28 +374,22 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
 def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]]) -> Question | None:
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
-    if qtype in EXTENSION_TYPES:
-        unsupported.append(
-            _unsupported(
-                ["questions", qid, "type"],
-                f'"{qtype}" questions are a basal-1.5 extension that this server does not support yet',
-            )
-        )
-        return None
     if qtype == "box":
         unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
         return None
     if qtype not in _ALLOWED_KEYS:
         raise _usage_error("Invalid request.")
-    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
-        unsupported.append(
-            _unsupported(
-                ["questions", qid, qtype, key],
-                f'"{key}" is a basal-1.5 extension that this server does not support yet',
-            )
-        )
     instructions = q.get("instructions")
     question_text = "" if instructions is None else text_of(instructions)
+    evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
+    if evidence:
+        unsupported.append(ext.evidence_unsupported(qid))
+    if qtype == "multi":
+        planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, False)
+    if qtype == "act":
+        planned = ext.plan_act_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, evidence)
     lang = lang_of(state_text + question_text)
     criteria = q.get("criteria")
     legend: tuple[Any, ...] = ()
@@ -387,7 +416,7 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
         options = [text_of(level) for level in criteria]
         legend = tuple(criteria)
     item = Item(qid, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
-    return Question(qtype, item, legend)
+    return Question(qtype, item, legend, evidence=evidence)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,8 +427,12 @@ def _basal_error(message: str, kind: str = "ValueError") -> RequestError:
     return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
 
 
-def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> DecisionRequest:
-    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model."""
+def parse_basal(
+    raw: Any, resolve_model: Callable[[str | None], str | None], check_evidence: bool = True
+) -> DecisionRequest:
+    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model.
+
+    `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference)."""
     if not isinstance(raw, dict):
         raise _basal_error("the request body must be a JSON object", "TypeError")
     for key in ("state", "questions"):
@@ -417,7 +450,28 @@ def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> 
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
-    return DecisionRequest("basal", model, tuple(_plan_basal(name, q, state_text) for name, q in questions.items()))
+    planned = tuple(_plan_basal(name, q, state_text) for name, q in questions.items())
+    if check_evidence:
+        _fail_before_the_run(planned)
+    else:
+        planned = tuple(replace(q, evidence=False) for q in planned)
+    return DecisionRequest("basal", model, planned)
+
+
+def _fail_before_the_run(questions: tuple[Question, ...]) -> None:
+    """Raise now what upstream would raise after the run, when no earlier question could fail first.
+
+    Upstream builds answers in question order (a multi's int(max), an act refusal without a defer action can
+    fail there), then refuses evidence for want of a head. Only an act with max_error and no defer action
+    depends on the model's output; up to such a question, the outcome is known before anything runs.
+    """
+    for q in questions:
+        if q.deferred_error is not None:
+            raise q.deferred_error
+        if ext.may_fail_after_run(q.spec):
+            return
+    if any(q.evidence for q in questions):
+        raise ext.evidence_refusal_basal()
 
 
 def _plan_basal(name: str, q: Any, state_text: str) -> Question:
@@ -426,15 +480,15 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
     qtype = q.get("type", "choice")
     if not isinstance(qtype, str):
         raise _basal_error(f"question {name!r}: type must be a string", "TypeError")
-    if qtype in EXTENSION_TYPES:
-        raise _basal_error(
-            f"question {name!r}: {qtype!r} questions (basal-1.5 extension) are not supported yet", "unsupported"
-        )
-    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
-        raise _basal_error(f"question {name!r}: {key!r} (basal-1.5 extension) is not supported yet", "unsupported")
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
         raise _basal_error(f"question {name!r} is nested deeper than {MAX_DEPTH} levels")
     question_text = text_of(q.get("instructions", ""))
+    evidence = ext.truthy(q.get("evidence"))
+    if qtype == "multi":
+        return _from_planned(ext.plan_multi_basal(name, q, state_text, question_text), evidence)
+    if qtype == "act":
+        planned = ext.plan_act_basal(name, q, state_text, question_text, lambda: _basal_option_keys(q))
+        return _from_planned(planned, evidence)
     lang = lang_of(state_text + question_text)
     kind: Kind
     if qtype == "noul":  # upstream falls back to the default text for any falsy side ("", {}, [], null)
@@ -466,7 +520,7 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
     if not 2 <= len(options) <= MAX_OPTIONS:
         raise _basal_error(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
     item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
-    return Question(kind, item, tuple(options) if kind == "score" else ())
+    return Question(kind, item, tuple(options) if kind == "score" else (), evidence=evidence)
 
 
 def _basal_option_keys(q: dict[str, Any]) -> str:

@@ -299,8 +299,9 @@ class Engines:
 def _prompt_chars(request: DecisionRequest) -> int:
     """Characters to tokenize: every prompt repeats state and question (a large choice asks many groups)."""
     return sum(
-        _prompts_of(q.item) * (len(q.item.state_text) + len(q.item.question_text)) + 2 * sum(map(len, q.item.options))
+        _prompts_of(item) * (len(item.state_text) + len(item.question_text)) + 2 * sum(map(len, item.options))
         for q in request.questions
+        for item in q.asked
     )
 
 

@@ -156,9 +156,9 @@ class _RecordingPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         self.logits_of: dict[int, dict[str, list[np.ndarray]]] = {}
 
-    def answer(self, request, logits, input_tokens, latency_ms):  # type: ignore[override]
+    def answer(self, request, logits, input_tokens, latency_ms, joints=None):  # type: ignore[override]
         self.logits_of[id(request)] = logits
-        return super().answer(request, logits, input_tokens, latency_ms)
+        return super().answer(request, logits, input_tokens, latency_ms, joints)
 
 
 # ---------------------------------------------------------------------------------------------------------------
