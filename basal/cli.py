@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from basal import __version__
+from basal.core.limits import DEFAULT_LIMITS, Limits
 
 
 def _synth_model(a: argparse.Namespace) -> int:
@@ -186,6 +187,9 @@ def _serve(a: argparse.Namespace) -> int:
                 "api_keys": a.api_key or [],
                 "max_body_mb": a.max_body_mb,
                 "access_log": a.access_log,
+                "limits": {name: getattr(a, name) for name in Limits.__struct_fields__ if getattr(a, name) is not None},
+                "cors_origins": a.cors_origin or [],
+                "shutdown_grace_s": a.shutdown_grace_s,
                 "threads": a.threads,
             },
             "flags",
@@ -391,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
+    v.add_argument("--cors-origin", action="append", help="allow this browser origin (repeatable; default: CORS off)")
+    v.add_argument("--shutdown-grace-s", type=float, default=30.0, help="on SIGTERM, time for requests in flight")
+    for name in Limits.__struct_fields__:  # every limit of the README's "Limits" table
+        default = getattr(DEFAULT_LIMITS, name)
+        v.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=None, help=f"(default {default})")
     v.add_argument("--threads", type=int, default=None, help="CPU forward threads (default: the physical cores)")
     v.add_argument(
         "--ray",

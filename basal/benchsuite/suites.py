@@ -301,7 +301,8 @@ def concurrency(b: Bench) -> SuiteResult:
                 with httpx.Client(base_url=url, timeout=600) as c:
                     for _ in range(per):
                         t = time.perf_counter()
-                        assert c.post("/v1/systemone", content=body).status_code == 200
+                        r = c.post("/v1/systemone", content=body, headers={"content-type": "application/json"})
+                        assert r.status_code == 200
                         out.append(time.perf_counter() - t)
                 return out
 

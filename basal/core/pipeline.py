@@ -36,7 +36,14 @@ from basal.core.model_dir import ModelDir
 from basal.core.multi_act_contract import evidence_refusal_basal
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
-from basal.core.tree import FORWARD_MAX_TOKENS, TREE_MAX_TOKENS, TokenizedQuestion, packed_tokens, plan_forwards
+from basal.core.tree import (
+    FORWARD_MAX_TOKENS,
+    TREE_MAX_TOKENS,
+    Forward,
+    TokenizedQuestion,
+    packed_tokens,
+    plan_forwards,
+)
 
 JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
 
@@ -146,6 +153,11 @@ class Pipeline:
         self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:
         """Letter logits of every order of every question (float32, first k letters); yields between layers."""
+        forwards = self.pack(tokenized, stats)
+        return (yield from self.forward(tokenized, forwards, stats))
+
+    def pack(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
+        """Trie rows and forwards of a batch: host work, done before the device is taken."""
         t0 = time.perf_counter()
         forwards = plan_forwards(
             tokenized,
@@ -155,6 +167,14 @@ class Pipeline:
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
+        if stats is not None:
+            stats.pack_ms += (time.perf_counter() - t0) * 1000
+        return forwards
+
+    def forward(
+        self, tokenized: Sequence[TokenizedQuestion], forwards: Sequence[Forward], stats: Stats | None = None
+    ) -> Generator[None, None, list[list[np.ndarray]]]:
+        """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause)."""
         t1 = time.perf_counter()
         out: list[list[np.ndarray]] = [[None] * len(t.prompts) for t in tokenized]  # type: ignore[list-item]
         for f in forwards:
@@ -162,7 +182,6 @@ class Pipeline:
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
         if stats is not None:
-            stats.pack_ms += (t1 - t0) * 1000
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
             stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)

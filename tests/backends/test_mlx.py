@@ -142,7 +142,7 @@ def test_mlx_backend_serves_over_http(demo_model):
         },
     }
     with TestClient(create_app(engines)) as c:
-        r = c.post("/v1/systemone", content=json.dumps(body))
+        r = c.post("/v1/systemone", content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 200 and set(r.json()["answers"]) == {"r", "c"}
     assert (backend.name, backend.device, backend.dtype) == ("mlx", "cpu", "f32")
 
