@@ -227,7 +227,8 @@ class Exporter:
             if p.error is not None:
                 yield self._record(p, None, None)
                 continue
-            by_name = {q.name: lg for q, lg in zip(p.questions, logits, strict=True)}
+            rows = iter(logits)  # one entry per readout: a multi has one per label
+            by_name = {q.name: [order for _ in q.asked for order in next(rows)] for q in p.questions}
             answer = self.pipeline.answer(p.request, by_name, p.job.prompt_tokens, 0.0)
             yield self._record(p, by_name, msgspec.to_builtins(answer))
 
@@ -260,7 +261,7 @@ class Exporter:
             if p.error is not None:
                 return {**record, "error": p.error}
             (q,) = p.questions
-            fields, dist = self._fields(q, p, logits[q.name])
+            (fields, dist), *_ = self._readouts(q, p, logits[q.name])
             return {
                 **record,
                 "lang": q.item.lang,
@@ -278,20 +279,31 @@ class Exporter:
         record |= {"dialect": p.input.dialect, "request": raw["request"]}
         if p.error is not None:
             return {**record, "items": [], "error": p.error}
-        items = [question_item(q.item, self._fields(q, p, logits[q.name])[0]) for q in p.questions]
+        items = [
+            question_item(item, fields)
+            for q in p.questions
+            for item, (fields, _dist) in zip(q.asked, self._readouts(q, p, logits[q.name]), strict=True)
+        ]
         return {**record, "items": items, "answer": without_latency(answer)}
 
-    def _fields(self, q: Question, p: Planned, logits: list[np.ndarray]):
-        tokenized = p.job.tokenized[p.questions.index(q)]
-        k = len(q.item.options)
-        return item_fields(
-            q.item,
-            self.model.bos,
-            tokenized.prompts,
-            self.pipeline.letter_ids[:k],
-            logits,
-            self.model.calibration.temperature(q.item.type),
-        )
+    def _readouts(self, q: Question, p: Planned, logits: list[np.ndarray]):
+        """Fields of each readout of a question (one item per multi label, as check-reference reads them)."""
+        first = sum(len(other.asked) for other in p.questions[: p.questions.index(q)])
+        out, at = [], 0
+        for i, item in enumerate(q.asked):
+            n, k = len(item.orders), len(item.options)
+            out.append(
+                item_fields(
+                    item,
+                    self.model.bos,
+                    p.job.tokenized[first + i].prompts,
+                    self.pipeline.letter_ids[:k],
+                    logits[at : at + n],
+                    self.model.calibration.temperature(item.type),
+                )
+            )
+            at += n
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
