@@ -151,6 +151,9 @@ def _facts(a: argparse.Namespace) -> int:
 
 
 def _serve(a: argparse.Namespace) -> int:
+    from basal.backends.cuda.threads import prepare_server_environment
+
+    prepare_server_environment()  # before torch loads: OpenMP workers sleep between ops (threads.py)
     from basal.config import load_config, parse_config
     from basal.server import serve
 
@@ -183,6 +186,7 @@ def _serve(a: argparse.Namespace) -> int:
                 "api_keys": a.api_key or [],
                 "max_body_mb": a.max_body_mb,
                 "access_log": a.access_log,
+                "threads": a.threads,
             },
             "flags",
         )
@@ -239,12 +243,20 @@ def _bench(a: argparse.Namespace) -> int:
             print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
             model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
         bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
+        if bench.limit:
+            rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
+            print(
+                f"GEMM limit of this machine for the model's shapes: {bench.limit.combined_gflops:.0f} GFLOP/s "
+                f"({bench.limit.rows}-row F.linear: {rates})",
+                file=sys.stderr,
+            )
         context = {
             "model": model_shape(model),
             "backend": bench.backend.name,
             "device": bench.backend.device,
             "dtype": bench.backend.dtype,
             "quick": not a.full,
+            "gemm_limit": bench.limit.as_dict() if bench.limit else None,
         }
         out = Path(a.out)
         for name in tqdm(names, desc="suites", disable=a.quiet):
@@ -379,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
+    v.add_argument("--threads", type=int, default=None, help="CPU forward threads (default: the physical cores)")
     v.add_argument(
         "--ray",
         nargs="?",

@@ -87,6 +87,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_body_mb: float = 16.0
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
+    threads: int | None = None  # CPU forward threads (default: the physical cores)
     ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
 
     def __post_init__(self) -> None:
@@ -95,6 +96,8 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError(f"`addr` must be HOST:PORT, got {self.addr!r}")
         if self.max_inflight < 1:
             raise msgspec.ValidationError("`max_inflight` must be positive")
+        if self.threads is not None and self.threads < 1:
+            raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
 
     @property
     def host(self) -> str:

@@ -51,6 +51,10 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> 
     """Load every configured model (or the demo model) and wire its engine to the shared gate."""
     metrics = Metrics(config.max_inflight)
     gate = Gate(config.long_slice_ms)
+    if config.threads is not None:
+        from basal.backends.cuda.threads import configure_threads
+
+        configure_threads(config.threads)
     specs = config.models or [ModelConfig(path="<demo>")]
     engines: dict[str, Engine] = {}
     for i, spec in enumerate(specs):

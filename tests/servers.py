@@ -21,12 +21,28 @@ from basal.core.pipeline import Pipeline
 
 
 class SlowBackend:
-    """The torch backend with a pause after every layer: makes a pass long enough to schedule around."""
+    """The torch backend made slow enough to schedule around: a pause of `layer_s` at every layer boundary, or
+    (`in_layer=True`) at every pause point inside a layer too, so that one layer alone takes long. Records every
+    pause as (inside a layer, perf_counter at the pause, perf_counter at the resume). `on_pause`, if set, is called
+    with `inside` at every pause, just before it, until it returns True (then it is cleared)."""
 
-    def __init__(self, inner: TorchBackend, layer_s: float):
-        self.inner, self.layer_s = inner, layer_s
+    def __init__(self, inner: TorchBackend, layer_s: float, in_layer: bool = False):
+        self.inner, self.layer_s, self.in_layer = inner, layer_s, in_layer
         self.name, self.device, self.dtype, self.model = inner.name, inner.device, inner.dtype, inner.model
         self.batches: list[int] = []  # n_tokens of every batch run
+        self.pauses: list[tuple[bool, float, float]] = []
+        self.on_pause = None
+        self._inside = False
+        layer = inner.net.layer
+
+        def traced_layer(*args, **kwargs):
+            self._inside = True
+            try:
+                return (yield from layer(*args, **kwargs))
+            finally:
+                self._inside = False
+
+        inner.net.layer = traced_layer
 
     def prefix(self, key, tokens):
         self.inner.prefix(key, tokens)
@@ -39,16 +55,28 @@ class SlowBackend:
                 next(steps)
             except StopIteration as done:
                 return done.value
-            time.sleep(self.layer_s)
+            inside = self._inside
+            if self.in_layer or not inside:
+                time.sleep(self.layer_s)
+            if self.on_pause is not None and self.on_pause(inside):
+                self.on_pause = None
+            paused = time.perf_counter()
             yield
+            self.pauses.append((inside, paused, time.perf_counter()))
 
 
 def make_engines(
-    model: ModelDir, *, max_inflight: int = 1024, slow_s: float = 0.0, slice_ms: float = 100.0, **settings
+    model: ModelDir,
+    *,
+    max_inflight: int = 1024,
+    slow_s: float = 0.0,
+    slow_in_layer: bool = False,
+    slice_ms: float = 100.0,
+    **settings,
 ) -> Engines:
     backend = TorchBackend.load(model)
     if slow_s:
-        backend = SlowBackend(backend, slow_s)
+        backend = SlowBackend(backend, slow_s, slow_in_layer)
     metrics, gate = Metrics(max_inflight), Gate(slice_ms)
     engine = Engine(model.name, Pipeline(model, backend), gate, metrics, EngineSettings(**settings))
     return Engines({model.name: engine}, model.name, metrics, max_inflight)

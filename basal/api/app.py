@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
 
 
+def compute_info(engines: Engines, name: str) -> dict[str, object]:
+    """Backend, device, dtype and (torch) the GEMM row-chunk plans: what decides the bits of this model's answers."""
+    backend = engines.engines[name].pipeline.backend
+    describe = getattr(backend, "describe", None)
+    return describe() if describe else {"backend": backend.name, "device": backend.device, "dtype": backend.dtype}
+
+
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
     settings = settings or ApiSettings()
     names = list(engines.engines)
@@ -72,6 +79,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
                         "mode": "basal",
                         "early_exit": [],
                         **capabilities(engines.engines[n].pipeline.model),
+                        "compute": compute_info(engines, n),
                     }
                     for n in names
                 ]
