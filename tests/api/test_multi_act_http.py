@@ -23,10 +23,18 @@ from tests.api.test_http import post
 from tests.conftest import DATA
 from tests.stub_backend import StubBackend
 
+REFUSALS = {  # the vectors of the other files that concern multi/act/evidence validation
+    "upstream-test/refused-without-head",
+    "errors/upstream/evidence-multi",
+    "errors/typesafe/evidence-no-head",
+    "errors/typesafe/act-11-options",
+    "errors/typesafe/evidence-on-large-choice",
+}
 VECTORS = [
-    json.loads(line)
-    for name in ("multi_act.jsonl", "evidence_refusals.jsonl")
-    for line in (DATA / "extensions" / name).read_text().splitlines()
+    v
+    for name in ("multi_act.jsonl", "evidence.jsonl", "large_choice.jsonl")
+    for v in map(json.loads, (DATA / "extensions" / name).read_text().splitlines())
+    if name == "multi_act.jsonl" or v["id"] in REFUSALS
 ]
 OPTIONAL = {"max_error", "refused"}  # act keys that depend on the model's numbers
 
@@ -41,6 +49,7 @@ def _served(request: dict, name: str) -> dict:
 
 @pytest.mark.parametrize("v", _of("request_error"), ids=lambda v: v["id"])
 def test_request_error_vectors(client, demo_model, v):
+    assert sum(x["id"] in REFUSALS for x in VECTORS) == len(REFUSALS)  # every refusal vector was found
     path = "/v1/systemone" if v["dialect"] == "typesafe" else "/v1/basal"
     r = post(client, _served(v["request"], demo_model.name), path)
     expected = v["expected"]["body"]

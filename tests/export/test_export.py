@@ -159,6 +159,21 @@ def test_an_upstream_export_as_the_request_file_gives_upstreams_prompts(demo_mod
     assert compare_files(ours, again, bitwise=True).ok  # a basal export is a request file too
 
 
+@pytest.mark.parametrize("batching", [pytest.param("single", marks=pytest.mark.slow), "tree"])
+def test_multi_and_act_requests_export_one_item_per_readout_and_check(demo_model, tmp_path, batching):
+    cases = [json.loads(line) for line in (GOLDEN / "systemone_cases_1.5.jsonl").read_text().splitlines()]
+    chosen = [c for c in cases if c["id"] in ("m15-mixed", "m15-act-full")]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chosen))
+    out = export_records(requests, tmp_path / "out.jsonl", demo_model, "torch", "f32", batching=batching).out
+    records = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    assert [len(r["items"]) for r in records] == [1, 3 + 3]  # m15-mixed: choice, noul, score + 3 multi branches
+    checker = ReferenceChecker(demo_model)
+    checker.check_file(out)
+    assert checker.report.ok, checker.report.mismatches
+    assert checker.report.passed["upstream answer"] == 5
+
+
 ONE_PROMPT_FORWARD = (
     "torch CPU: a forward holding a single prompt (one readout) differs in its last bits (up to 6e-7 in f32) from "
     "the same prompt packed with others; a large choice's one-order groups (luce2-1o) run alone in single mode"
