@@ -174,16 +174,10 @@ def test_multi_and_act_requests_export_one_item_per_readout_and_check(demo_model
     assert checker.report.passed["upstream answer"] == 5
 
 
-ONE_PROMPT_FORWARD = (
-    "torch CPU: a forward holding a single prompt (one readout) differs in its last bits (up to 6e-7 in f32) from "
-    "the same prompt packed with others; a large choice's one-order groups (luce2-1o) run alone in single mode"
-)
-
-
 @pytest.mark.parametrize(
     "backend",
     [
-        pytest.param("torch", marks=pytest.mark.xfail(strict=True, reason=ONE_PROMPT_FORWARD)),
+        "torch",
         pytest.param("mlx", marks=pytest.mark.skipif(load_backend_class("mlx") is None, reason="no MLX")),
     ],
 )
