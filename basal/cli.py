@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from basal import __version__
+from basal.core.limits import DEFAULT_LIMITS, Limits
 
 
 def _synth_model(a: argparse.Namespace) -> int:
@@ -151,6 +152,9 @@ def _facts(a: argparse.Namespace) -> int:
 
 
 def _serve(a: argparse.Namespace) -> int:
+    from basal.backends.cuda.threads import prepare_server_environment
+
+    prepare_server_environment()  # before torch loads: OpenMP workers sleep between ops (threads.py)
     from basal.config import load_config, parse_config
     from basal.server import serve
 
@@ -183,6 +187,10 @@ def _serve(a: argparse.Namespace) -> int:
                 "api_keys": a.api_key or [],
                 "max_body_mb": a.max_body_mb,
                 "access_log": a.access_log,
+                "limits": {name: getattr(a, name) for name in Limits.__struct_fields__ if getattr(a, name) is not None},
+                "cors_origins": a.cors_origin or [],
+                "shutdown_grace_s": a.shutdown_grace_s,
+                "threads": a.threads,
             },
             "flags",
         )
@@ -239,12 +247,20 @@ def _bench(a: argparse.Namespace) -> int:
             print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
             model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
         bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
+        if bench.limit:
+            rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
+            print(
+                f"GEMM limit of this machine for the model's shapes: {bench.limit.combined_gflops:.0f} GFLOP/s "
+                f"({bench.limit.rows}-row F.linear: {rates})",
+                file=sys.stderr,
+            )
         context = {
             "model": model_shape(model),
             "backend": bench.backend.name,
             "device": bench.backend.device,
             "dtype": bench.backend.dtype,
             "quick": not a.full,
+            "gemm_limit": bench.limit.as_dict() if bench.limit else None,
         }
         out = Path(a.out)
         for name in tqdm(names, desc="suites", disable=a.quiet):
@@ -379,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
     v.add_argument("--max-body-mb", type=float, default=16.0)
     v.add_argument("--access-log", action="store_true")
+    v.add_argument("--cors-origin", action="append", help="allow this browser origin (repeatable; default: CORS off)")
+    v.add_argument("--shutdown-grace-s", type=float, default=30.0, help="on SIGTERM, time for requests in flight")
+    for name in Limits.__struct_fields__:  # every limit of the README's "Limits" table
+        default = getattr(DEFAULT_LIMITS, name)
+        v.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=None, help=f"(default {default})")
+    v.add_argument("--threads", type=int, default=None, help="CPU forward threads (default: the physical cores)")
     v.add_argument(
         "--ray",
         nargs="?",

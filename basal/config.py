@@ -13,6 +13,8 @@ from typing import Literal
 import msgspec
 import yaml
 
+from basal.core.limits import Limits
+
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     path: str | None = None  # a local model directory
@@ -87,6 +89,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_body_mb: float = 16.0
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
+    limits: Limits = msgspec.field(default_factory=Limits)  # README "Limits": what one request may cost
+    cors_origins: list[str] = msgspec.field(default_factory=list)  # browser origins allowed (none: CORS off)
+    shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
+    threads: int | None = None  # CPU forward threads (default: the physical cores)
     ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
 
     def __post_init__(self) -> None:
@@ -95,6 +101,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError(f"`addr` must be HOST:PORT, got {self.addr!r}")
         if self.max_inflight < 1:
             raise msgspec.ValidationError("`max_inflight` must be positive")
+        if self.shutdown_grace_s < 0:
+            raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
+        if self.threads is not None and self.threads < 1:
+            raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
 
     @property
     def host(self) -> str:

@@ -70,8 +70,8 @@ def _questions(model: ModelDir, n: int = 6) -> list[TokenizedQuestion]:
     return out
 
 
-def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool, float]:
-    """Alone vs batched vs without the prefix cache, compared as bits. -> (invariant, seconds)."""
+def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool, float, dict]:
+    """Alone vs batched vs without the prefix cache, compared as bits. -> (invariant, seconds, backend facts)."""
     started = time.perf_counter()
     b = load_backend_class(backend).load(model, dtype=dtype, device=device)
     cached, plain = Pipeline(model, b), Pipeline(model, b, prefix_cache=False)
@@ -84,7 +84,21 @@ def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool,
         return [np.asarray(o, dtype=np.float32).tobytes() for q in logits for o in q]
 
     ok = bits(together) == bits(alone) == bits(uncached)
-    return ok, time.perf_counter() - started
+    facts = b.describe() if hasattr(b, "describe") else {}
+    return ok, time.perf_counter() - started, facts
+
+
+def chunk_lines(facts: dict) -> list[str]:
+    """The GEMM row-chunk plan per weight shape (torch backend), one line each."""
+    chunks = facts.get("gemm_chunks")
+    if not isinstance(chunks, dict):
+        return [f"    GEMM row chunks: {chunks}"] if chunks else []
+    out = []
+    for shape, p in chunks.items():
+        tails = f"tails {p['tails'][0]}-{p['tails'][-1]}" if len(p["tails"]) > 1 else "no other sizes"
+        same = "bits of the 64-row reference" if p["reference_bits"] else "bits DIFFER from the 64-row reference"
+        out.append(f"    GEMM {shape:<22} {p['rows']:>4} rows ({tails}; {same})")
+    return out
 
 
 def gpu_engine_tables() -> list[str]:
@@ -123,7 +137,8 @@ def report(model: ModelDir | None, run_checks: bool) -> str:
         lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
         for backend, device in paths():
             for dtype in DTYPES:
-                ok, seconds = check(model, backend, device, dtype)
+                ok, seconds, facts = check(model, backend, device, dtype)
                 verdict = "verified" if ok else "NOT INVARIANT"
                 lines.append(f"  {f'{backend}-{device}-{dtype}':<16} {verdict} ({seconds:.1f} s)")
+                lines += chunk_lines(facts)
     return "\n".join(lines)

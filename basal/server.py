@@ -8,6 +8,7 @@ from pathlib import Path
 
 from basal.api.app import create_app
 from basal.api.handling import ApiSettings
+from basal.api.listener import DrainingServer, server_config
 from basal.backends.base import load_backend
 from basal.config import ConfigError, ModelConfig, ServeConfig
 from basal.core.engine import Engine, Engines, EngineSettings
@@ -51,6 +52,10 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> 
     """Load every configured model (or the demo model) and wire its engine to the shared gate."""
     metrics = Metrics(config.max_inflight)
     gate = Gate(config.long_slice_ms)
+    if config.threads is not None:
+        from basal.backends.cuda.threads import configure_threads
+
+        configure_threads(config.threads)
     specs = config.models or [ModelConfig(path="<demo>")]
     engines: dict[str, Engine] = {}
     for i, spec in enumerate(specs):
@@ -74,7 +79,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> 
             tree_max_tokens=spec.tree_max_tokens,
             large_choice=spec.large_choice,
         )
-        settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens)
+        settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
         engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
     default = config.default_model or next(iter(engines))
     if default not in engines:
@@ -86,12 +91,17 @@ def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
     if env := os.environ.get("BASAL_API_KEYS"):
         keys += [k.strip() for k in env.split(",") if k.strip()]
-    return ApiSettings(tuple(keys), int(config.max_body_mb * (1 << 20)), config.release_date, config.metrics)
+    return ApiSettings(
+        tuple(keys),
+        int(config.max_body_mb * (1 << 20)),
+        config.release_date,
+        config.metrics,
+        limits=config.limits,
+        cors_origins=tuple(config.cors_origins),
+    )
 
 
 def serve(config: ServeConfig) -> None:
-    import uvicorn
-
     engines = build_engines(config)
     app = create_app(engines, api_settings(config))
     log.info(
@@ -101,11 +111,7 @@ def serve(config: ServeConfig) -> None:
         ", ".join(engines.engines),
         engines.default,
     )
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        access_log=config.access_log,
-        log_level="info",
-        timeout_graceful_shutdown=30,
+    uvicorn_config = server_config(
+        app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
     )
+    DrainingServer(uvicorn_config, engines, config.shutdown_grace_s).run()

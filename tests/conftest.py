@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from basal.core.model_dir import ModelDir
 from basal.core.synth import synth_model
+
+# the GEMM chunk probe keeps no disk cache in tests (each session probes the demo shapes once, in well under a second)
+os.environ.setdefault("BASAL_GEMM_CACHE", "off")
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "golden"

@@ -8,10 +8,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import uvicorn
-
 from basal.api.app import create_app
 from basal.api.handling import ApiSettings
+from basal.api.listener import DrainingServer, server_config
 from basal.backends.cuda.backend import TorchBackend
 from basal.core.engine import Engine, Engines, EngineSettings
 from basal.core.gate import Gate
@@ -21,12 +20,30 @@ from basal.core.pipeline import Pipeline
 
 
 class SlowBackend:
-    """The torch backend with a pause after every layer: makes a pass long enough to schedule around."""
+    """The torch backend made slow enough to schedule around: a pause of `layer_s` at every layer boundary, or
+    (`in_layer=True`) at every pause point inside a layer too, so that one layer alone takes long. Records every
+    pause as (inside a layer, perf_counter at the pause, perf_counter at the resume). `on_pause`, if set, is called
+    with `inside` at every pause, just before it, until it returns True (then it is cleared). `yields_per_layer` > 1
+    splits each pause into that many yields (more pause points, as finer in-layer chunks would give)."""
 
-    def __init__(self, inner: TorchBackend, layer_s: float):
-        self.inner, self.layer_s = inner, layer_s
+    def __init__(self, inner: TorchBackend, layer_s: float, in_layer: bool = False, yields_per_layer: int = 1):
+        self.inner, self.layer_s, self.in_layer, self.yields_per_layer = inner, layer_s, in_layer, yields_per_layer
         self.name, self.device, self.dtype, self.model = inner.name, inner.device, inner.dtype, inner.model
         self.batches: list[int] = []  # n_tokens of every batch run
+        self.pauses: list[tuple[bool, float, float]] = []
+        self.yields = 0  # yields handed to the engine so far
+        self.on_pause = None
+        self._inside = False
+        layer = inner.net.layer
+
+        def traced_layer(*args, **kwargs):
+            self._inside = True
+            try:
+                return (yield from layer(*args, **kwargs))
+            finally:
+                self._inside = False
+
+        inner.net.layer = traced_layer
 
     def prefix(self, key, tokens):
         self.inner.prefix(key, tokens)
@@ -39,16 +56,31 @@ class SlowBackend:
                 next(steps)
             except StopIteration as done:
                 return done.value
-            time.sleep(self.layer_s)
-            yield
+            inside = self._inside
+            for _ in range(self.yields_per_layer):
+                if self.in_layer or not inside:
+                    time.sleep(self.layer_s / self.yields_per_layer)
+                if self.on_pause is not None and self.on_pause(inside):
+                    self.on_pause = None
+                paused = time.perf_counter()
+                self.yields += 1
+                yield
+                self.pauses.append((inside, paused, time.perf_counter()))
 
 
 def make_engines(
-    model: ModelDir, *, max_inflight: int = 1024, slow_s: float = 0.0, slice_ms: float = 100.0, **settings
+    model: ModelDir,
+    *,
+    max_inflight: int = 1024,
+    slow_s: float = 0.0,
+    slow_in_layer: bool = False,
+    yields_per_layer: int = 1,
+    slice_ms: float = 100.0,
+    **settings,
 ) -> Engines:
     backend = TorchBackend.load(model)
     if slow_s:
-        backend = SlowBackend(backend, slow_s)
+        backend = SlowBackend(backend, slow_s, slow_in_layer, yields_per_layer)
     metrics, gate = Metrics(max_inflight), Gate(slice_ms)
     engine = Engine(model.name, Pipeline(model, backend), gate, metrics, EngineSettings(**settings))
     return Engines({model.name: engine}, model.name, metrics, max_inflight)
@@ -61,14 +93,28 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(engines: Engines, settings: ApiSettings | None = None) -> Iterator[str]:
-    """uvicorn serving the app on a free loopback port, in a thread; yields the base URL."""
+def live_server(engines: Engines, settings: ApiSettings | None = None, grace_s: float = 5.0) -> Iterator[str]:
+    """uvicorn serving the app on a free loopback port, in a thread, as `basal serve` runs it; yields the URL."""
+    settings = settings or ApiSettings()
+    with running_server(engines, settings, grace_s) as (url, _):
+        yield url
+
+
+@contextmanager
+def running_server(
+    engines: Engines, settings: ApiSettings, grace_s: float = 5.0
+) -> Iterator[tuple[str, DrainingServer]]:
+    """`live_server` that also yields the server (tests that stop it themselves)."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(engines, settings), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
-        )
+    config = server_config(
+        create_app(engines, settings),
+        "127.0.0.1",
+        port,
+        settings.limits,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
     )
+    server = DrainingServer(config, engines, grace_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -77,7 +123,7 @@ def live_server(engines: Engines, settings: ApiSettings | None = None) -> Iterat
             raise RuntimeError("test server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.should_exit = True
         thread.join(30)

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
-import sys
+import pytest
 
 from bench import mac_check
 
 
-def test_mac_check_smoke_on_cpu(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["mac_check", "--device", "cpu", "--preset", "demo", "--runs", "2"])
-    mac_check.main()
-    out = capsys.readouterr().out
-    assert "DIFFERENT" not in out and out.count(" ok") == 12
-    assert "same decisions: True" in out and "decisions/s" in out
+def test_mac_check_smoke_on_cpu(tmp_path, capsys):
+    """The Mac check on the CPU: every judged check passes, and its negative control was caught (chunking off
+    changed the bits), so the same checks can fail."""
+    import json
+
+    report, requests, exports = tmp_path / "mac.json", tmp_path / "requests.jsonl", tmp_path / "exports"
+    requests.write_text(mac_check.DEFAULT_REQUESTS.read_text().splitlines()[0] + "\n")  # one request: quick
+    argv = ["--device", "cpu", "--preset", "demo", "--dtypes", "f32", "--quick", "--runs", "2", "--long-words", "120"]
+    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)]
+    assert mac_check.main(argv) == 0
+    data = json.loads(report.read_text())
+    judged = {c["name"]: c["ok"] for c in data["checks"] if c["ok"] is not None}
+    assert len(judged) >= 10 and all(judged.values()), judged
+    assert judged["negative control (f32)"] and "differ" in capsys.readouterr().out
+    assert {"basal", "plain MLX"} <= set(data["speed"][0]["rows"]) and data["environment"]["packages"]["mlx"]
+    assert judged["f32 export vs CPU f32 export"] and len(list(exports.glob("*.jsonl"))) == 2
+
+
+def test_mac_check_report_isolates_failures():
+    report = mac_check.Report({})
+    report.run("raises", lambda: 1 / 0)
+    report.run("fails", lambda: (False, "bad"))
+    report.run("passes", lambda: (True, "good"))
+    report.run("measured", lambda: (None, "info"))
+    assert [c.name for c in report.failed] == ["raises", "fails"] and "ZeroDivisionError" in report.checks[0].detail
 
 
 def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
@@ -30,3 +49,26 @@ def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
     engines = {row[1] for row in data["rows"]}
     assert engines == {"basal (tree)", "basal, tree off"}
     assert len(data["samples_s"]) == 6 and "speed vs tree off" in files[1].read_text()
+
+
+@pytest.mark.slow
+def test_multi_speed_smoke(demo_dir, tmp_path):
+    from bench import multi_speed
+
+    rows = multi_speed.main(
+        [
+            "--model",
+            str(demo_dir),
+            "--labels",
+            "3",
+            "--reps",
+            "1",
+            "--state-tokens",
+            "64",
+            "--out",
+            str(tmp_path / "m.json"),
+        ]
+    )
+    (row,) = rows
+    assert row["labels"] == 3 and row["packed_tokens"] < row["prompt_tokens"]  # the state is computed once
+    assert row["packed_tokens"] < row["separate_packed_tokens"]

@@ -9,14 +9,18 @@ from __future__ import annotations
 import logging
 
 import anyio
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, post, route
+from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
-from basal.api.errors import litestar_http_exception, unhandled_exception
+from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.handling import ApiSettings, check_auth, decide
-from basal.api.wire import BasalRequest, SystemOneRequest, body_operation
+from basal.api.openapi import BEARER, decision_responses, documented, request_schema
+from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
+from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
 from basal.core.engine import Engines
 from basal.core.errors import RequestError
@@ -24,38 +28,64 @@ from basal.core.pipeline import model_resolver
 
 log = logging.getLogger(__name__)
 
-DESCRIPTION = "basal typed-decision model (choice / noul / score), Polish and English"
+DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+
+
+def compute_info(engines: Engines, name: str) -> dict[str, object]:
+    """Backend, device, dtype and (torch) the GEMM row-chunk plans: what decides the bits of this model's answers."""
+    backend = engines.engines[name].pipeline.backend
+    describe = getattr(backend, "describe", None)
+    return describe() if describe else {"backend": backend.name, "device": backend.device, "dtype": backend.dtype}
 
 
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
     settings = settings or ApiSettings()
     names = list(engines.engines)
     resolve = model_resolver(names, engines.default)
+    limits, keys = settings.limits, bool(settings.api_keys)
 
     def systemone_model(name: str | None) -> str | None:
         return resolve(name) if name is not None else None  # TypeSafe: "model" is required
 
     @post(
         "/v1/systemone",
-        operation_class=body_operation(SystemOneRequest),
+        operation_class=documented(
+            decision_responses("systemone", SystemOneResponse, keys), request_schema(SystemOneRequest, limits), keys
+        ),
         status_code=200,
         summary="TypeSafe System One decisions",
         tags=["decisions"],
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
-        return await decide(request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model))
+        return await decide(
+            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model, limits=limits)
+        )
 
     @post(
         "/v1/basal",
-        operation_class=body_operation(BasalRequest),
+        operation_class=documented(
+            decision_responses("basal", BasalResponse, keys), request_schema(BasalRequest, limits), keys
+        ),
         status_code=200,
         summary="Decisions in the upstream basal-serve dialect",
         tags=["decisions"],
     )
     async def basal(request: Request) -> Response[BasalResponse]:
-        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve))
+        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve, limits=limits))
 
-    @get("/v1/models", summary="Served models", tags=["models"])
+    models_responses = {"200": {"description": "served models", "content": _json_content(ModelsResponse)}}
+    if keys:
+        for status, what in (("401", "wrong API key"), ("403", "no API key")):
+            models_responses[status] = {"description": what, "content": _json_content(SystemOneError)}
+
+    @route(
+        "/v1/models",
+        http_method=["GET", "HEAD"],
+        operation_class=documented(models_responses, secured=keys),
+        summary="Served models",
+        tags=["models"],
+    )
     async def models(request: Request) -> Response:
         try:
             check_auth(request, settings, "systemone")
@@ -70,30 +100,66 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
                         "description": settings.descriptions.get(n, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
+                        **capabilities(engines.engines[n].pipeline.model),
+                        "compute": compute_info(engines, n),
                     }
                     for n in names
                 ]
             }
         )
 
-    @get("/health", summary="Liveness and the served models", tags=["service"])
+    health_content = _json_content(HealthResponse)
+
+    @route(
+        "/health",
+        http_method=["GET", "HEAD"],
+        operation_class=documented(
+            {
+                "200": {"description": "serving", "content": health_content},
+                "503": {"description": "draining or shut down (retry elsewhere)", "content": health_content},
+            }
+        ),
+        summary="Liveness and the served models",
+        tags=["service"],
+    )
     async def health() -> Response:
         ready = not engines.closed and engines.ready()
-        status = "shutting down" if engines.closed else ("ok" if ready else "not ready")
+        if engines.closed:
+            status = "shutting down"
+        elif engines.draining:
+            status = "draining"
+        else:
+            status = "ok" if ready else "not ready"
         return Response(
-            {"status": status, "models": names, "default_model": engines.default}, status_code=200 if ready else 503
+            {"status": status, "models": names, "default_model": engines.default},
+            status_code=200 if status == "ok" else 503,
+            headers=OVERLOADED_HEADERS if status != "ok" else None,
         )
 
-    @get(
+    if settings.metrics:
+        metrics_responses = {
+            "200": {
+                "description": "Prometheus text format",
+                "content": {METRICS_MEDIA_TYPE: {"schema": {"type": "string"}}},
+            }
+        }
+    else:
+        metrics_responses = {
+            "404": {"description": "metrics are off (basal serve --metrics)", "content": _json_content(SystemOneError)}
+        }
+
+    @route(
         "/metrics",
+        http_method=["GET"],
+        operation_class=documented(metrics_responses),
         summary="Prometheus metrics (enable with --metrics)",
         tags=["service"],
-        media_type="text/plain; version=0.0.4",
+        media_type=METRICS_MEDIA_TYPE,
     )
     async def metrics() -> Response:
         if not settings.metrics:
             return Response({"detail": "Not Found"}, status_code=404, media_type="application/json")
-        return Response(engines.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(engines.metrics.render(), media_type=METRICS_MEDIA_TYPE)
 
     async def shutdown() -> None:
         """Finish what is queued, then stop the lanes (uvicorn has already stopped accepting connections)."""
@@ -103,8 +169,22 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         route_handlers=[systemone, basal, models, health, metrics],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
         request_max_body_size=settings.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="basal", version=__version__, path="/schema"),
+        cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
+        openapi_config=OpenAPIConfig(
+            title="basal",
+            version=__version__,
+            path="/schema",
+            components=Components(
+                security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
+                if keys
+                else None
+            ),
+        ),
         on_startup=[engines.start],
         on_shutdown=[*on_shutdown, shutdown],
         debug=False,
     )
+
+
+def _json_content(tp: type) -> dict:
+    return {"application/json": {"schema": json_schema(tp)}}

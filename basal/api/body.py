@@ -1,13 +1,56 @@
-"""Request bodies: size limit and Content-Encoding (the TypeSafe SDK zstd-compresses bodies >= 1 KB)."""
+"""Request bodies: Content-Type, reading with a size limit, Content-Encoding (the TypeSafe SDK zstd-compresses
+bodies >= 1 KB). Reading happens on the event loop (it is I/O); decompressing and decoding large bodies do not."""
 
 from __future__ import annotations
 
 import io
 import zlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import zstandard
 
 from basal.core.errors import RequestError
+
+JSON_MEDIA_TYPE = "application/json"
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its body arrived (HTTP 499 in logs and metrics)."""
+
+
+def _error(status: int, message: str, dialect: str) -> RequestError:
+    return RequestError(status, {"error": message} if dialect == "basal" else {"detail": message})
+
+
+def check_content_type(headers: Mapping[str, str], dialect: str) -> None:
+    """Only JSON is read: a browser may send text/plain or a form cross-origin without asking (415 otherwise)."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != JSON_MEDIA_TYPE:
+        shown = repr(media[:100]) if media else "none"
+        raise _error(415, f"Unsupported Content-Type {shown}: send Content-Type: application/json.", dialect)
+
+
+async def read_body(
+    receive: Callable[[], Awaitable[dict[str, Any]]], headers: Mapping[str, str], limit: int, dialect: str
+) -> bytes:
+    """The request body, refused with 413 as soon as it passes `limit` bytes (before it is read, by
+    Content-Length, where the client sends one); ClientGone if the client hangs up first."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _error(413, "Request body too large.", dialect)
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _error(413, "Request body too large.", dialect)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from basal.api.body import ClientGone
 from basal.core.engine import Cancelled, EngineClosed, Overloaded
 from basal.core.errors import RequestError
 
@@ -42,7 +43,7 @@ def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, st
     if isinstance(exc, HTTPException):  # raised by Litestar while reading the body (over the size limit)
         detail = "Request body too large." if exc.status_code == 413 else str(exc.detail)
         return exc.status_code, ({"error": detail} if dialect == "basal" else {"detail": detail}), {}
-    if isinstance(exc, Cancelled):
+    if isinstance(exc, Cancelled | ClientGone):
         return STATUS_CLIENT_CLOSED, {"detail": "client closed the request"}, {}
     log.error("internal error", exc_info=exc)
     return 500, ({"error": "internal error"} if dialect == "basal" else {"detail": "Internal Server Error"}), {}

@@ -1,4 +1,9 @@
-"""The shared path of a decision request in either dialect: auth, body, contract, engine, response headers."""
+"""The shared path of a decision request in either dialect: slot, auth, body, contract, engine, response headers.
+
+Order (cheapest refusal first): an in-flight slot (529 / 503 before a byte of the body is read, so a retry
+storm costs no parsing), the key (401 / 403), the Content-Type (415), the body (413), then the contract. Large
+or compressed bodies are decompressed, decoded and validated in a worker thread, never on the event loop.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,13 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from basal.api.body import decompress
+from basal.api.body import ClientGone, check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response
 from basal.core.contract import DecisionRequest, decode_body
 from basal.core.engine import Cancelled, Engines, Result
+from basal.core.limits import DEFAULT_LIMITS, Limits
+
+INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 
 
 @dataclass
@@ -26,6 +34,8 @@ class ApiSettings:
     release_date: str = "2026-10-05"
     metrics: bool = False
     descriptions: dict[str, str] = field(default_factory=dict)
+    limits: Limits = DEFAULT_LIMITS
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: CORS off)
 
 
 def request_id() -> str:
@@ -33,13 +43,19 @@ def request_id() -> str:
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
+    """Bearer key, compared in constant time on bytes: any header bytes (also >= 0x80) get 401, never a 500."""
     if not settings.api_keys:
         return
     header = request.headers.get("authorization")
     if not header:
         raise auth_error(missing=True, dialect=dialect)
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not any(hmac.compare_digest(key.strip(), k) for k in settings.api_keys):
+    raw = header.encode("latin-1", errors="replace")  # ASGI header bytes, as Litestar decoded them
+    scheme, _, key = raw.partition(b" ")
+    key = key.strip()
+    matched = False
+    for k in settings.api_keys:  # every key is compared, so timing does not tell which one is close
+        matched |= hmac.compare_digest(key, k.encode("utf-8"))
+    if scheme.lower() != b"bearer" or not matched:
         raise auth_error(missing=False, dialect=dialect)
 
 
@@ -65,6 +81,25 @@ def timing_headers(result: Result, rid: str) -> dict[str, str]:
     return headers
 
 
+async def _plan(
+    request: Request, dialect: str, settings: ApiSettings, parse: Callable[[Any], DecisionRequest]
+) -> DecisionRequest:
+    """Read, decompress, decode and validate the body; the CPU-bound part off the loop when the body is large."""
+    check_content_type(request.headers, dialect)
+    body = await read_body(request.receive, request.headers, settings.max_body_bytes, dialect)
+    encoding = request.headers.get("content-encoding")
+
+    def decode() -> Any:
+        return decode_body(decompress(body, encoding, settings.max_body_bytes), dialect)
+
+    if len(body) > INLINE_BODY_BYTES or (encoding or "identity").strip().lower() != "identity":
+        return await asyncio.to_thread(lambda: parse(decode()))
+    raw = decode()
+    if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
+        return await asyncio.to_thread(parse, raw)
+    return parse(raw)
+
+
 async def decide(
     request: Request,
     dialect: str,
@@ -79,17 +114,13 @@ async def decide(
     metrics.http_inflight.inc(endpoint)
     watcher = None
     try:
-        check_auth(request, settings, dialect)
-        body = decompress(await request.body(), request.headers.get("content-encoding"), settings.max_body_bytes)
-        raw = decode_body(body, dialect)
-        if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
-            plan = await asyncio.get_running_loop().run_in_executor(None, parse, raw)
-        else:
-            plan = parse(raw)
-        model = plan.model
-        gone = asyncio.Event()
-        watcher = asyncio.create_task(_watch_disconnect(request, gone))
-        result = await engines.run(plan, gone.is_set)
+        with engines.slot():
+            check_auth(request, settings, dialect)
+            plan = await _plan(request, dialect, settings, parse)
+            model = plan.model
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(_watch_disconnect(request, gone))
+            result = await engines.run(plan, gone.is_set, has_slot=True)
         status, content, headers = 200, msgspec.json.encode(result.response), timing_headers(result, rid)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
@@ -98,7 +129,7 @@ async def decide(
         status, error_body, headers = error_response(exc, dialect)
         content = msgspec.json.encode(error_body)
         headers = {**headers, "x-request-id": rid, "x-typesafe-request-id": rid}
-        label = "cancelled" if isinstance(exc, Cancelled) else ""
+        label = "cancelled" if isinstance(exc, Cancelled) else "disconnected" if isinstance(exc, ClientGone) else ""
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -1,13 +1,13 @@
-"""Request wire types, for the OpenAPI schema only: bodies are validated by `basal.core.contract` (which gives
-each dialect its exact status codes and error bodies), so these Structs document, they do not decode."""
+"""Wire types, for the OpenAPI schema only: bodies are validated by `basal.core.contract` (which gives each
+dialect its exact status codes and error bodies), so these Structs document, they do not decode."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar.openapi.spec import Operation
+
+from basal.core.contract import MAX_CHOICES, MAX_LEVELS
 
 Entry = str | dict[str, Any] | list[Any]
 
@@ -20,17 +20,48 @@ class NoulCriteria(msgspec.Struct, forbid_unknown_fields=True):
 class NoulQuestion(msgspec.Struct, tag_field="type", tag="noul", forbid_unknown_fields=True):
     instructions: Entry | None = None
     criteria: NoulCriteria | None = None
+    evidence: Any = None
 
 
 class ChoiceQuestion(msgspec.Struct, tag_field="type", tag="choice", forbid_unknown_fields=True):
-    criteria: dict[str, Entry | None]
+    criteria: Annotated[dict[str, Entry | None], msgspec.Meta(min_length=1, max_length=MAX_CHOICES)]
     instructions: Entry | None = None
     option_keys: Literal["show", "hide"] = "show"
+    evidence: Any = None
 
 
 class ScoreQuestion(msgspec.Struct, tag_field="type", tag="score", forbid_unknown_fields=True):
-    criteria: list[Entry]
+    criteria: Annotated[list[Entry], msgspec.Meta(min_length=1, max_length=MAX_LEVELS)]
     instructions: Entry | None = None
+    evidence: Any = None
+
+
+class MultiQuestion(msgspec.Struct, tag_field="type", tag="multi", forbid_unknown_fields=True):
+    """One yes/no branch per label; the labels whose P(yes) >= threshold, at most `max`, at least `min`."""
+
+    criteria: dict[str, Entry | None] | list[str]
+    instructions: Entry | None = None
+    threshold: float | None = 0.5
+    max: float | None = None
+    min: float | None = None
+    option_keys: Literal["show", "hide"] = "show"
+
+
+class ActQuestion(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
+    """A readout, then the action of minimum expected cost: costs ``{action: {outcome: cost}}`` or
+    ``{"wrong": W, "defer": D}``; `max_error` refuses below the certified confidence of CALIBRATION.json."""
+
+    costs: dict[str, float | dict[str, float]]
+    criteria: dict[str, Entry | None] | list[str] | None = None
+    instructions: Entry | None = None
+    base: Literal["choice", "noul", "score"] | None = None
+    option_keys: Literal["show", "hide"] = "show"
+    defer_action: str | None = None
+    max_error: float | None = None
+    evidence: Any = None
+
+
+SystemOneQuestion = NoulQuestion | ChoiceQuestion | ScoreQuestion | MultiQuestion | ActQuestion
 
 
 class SystemOneRequest(msgspec.Struct):
@@ -38,7 +69,7 @@ class SystemOneRequest(msgspec.Struct):
 
     model: str
     state: Entry
-    questions: dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion]
+    questions: Annotated[dict[str, SystemOneQuestion], msgspec.Meta(min_length=1)]
 
 
 class BasalQuestion(msgspec.Struct):
@@ -57,6 +88,54 @@ class BasalRequest(msgspec.Struct):
     model: str | None = None
 
 
+class ModelInfo(msgspec.Struct):
+    name: str
+    release_date: str
+    description: str
+    mode: str
+    early_exit: list[str]
+
+
+class ModelsResponse(msgspec.Struct):
+    models: list[ModelInfo]
+
+
+class HealthResponse(msgspec.Struct):
+    status: Literal["ok", "not ready", "draining", "shutting down"]
+    models: list[str]
+    default_model: str
+
+
+class ErrorMessage(msgspec.Struct):
+    error_type: str
+    message: str | None = None
+
+
+class ValidationIssue(msgspec.Struct):
+    type: str
+    loc: list[str | int]
+    msg: str
+
+
+class SystemOneError(msgspec.Struct):
+    """Jev's error bodies: a plain string, ``{error_type, message}`` or a FastAPI-style list (422)."""
+
+    detail: str | ErrorMessage | list[ValidationIssue]
+
+
+class UnsupportedError(msgspec.Struct):
+    """A valid request that basal does not support yet (422)."""
+
+    error: Literal["unsupported"]
+    detail: list[ValidationIssue]
+
+
+class BasalError(msgspec.Struct):
+    """Every refusal of the upstream dialect."""
+
+    error: str
+
+
 def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     if isinstance(schema, dict):
         if "$ref" in schema:
@@ -67,18 +146,6 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     return schema
 
 
-def json_schema(tp: type) -> dict[str, Any]:
+def json_schema(tp: Any) -> dict[str, Any]:
     schema = msgspec.json.schema(tp)
     return _inline(schema, schema.get("$defs", {}))
-
-
-def body_operation(tp: type) -> type[Operation]:
-    """An OpenAPI operation whose request body is documented as `tp` (the handler reads the raw body)."""
-    body = {"required": True, "content": {"application/json": {"schema": json_schema(tp)}}}
-
-    @dataclass
-    class JsonBodyOperation(Operation):
-        def to_schema(self) -> dict[str, Any]:
-            return {**super().to_schema(), "requestBody": body}
-
-    return JsonBodyOperation

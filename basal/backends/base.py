@@ -1,8 +1,8 @@
 """Backend selection. The protocol itself (`Backend`) is in `basal.core.compute`, so core can drive it.
 
 A backend loads a model directory, caches the K/V of the template prefixes once, and runs `PackedBatch`es.
-`run` is a generator that yields after every layer, so that a long-lane job can pause at layer boundaries (the
-engine drives it; a backend never sleeps or reorders), and returns ``float32[readouts, letters]``.
+`run` is a generator that yields after every layer (and may yield inside one), so that a long-lane job can pause
+at any yield (the engine drives it; a backend never sleeps or reorders), and returns ``float32[readouts, letters]``.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@
 
 Baselines: transformers' LlamaForCausalLM running every option-order prompt separately (upstream-1.0 style),
 and basal with tree packing off (one question per row). `quick` shrinks counts and sizes for a 2-core CPU.
+
+Against the machine's limit: at the start of the run `Bench` measures the library's GEMM rate on the model's own
+weight shapes (`limits.measure`, torch backends), and the in-process suites report each basal row's achieved
+fraction of it ("of GEMM limit": useful FLOPs from the packed tokens and the model shape, per second, over that
+rate).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from basal.backends.base import load_backend
+from basal.benchsuite import limits
 from basal.benchsuite.report import SuiteResult, pct, stats_ms
 from basal.benchsuite.workloads import bench_items, questions, state_of_tokens
 from basal.core.contract import DecisionRequest, parse_systemone
@@ -51,6 +57,19 @@ class Bench:
         self.tree = Pipeline(self.model, self.backend)
         self.flat = Pipeline(self.model, self.backend, share_across_questions=False)
         self._hf = None
+        self.limit = (
+            limits.measure(self.model.config, self.backend.dtype, self.backend.device)
+            if self.backend.name == "torch"
+            else None
+        )
+
+    def fraction(self, engine: str, requests: list[DecisionRequest], seconds: float) -> float | str:
+        """Achieved fraction of the measured GEMM rate of a basal variant that answered `requests` in `seconds`."""
+        if self.limit is None or not engine.startswith("basal"):
+            return "—"
+        pipeline = self.flat if engine.endswith("tree off") else self.tree
+        flops = sum(limits.request_flops(pipeline, r).total for r in requests)
+        return self.limit.fraction(flops, seconds)
 
     def plan(self, body: dict) -> DecisionRequest:
         return parse_systemone({**body, "model": self.model.name}, lambda m: m)
@@ -116,11 +135,12 @@ def single(b: Bench) -> SuiteResult:
         measured = [run(r) for r in items[5:]]
         s = stats_ms(measured)
         samples[name] = measured
-        rows.append(["44 items", name, s["p50_ms"], s["p90_ms"], 1000 / s["p50_ms"]])
+        frac = b.fraction(name, items[5:], sum(measured))
+        rows.append(["44 items", name, s["p50_ms"], s["p90_ms"], 1000 / s["p50_ms"], frac])
     _ratio_rows(rows, 0, 2, "transformers, prompt by prompt")
     return SuiteResult(
         "single",
-        ["workload", "engine", "median ms", "p90 ms", "decisions/s", "speed vs transformers"],
+        ["workload", "engine", "median ms", "p90 ms", "decisions/s", "of GEMM limit", "speed vs transformers"],
         rows,
         samples,
         notes="39 measured single-question requests after 5 discarded warm-ups.",
@@ -142,11 +162,12 @@ def latency(b: Bench) -> SuiteResult:
             measured = [run(request) for _ in range(reps[tokens])]
             s = stats_ms(measured)
             samples[f"{name}, {tokens} tokens"] = measured
-            rows.append([tokens, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"]])
+            frac = b.fraction(name, [request], s["p50_ms"] / 1000)
+            rows.append([tokens, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"], frac])
     _ratio_rows(rows, 0, 2, "transformers, prompt by prompt")
     return SuiteResult(
         "latency",
-        ["state tokens", "engine", "p50 ms", "p90 ms", "p99 ms", "max ms", "speed vs transformers"],
+        ["state tokens", "engine", "p50 ms", "p90 ms", "p99 ms", "max ms", "of GEMM limit", "speed vs transformers"],
         rows,
         samples,
     )
@@ -166,11 +187,23 @@ def scoring(b: Bench) -> SuiteResult:
             measured = [run(request) for _ in range(1 if slow else reps)]
             s = stats_ms(measured)
             samples[f"{name}, {n} questions"] = measured
-            rows.append([n, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"], n / (s["p50_ms"] / 1000)])
+            rate = n / (s["p50_ms"] / 1000)
+            frac = b.fraction(name, [request], s["p50_ms"] / 1000)
+            rows.append([n, name, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["max_ms"], rate, frac])
     _ratio_rows(rows, 0, 2, "basal, tree off")
     return SuiteResult(
         "scoring",
-        ["questions", "engine", "p50 ms", "p90 ms", "p99 ms", "max ms", "decisions/s", "speed vs tree off"],
+        [
+            "questions",
+            "engine",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "decisions/s",
+            "of GEMM limit",
+            "speed vs tree off",
+        ],
         rows,
         samples,
         notes="The quick run times the baselines once (no warm-up) where they take tens of seconds, and leaves "
@@ -213,16 +246,16 @@ def throughput(b: Bench) -> SuiteResult:
             engines = b.engines(tree=tree)
             _, wall = _clients(engines, reqs, 4)
             engines.close()
-            rows.append([tokens, name, 4 * n_q / wall])
+            rows.append([tokens, name, 4 * n_q / wall, b.fraction(name, reqs, wall)])
         if b.transformers and (tokens == sizes[0] or not b.quick):
             wall = sum(b.hf(r) for r in reqs)
-            rows.append([tokens, "transformers, prompt by prompt", 4 * n_q / wall])
+            rows.append([tokens, "transformers, prompt by prompt", 4 * n_q / wall, "—"])
     base = {r[0]: r[2] for r in rows if r[1] == "basal, tree off"}
     for r in rows:
         r.append(f"{r[2] / base[r[0]]:.2f}×")
     return SuiteResult(
         "throughput",
-        ["state tokens", "engine", "decisions/s", "vs tree off"],
+        ["state tokens", "engine", "decisions/s", "of GEMM limit", "vs tree off"],
         rows,
         notes=f"4 concurrent clients, one request of {n_q} questions each, in-process engine; transformers runs "
         "its requests in sequence" + (", only on the smallest state in the quick run." if b.quick else "."),
@@ -268,7 +301,8 @@ def concurrency(b: Bench) -> SuiteResult:
                 with httpx.Client(base_url=url, timeout=600) as c:
                     for _ in range(per):
                         t = time.perf_counter()
-                        assert c.post("/v1/systemone", content=body).status_code == 200
+                        r = c.post("/v1/systemone", content=body, headers={"content-type": "application/json"})
+                        assert r.status_code == 200
                         out.append(time.perf_counter() - t)
                 return out
 

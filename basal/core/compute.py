@@ -1,6 +1,6 @@
 """What core needs from a compute backend (the protocol every backend implements; backends/base.py selects one).
 
-It lives in core because core drives backends (the engine pauses long passes between layers); backends import
+It lives in core because core drives backends (the engine pauses long passes at every yield of `run`); backends import
 core types, never the other way round.
 """
 
@@ -26,7 +26,13 @@ class Backend(Protocol):
         ...
 
     def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
-        """Forward over the packed tree; yields after every layer; returns float32[readouts, letters]."""
+        """Forward over the packed tree; returns float32[readouts, letters].
+
+        Every yield is a pause point: the engine may run other batches there (a long lane steps aside for a main
+        lane) before it resumes the pass. A backend yields at least after every layer, and may yield inside a
+        layer too (the torch backend does between GEMM row chunks and key-tile spans, so that one long layer does
+        not hold the device for seconds). A pause must never change the result: the pass keeps its tensors and
+        its arithmetic across it, and leaves no state behind that other batches would see."""
         ...
 
 

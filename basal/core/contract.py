@@ -13,25 +13,26 @@ Both produce the same plan, a `DecisionRequest` of `Question`s; nothing past thi
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
 
+from basal.core import multi_act_contract as ext
+from basal.core.act import ActAnswer, ActSpec
 from basal.core.errors import RequestError
 from basal.core.facts.request import basal_state_text, systemone_state_text
-from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
+from basal.core.limits import DEFAULT_LIMITS, Limits, echo
+from basal.core.multi import MultiAnswer, MultiSpec
+from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, Item, named_options
 from basal.core.render import MAX_DEPTH, depth_of, text_of
 
 Dialect = Literal["systemone", "basal"]
-Kind = Literal["choice", "noul", "score"]
+Kind = Literal["choice", "noul", "score", "multi", "act"]
 MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (basal.core.large_choice), /v1/basal keeps 2..10
 MAX_LEVELS = 10
-EXTENSION_QUESTION_KEYS = frozenset(
-    {"evidence", "threshold", "min", "max", "costs", "max_error", "base", "defer_action"}
-)
-EXTENSION_TYPES = frozenset({"multi", "act"})
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -43,6 +44,10 @@ class Question:
     kind: Kind  # answer shape
     item: Item  # what the model sees; one option -> answered with p = 1 without running the model
     legend: tuple[Any, ...] = ()  # score legend values (TypeSafe: levels as sent; upstream: shown texts)
+    branches: tuple[Item, ...] = ()  # multi: one yes/no item per label, asked instead of `item`
+    spec: MultiSpec | ActSpec | None = None  # multi selection rule / act cost matrix
+    evidence: bool = False  # a truthy `evidence` field
+    deferred_error: RequestError | None = None  # upstream: raised when the answer is built (after the run)
 
     @property
     def name(self) -> str:
@@ -50,7 +55,28 @@ class Question:
 
     @property
     def needs_model(self) -> bool:
-        return len(self.item.options) >= 2
+        return bool(self.branches) or len(self.item.options) >= 2
+
+    @property
+    def asked(self) -> tuple[Item, ...]:
+        """The readouts the model answers for this question, in order (multi: its branches)."""
+        return self.branches or (self.item,)
+
+    @property
+    def branch_count(self) -> int:
+        """``usage.branches`` of the question: its labels for multi, 1 otherwise."""
+        return len(self.branches) or 1
+
+
+def _from_planned(planned: ext.Planned, evidence: bool) -> Question:
+    return Question(
+        planned.kind,  # type: ignore[arg-type]
+        planned.item,
+        branches=planned.branches,
+        spec=planned.spec,
+        evidence=evidence,
+        deferred_error=planned.deferred_error,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +116,7 @@ class Usage(msgspec.Struct):
 
 class SystemOneResponse(msgspec.Struct):
     model: str
-    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer | MultiAnswer | ActAnswer]
     usage: Usage
 
 
@@ -123,7 +149,7 @@ class BasalUsage(msgspec.Struct):
 
 class BasalResponse(msgspec.Struct):
     model: str
-    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer]
+    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer | MultiAnswer | ActAnswer]
     usage: BasalUsage
 
 
@@ -170,15 +196,33 @@ def _usage_error(message: str) -> RequestError:
 
 
 class _ShapeErrors:
-    """FastAPI/pydantic-style 422 error list, collected over the whole body."""
+    """FastAPI/pydantic-style 422 error list, collected over the whole body, at most `limits.max_errors` listed."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.items: list[dict[str, Any]] = []
+        self.limits = limits
+        self.unlisted = 0
+        self.stopped = False  # checking stopped once the list was full
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.limits.max_errors
+
+    def body(self) -> dict[str, Any]:
+        items = self.items
+        if self.unlisted or self.stopped:
+            more = f"more errors are not listed (at most {self.limits.max_errors} are)"
+            items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
+        return {"detail": items}
 
     def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
+        if self.full:
+            self.unlisted += 1
+            return
+        loc = [echo(part, self.limits) if isinstance(part, str) else part for part in loc]
         err: dict[str, Any] = {"type": type_, "loc": ["body", *loc], "msg": msg}
         if type_ != "missing":
-            err["input"] = _preview(value)
+            err["input"] = _preview(value, self.limits.max_echo_chars)
         if ctx:
             err["ctx"] = ctx
         self.items.append(err)
@@ -200,26 +244,76 @@ class _ShapeErrors:
         return True
 
 
-def _preview(value: Any) -> Any:
+def _preview(value: Any, max_chars: int = DEFAULT_LIMITS.max_echo_chars) -> Any:
     """Input echoed in a 422 error, cut so an error body never grows with the request."""
-    if isinstance(value, str) and len(value) > 200:
-        return value[:200] + "…"
-    if isinstance(value, dict | list) and len(msgspec.json.encode(value)) > 200:
+    if isinstance(value, str) and len(value) > max_chars:
+        return value[:max_chars] + "…"
+    if isinstance(value, dict | list) and not _fits(value, max_chars):
         return "…"
     return value
 
 
-def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> DecisionRequest:
+def _fits(value: Any, budget: int) -> bool:
+    """Whether a JSON value encodes to about `budget` bytes or fewer; stops counting once past it."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            budget -= 2 + len(v)
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            budget -= 2 + len(v)
+            stack.extend(v)
+        else:
+            budget -= len(v) + 2 if isinstance(v, str) else 8
+        if budget < 0:
+            return False
+    return True
+
+
+def _lang(state_text: str, question_text: str) -> str:
+    """`lang_of(state_text + question_text)` without copying the state once per question."""
+    return "pl" if _has_polish(state_text) or _has_polish(question_text) else "en"
+
+
+_last_long_text: list[tuple[str, bool]] = []  # the last long state scanned (one entry: bounded memory)
+_last_long_lock = threading.Lock()
+
+
+def _has_polish(text: str) -> bool:
+    if len(text) < 4096:
+        return not POLISH_CHARS.isdisjoint(text)
+    with _last_long_lock:  # the state of a request is scanned once, not once per question
+        if _last_long_text and _last_long_text[0][0] is text:
+            return _last_long_text[0][1]
+    found = not POLISH_CHARS.isdisjoint(text)
+    with _last_long_lock:
+        _last_long_text[:] = [(text, found)]
+    return found
+
+
+def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestError:
+    if dialect == "basal":
+        return _basal_error(f"{n} questions; a request may ask at most {limits.max_questions}")
+    return RequestError(400, {"detail": f"Too many questions. Must have at most {limits.max_questions} questions."})
+
+
+def parse_systemone(
+    raw: Any, resolve_model: Callable[[str], str | None], limits: Limits = DEFAULT_LIMITS
+) -> DecisionRequest:
     """Validate a decoded ``/v1/systemone`` body and plan its questions.
 
     `resolve_model` maps a requested model name (or alias) to the served name, or None if not served.
     Order of checks as on the hosted API: body shape (422, all errors), then model and limits (400, first),
     then what basal does not support yet (422 unsupported).
     """
-    errors = _ShapeErrors()
+    errors = _ShapeErrors(limits)
     if not isinstance(raw, dict):
         errors.add("dict_type", [], "Input should be a valid dictionary", raw)
-        raise RequestError(422, {"detail": errors.items})
+        raise RequestError(422, errors.body())
+    if isinstance(raw.get("questions"), dict) and len(raw["questions"]) > limits.max_questions:
+        raise _too_many_questions("systemone", len(raw["questions"]), limits)  # before any per-question work
     for key in ("model", "state", "questions"):
         if key not in raw:
             errors.missing([key])
@@ -242,14 +336,18 @@ def parse_systemone(raw: Any, resolve_model: Callable[[str], str | None]) -> Dec
             )
     state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
     if isinstance(questions, dict):
+        ext.check_multi_evidence(questions, ext.Errors(errors.items))
         for qid, q in questions.items():
+            if errors.full:
+                errors.stopped = True
+                break
             _check_question_shape(qid, q, errors)
     if errors.items:
-        raise RequestError(422, {"detail": errors.items})
+        raise RequestError(422, errors.body())
 
     model = resolve_model(raw["model"])
     if model is None:
-        raise _usage_error(f"Unknown model: {raw['model']}")
+        raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}")
     unsupported: list[dict[str, Any]] = []
     planned = []
     for qid, q in questions.items():
@@ -265,8 +363,14 @@ def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
     return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
 
 
-_COMMON_KEYS = frozenset({"type", "instructions", "criteria"})
-_ALLOWED_KEYS = {"noul": _COMMON_KEYS, "choice": _COMMON_KEYS | {"option_keys"}, "score": _COMMON_KEYS}
+_COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
+_ALLOWED_KEYS = {
+    "noul": _COMMON_KEYS,
+    "choice": _COMMON_KEYS | {"option_keys"},
+    "score": _COMMON_KEYS,
+    "multi": ext.MULTI_KEYS,
+    "act": ext.ACT_KEYS,
+}
 
 
 def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
@@ -284,12 +388,16 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
         return  # an unknown type is a 400 (checked with the limits); extensions are 422 unsupported
     loc = ["questions", qid, qtype]
     for key in q:
-        if key not in _ALLOWED_KEYS[qtype] and key not in EXTENSION_QUESTION_KEYS:
+        if key not in _ALLOWED_KEYS[qtype]:
             errors.add("extra_forbidden", [*loc, key], "Extra inputs are not permitted", q[key])
     if "instructions" in q:
         errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
     criteria = q.get("criteria")
-    if qtype == "noul":
+    if qtype == "multi":
+        ext.check_multi_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "act":
+        ext.check_act_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "noul":
         if criteria is None:
             return
         if not isinstance(criteria, dict):
@@ -339,35 +447,29 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
 def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]]) -> Question | None:
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
-    if qtype in EXTENSION_TYPES:
-        unsupported.append(
-            _unsupported(
-                ["questions", qid, "type"],
-                f'"{qtype}" questions are a basal-1.5 extension that this server does not support yet',
-            )
-        )
-        return None
     if qtype == "box":
         unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
         return None
     if qtype not in _ALLOWED_KEYS:
         raise _usage_error("Invalid request.")
-    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
-        unsupported.append(
-            _unsupported(
-                ["questions", qid, qtype, key],
-                f'"{key}" is a basal-1.5 extension that this server does not support yet',
-            )
-        )
     instructions = q.get("instructions")
     question_text = "" if instructions is None else text_of(instructions)
-    lang = lang_of(state_text + question_text)
+    evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
+    if evidence:
+        unsupported.append(ext.evidence_unsupported(qid))
+    if qtype == "multi":
+        planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, False)
+    if qtype == "act":
+        planned = ext.plan_act_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, evidence)
+    lang = _lang(state_text, question_text)
     criteria = q.get("criteria")
     legend: tuple[Any, ...] = ()
     if qtype == "noul":
         sides = criteria or {}
         if instructions is None and sides.get("true") is None and sides.get("false") is None:
-            raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {qid}"})
+            raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {echo(qid)}"})
         yes, no = DEFAULT_YES_NO[lang]
         keys = ["true", "false"]
         options = [
@@ -376,7 +478,7 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
         ]
     elif qtype == "choice":
         if not criteria:
-            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
+            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {echo(qid)}"})
         if len(criteria) > MAX_CHOICES:
             raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
         keys, options = named_options(criteria, q.get("option_keys", "show"))
@@ -387,7 +489,7 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
         options = [text_of(level) for level in criteria]
         legend = tuple(criteria)
     item = Item(qid, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
-    return Question(qtype, item, legend)
+    return Question(qtype, item, legend, evidence=evidence)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,8 +500,15 @@ def _basal_error(message: str, kind: str = "ValueError") -> RequestError:
     return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
 
 
-def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> DecisionRequest:
-    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model."""
+def parse_basal(
+    raw: Any,
+    resolve_model: Callable[[str | None], str | None],
+    check_evidence: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
+) -> DecisionRequest:
+    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model.
+
+    `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference)."""
     if not isinstance(raw, dict):
         raise _basal_error("the request body must be a JSON object", "TypeError")
     for key in ("state", "questions"):
@@ -410,67 +519,99 @@ def parse_basal(raw: Any, resolve_model: Callable[[str | None], str | None]) -> 
         raise _basal_error('"model" must be a string', "TypeError")
     model = resolve_model(requested)
     if model is None:
-        raise _basal_error(f"unknown model: {requested}")
+        raise _basal_error(f"unknown model: {echo(requested, limits)}")
     questions = raw["questions"]
     if not isinstance(questions, dict):
         raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
+    if len(questions) > limits.max_questions:
+        raise _too_many_questions("basal", len(questions), limits)
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
-    return DecisionRequest("basal", model, tuple(_plan_basal(name, q, state_text) for name, q in questions.items()))
+    planned = tuple(_plan_basal(name, q, state_text) for name, q in questions.items())
+    if check_evidence:
+        _fail_before_the_run(planned)
+    else:
+        planned = tuple(replace(q, evidence=False) for q in planned)
+    return DecisionRequest("basal", model, planned)
+
+
+def _fail_before_the_run(questions: tuple[Question, ...]) -> None:
+    """Raise now what upstream would raise after the run, when no earlier question could fail first.
+
+    Upstream builds answers in question order (a multi's int(max), an act refusal without a defer action can
+    fail there), then refuses evidence for want of a head. Only an act with max_error and no defer action
+    depends on the model's output; up to such a question, the outcome is known before anything runs.
+    """
+    for q in questions:
+        if q.deferred_error is not None:
+            raise q.deferred_error
+        if ext.may_fail_after_run(q.spec):
+            return
+    if any(q.evidence for q in questions):
+        raise ext.evidence_refusal_basal()
 
 
 def _plan_basal(name: str, q: Any, state_text: str) -> Question:
+    shown = echo(name)  # the name as quoted in errors
     if not isinstance(q, dict):
-        raise _basal_error(f"question {name!r} must be an object", "AttributeError")
+        raise _basal_error(f"question {shown!r} must be an object", "AttributeError")
     qtype = q.get("type", "choice")
     if not isinstance(qtype, str):
-        raise _basal_error(f"question {name!r}: type must be a string", "TypeError")
-    if qtype in EXTENSION_TYPES:
-        raise _basal_error(
-            f"question {name!r}: {qtype!r} questions (basal-1.5 extension) are not supported yet", "unsupported"
-        )
-    for key in sorted(EXTENSION_QUESTION_KEYS & q.keys()):
-        raise _basal_error(f"question {name!r}: {key!r} (basal-1.5 extension) is not supported yet", "unsupported")
+        raise _basal_error(f"question {shown!r}: type must be a string", "TypeError")
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
-        raise _basal_error(f"question {name!r} is nested deeper than {MAX_DEPTH} levels")
+        raise _basal_error(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
     question_text = text_of(q.get("instructions", ""))
-    lang = lang_of(state_text + question_text)
+    evidence = ext.truthy(q.get("evidence"))
+    if qtype == "multi":
+        return _from_planned(ext.plan_multi_basal(name, q, state_text, question_text), evidence)
+    if qtype == "act":
+        planned = ext.plan_act_basal(name, q, state_text, question_text, lambda: _basal_option_keys(q))
+        return _from_planned(planned, evidence)
+    lang = _lang(state_text, question_text)
     kind: Kind
     if qtype == "noul":  # upstream falls back to the default text for any falsy side ("", {}, [], null)
         kind = "noul"
         sides = q.get("criteria") or {}
         if not isinstance(sides, dict):
-            raise _basal_error(f"question {name!r}: noul criteria must be an object", "AttributeError")
+            raise _basal_error(f"question {shown!r}: noul criteria must be an object", "AttributeError")
         yes, no = DEFAULT_YES_NO[lang]
         keys, options = ["true", "false"], [text_of(sides.get("true") or yes), text_of(sides.get("false") or no)]
     elif qtype == "score":
         kind = "score"
         levels = q.get("criteria") or q.get("levels") or []
+        _check_option_count(shown, levels)
         if isinstance(levels, dict):
             keys, options = named_options(levels, _basal_option_keys(q))
         elif isinstance(levels, list):
             keys, options = [str(i) for i in range(len(levels))], [text_of(v) for v in levels]
         else:
-            raise _basal_error(f"question {name!r}: score criteria must be a list or an object", "TypeError")
+            raise _basal_error(f"question {shown!r}: score criteria must be a list or an object", "TypeError")
     else:  # choice; an unknown type name is asked as a choice and gets no temperature (T = 1)
         kind = "choice"
         criteria = q.get("criteria") or {}
         if isinstance(criteria, list):
             if not all(isinstance(k, str) for k in criteria):
-                raise _basal_error(f"question {name!r}: a criteria list must hold option names (strings)", "TypeError")
+                raise _basal_error(f"question {shown!r}: a criteria list must hold option names (strings)", "TypeError")
             criteria = dict.fromkeys(criteria)
         if not isinstance(criteria, dict):
-            raise _basal_error(f"question {name!r}: choice criteria must be an object or a list", "TypeError")
+            raise _basal_error(f"question {shown!r}: choice criteria must be an object or a list", "TypeError")
+        _check_option_count(shown, criteria)
         keys, options = named_options(criteria, _basal_option_keys(q))
     if not 2 <= len(options) <= MAX_OPTIONS:
-        raise _basal_error(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
+        raise _basal_error(f"question {shown!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
     item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
-    return Question(kind, item, tuple(options) if kind == "score" else ())
+    return Question(kind, item, tuple(options) if kind == "score" else (), evidence=evidence)
+
+
+def _check_option_count(shown: str, criteria: Any) -> None:
+    """The option limit, checked before any option is rendered (a request may send thousands)."""
+    if isinstance(criteria, dict | list) and len(criteria) > MAX_OPTIONS:
+        raise _basal_error(f"question {shown!r}: {len(criteria)} options (supported: 2..{MAX_OPTIONS})")
 
 
 def _basal_option_keys(q: dict[str, Any]) -> str:
     option_keys = q.get("option_keys", "show")
     if option_keys not in ("show", "hide"):
-        raise _basal_error(f'option_keys must be "show" or "hide", got {option_keys!r}')
+        raise _basal_error(f'option_keys must be "show" or "hide", got {echo(repr(option_keys))}')
     return option_keys

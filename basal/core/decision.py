@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from basal.core.act import ActAnswer, ActSpec, NeedsDeferAction, decide
 from basal.core.contract import (
     BasalChoiceAnswer,
     BasalNoulAnswer,
@@ -24,6 +25,9 @@ from basal.core.contract import (
     Question,
     ScoreAnswer,
 )
+from basal.core.model_dir import Calibration
+from basal.core.multi import MultiAnswer, MultiSpec, multi_answer
+from basal.core.multi_act_contract import needs_defer_error
 
 FLOOR = 1e-12
 
@@ -135,3 +139,26 @@ def answer_basal(question: Question, dist: Distribution) -> BasalNoulAnswer | Ba
         legend = dict(zip(keys, question.legend, strict=True))
         return BasalScoreAnswer(expected_level(p), legend, probabilities, confidence)
     return BasalChoiceAnswer(keys[dist.argmax], probabilities, confidence)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extension answers (extensions.md §3–§4): the same in both dialects
+
+
+def answer_multi(question: Question, dists: Sequence[Distribution]) -> MultiAnswer:
+    """P(yes) of every branch (calibrated with the noul temperature) -> selection."""
+    spec = question.spec
+    assert isinstance(spec, MultiSpec)
+    p_yes = {k: float(d.p_cal[0]) for k, d in zip(spec.keys, dists, strict=True)}  # key "true" is option 0
+    return multi_answer(p_yes, spec)
+
+
+def answer_act(question: Question, dist: Distribution, calibration: Calibration, dialect: str) -> ActAnswer:
+    """The readout's distribution -> minimum expected cost, refusal against the certified thresholds."""
+    spec = question.spec
+    assert isinstance(spec, ActSpec)
+    p = {k: float(v) for k, v in zip(question.item.keys, dist.p_cal, strict=True)}
+    try:
+        return decide(p, spec, calibration.thresholds, bool(calibration.temperatures))
+    except NeedsDeferAction as e:
+        raise needs_defer_error(question.name, dialect, str(e)) from e

@@ -4,8 +4,12 @@
                  <--------------- future resolved from the lane thread ------------------
 
 Each lane is a thread with its own `JobQueue`; a request over `long_tokens` packed tokens goes to the long lane.
-All lanes of all models share one `Gate`, so one batch computes at a time, main lanes first, and a long pass
-steps aside between layers (`basal.core.gate`). A request whose client went away is dropped before admission.
+All lanes of all models share one `Gate`, so one batch computes at a time, main lanes first. A lane packs its
+batch before it takes the gate (the device waits for no host work), and every yield of the backend is a
+checkpoint: a long pass steps aside there (`basal.core.gate`), and a pass whose clients have all gone, or that
+the server abandons at shutdown, stops there. A request whose client went away is dropped before admission.
+Request limits (`basal.core.limits`) are checked by counting characters before tokenizing and packed tokens
+while tokenizing, so a request over them costs little.
 """
 
 from __future__ import annotations
@@ -14,17 +18,20 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from basal.core.contract import BasalResponse, DecisionRequest, SystemOneResponse
+from basal.core.contract import BasalResponse, DecisionRequest, Question, SystemOneResponse
 from basal.core.errors import RequestError
 from basal.core.gate import Gate, Holder
 from basal.core.large_choice import is_large, prompt_count
+from basal.core.limits import DEFAULT_LIMITS, Limits
+from basal.core.memory import release_free_memory
 from basal.core.metrics import Metrics
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item
@@ -34,6 +41,7 @@ from basal.core.tree import TokenizedQuestion
 log = logging.getLogger(__name__)
 
 INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
+TRIM_AFTER_CHARS = 4 << 20  # after a request this large, give freed heap memory back to the system
 
 
 class Overloaded(Exception):
@@ -45,7 +53,11 @@ class EngineClosed(Exception):
 
 
 class Cancelled(Exception):
-    """The client went away before the request was admitted; it was never computed."""
+    """The client went away; its request was not computed (or its pass stopped at the next checkpoint)."""
+
+
+class _PassStopped(Exception):
+    """A pass stopped at a checkpoint: every client of the batch is gone, or the server abandons its work."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class EngineSettings:
     max_batch_tokens: int = 8192
     schedule: Policy = Policy.HRRN
     long_tokens: int = 4096  # 0: no long lane
+    limits: Limits = field(default=DEFAULT_LIMITS)
 
 
 class Lane:
@@ -106,35 +119,51 @@ class Lane:
 
     def _run(self, batch: list[Job]) -> None:
         engine, metrics = self.engine, self.engine.metrics
-        stats = Stats()
-        outcome = "ok"
-        with engine.gate.hold(self.urgent) as holder:
-            started = time.perf_counter()
-            gone = [job for job in batch if job.cancelled()]  # the client left while the batch waited for the device
-            for job in gone:
-                self.engine.cancelled_jobs += 1
-                job.finish(Cancelled())
-            batch = [job for job in batch if job not in gone]
+        while True:  # packed without the device; packed again if a client leaves while the batch waits for it
+            batch = self._drop_gone(batch)
             if not batch:
                 return
+            stats = Stats()
             tokenized = [t for job in batch for t in job.tokenized]
-            for job in batch:
-                if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
-                    job.queue_ms = (started - job.arrival) * 1000
-                    metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
-                job.batch_requests = len(batch)
             try:
-                logits = _drive(engine.pipeline.letter_logits(tokenized, stats), holder)
-            except Exception as e:  # a bug or a device failure: fail this batch, keep serving
-                log.exception("batch of %d requests failed", len(batch))
-                outcome, logits = "error", e
+                forwards = engine.pipeline.pack(tokenized, stats)
+            except Exception as e:  # a bug: fail this batch, keep serving
+                log.exception("packing a batch of %d requests failed", len(batch))
+                self._fail(batch, e)
+                return
+            outcome = "ok"
+            with engine.gate.hold(self.urgent) as holder:
+                if any(job.cancelled() for job in batch):
+                    continue
+                started = time.perf_counter()
+                for job in batch:
+                    if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
+                        job.queue_ms = (started - job.arrival) * 1000
+                        metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
+                    job.batch_requests = len(batch)
+                try:
+                    steps = engine.pipeline.forward(tokenized, forwards, stats)
+                    logits = _drive(steps, holder, _stop_when(engine, batch))
+                except _PassStopped:
+                    outcome, logits = "stopped", None
+                except Exception as e:  # a bug or a device failure: fail this batch, keep serving
+                    log.exception("batch of %d requests failed", len(batch))
+                    outcome, logits = "error", e
+            break
         seconds = time.perf_counter() - started
         metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
         metrics.batch_requests.observe(engine.name, self.name, value=len(batch))
         engine.batches += 1
+        if logits is None:
+            engine.stopped_batches += 1
+            if engine.abandoned:
+                self._fail(batch, EngineClosed("the server shut down while this request ran"))
+            else:
+                engine.cancelled_jobs += len(batch)
+                self._fail(batch, Cancelled())
+            return
         if isinstance(logits, Exception):
-            for job in batch:
-                job.finish(logits)
+            self._fail(batch, logits)
             return
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
@@ -159,16 +188,35 @@ class Lane:
             except Exception as e:
                 log.exception("answer failed")
                 job.finish(e)
+        if stats.prompt_tokens * 4 > TRIM_AFTER_CHARS:
+            del logits, rows, tokenized, forwards
+            release_free_memory()
+
+    def _drop_gone(self, batch: list[Job]) -> list[Job]:
+        """Jobs whose client is still there; the others are answered Cancelled and never computed."""
+        gone = [job for job in batch if job.cancelled()]
+        for job in gone:
+            self.engine.cancelled_jobs += 1
+            job.finish(Cancelled())
+        return [job for job in batch if job not in gone] if gone else batch
+
+    @staticmethod
+    def _fail(batch: list[Job], error: Exception) -> None:
+        for job in batch:
+            job.finish(error)
 
 
-def _drive(steps, holder: Holder) -> list[list[np.ndarray]]:
-    """Run a pass to its end; a preemptible lane offers the device back between layers."""
+def _drive(steps, holder: Holder, stop: Callable[[], bool] = lambda: False) -> list[list[np.ndarray]]:
+    """Run a pass to its end. Every yield is a checkpoint: the pass stops there if `stop()` says so, and a
+    preemptible lane offers the device back there (between layers, or inside one where the backend yields)."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
             return done.value
-        holder.checkpoint()
+        if stop() or (holder.checkpoint() and stop()):
+            steps.close()
+            raise _PassStopped()
 
 
 class Engine:
@@ -180,8 +228,13 @@ class Engine:
         self.name, self.pipeline, self.gate, self.metrics, self.settings = name, pipeline, gate, metrics, settings
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
-        self.computed_jobs = self.cancelled_jobs = self.batches = 0
+        self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
         self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
+        self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
+        config = pipeline.model.config
+        self.prompt_char_limit = settings.limits.max_prompt_chars or (
+            config.max_position_embeddings * pipeline.tokenizer.max_token_chars
+        )
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -193,14 +246,40 @@ class Engine:
         return [self.main] + ([self.long] if self.long else [])
 
     def plan(self, request: DecisionRequest, finish: Callable[[Any], None], cancelled: Callable[[], bool]) -> Job:
-        """Tokenize and cost a validated request (runs in the planning pool, off the event loop)."""
+        """Check the request's limits, tokenize and cost it (in the planning pool when large, off the event loop).
+
+        Characters are checked before anything is tokenized; packed tokens while tokenizing, a chunk at a time, so
+        a request over a limit is refused after at most one chunk of work."""
         arrival = time.perf_counter()
+        limits, dialect = self.settings.limits, request.dialect
+        context = self.pipeline.model.config.max_position_embeddings
+        longest = max((_min_prompt_chars(q) for q in request.questions if q.needs_model), default=0)
+        if longest > self.prompt_char_limit:
+            raise _limit_error(
+                dialect,
+                f"a prompt has over {self.prompt_char_limit} characters; the model reads at most {context} tokens",
+            )
+        total_chars = _prompt_chars(request)
+        if total_chars > limits.max_request_chars:
+            raise _limit_error(
+                dialect,
+                f"the prompts of this request hold {total_chars} characters; a request may hold at most "
+                f"{limits.max_request_chars} (send fewer questions or a shorter state)",
+            )
+        if cancelled():
+            raise Cancelled()
         rounds = self.pipeline.plan(request)
         tokenized = rounds.tokenized
         later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
         self.check_length(request, [*tokenized, *later])
         prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
         cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
+        if cost > limits.max_request_tokens:
+            raise _limit_error(
+                dialect,
+                f"this request packs {cost} tokens; a request may compute at most {limits.max_request_tokens} "
+                "(send fewer questions or a shorter state)",
+            )
         return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
 
     def check_length(self, request: DecisionRequest, tokenized: list[TokenizedQuestion]) -> None:
@@ -208,19 +287,19 @@ class Engine:
         limit = self.pipeline.model.config.max_position_embeddings
         longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
         if longest > limit:
-            message = f"a prompt has {longest} tokens; the model reads at most {limit}"
-            if request.dialect == "systemone":
-                raise RequestError(400, {"detail": {"error_type": "max_tokens_exceeded", "message": message}})
-            raise RequestError(422, {"error": message})
+            raise _limit_error(request.dialect, f"a prompt has {longest} tokens; the model reads at most {limit}")
 
     def submit(self, job: Job) -> None:
+        """Queue a planned job; one that needs no model (every question has one option) is answered at once."""
         if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
             job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
             return
         lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
         lane.submit(job)
 
-    def close(self, drain: bool = True, timeout: float = 30.0) -> None:
+    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
+        """Stop the lanes: finish what is queued (drain) or fail it; `abandon` also stops running passes."""
+        self.abandoned = self.abandoned or abandon
         for lane in self.lanes:
             lane.close(drain)
         deadline = time.monotonic() + timeout
@@ -240,6 +319,7 @@ class Engines:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
         self.closed = False
+        self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
 
     @property
     def inflight(self) -> int:
@@ -253,54 +333,104 @@ class Engines:
         """Every model can answer (its lanes run); /health reports it."""
         return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
-    def _enter(self, model: str) -> None:
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """One of `max_inflight` places, taken before a request's body is read (so overload costs no parsing).
+        Raises Overloaded (529) or EngineClosed (503) at once."""
         with self._lock:
-            if self.closed:
+            if self.closed or self.draining:
                 raise EngineClosed("the server is shutting down")
             if self._inflight >= self.max_inflight:
                 raise Overloaded()
             self._inflight += 1
-        self.metrics.model_inflight.inc(model)
-
-    def _leave(self, model: str) -> None:
-        with self._lock:
-            self._inflight -= 1
-        self.metrics.model_inflight.inc(model, by=-1)
-
-    async def run(self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False) -> Result:
-        """Plan, queue and answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError."""
-        engine = self.engines[request.model]
-        self._enter(engine.name)
         try:
-            loop = asyncio.get_running_loop()
+            yield
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    async def run(
+        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+    ) -> Result:
+        """Plan, queue and answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError.
+        `has_slot`: the caller already holds a `slot()` (the HTTP layer takes it before reading the body)."""
+        if not has_slot:
+            with self.slot():
+                return await self.run(request, cancelled, has_slot=True)
+        engine = self.engines[request.model]
+        if self.closed:
+            raise EngineClosed("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        chars = _prompt_chars(request)
+        self.metrics.model_inflight.inc(engine.name)
+        try:
             future: asyncio.Future = loop.create_future()
 
             def finish(result: Any) -> None:
-                loop.call_soon_threadsafe(_settle, future, result)
+                with suppress(RuntimeError):  # the event loop is gone (shutdown): nobody waits for this answer
+                    loop.call_soon_threadsafe(_settle, future, result)
 
-            if _prompt_chars(request) <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
+            def prepare() -> Job:
                 job = engine.plan(request, finish, cancelled)
+                engine.submit(job)  # a model-free request is answered here, off the loop when it is large
+                return job
+
+            if chars <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
+                job = prepare()
             else:
-                job = await loop.run_in_executor(self._pool, engine.plan, request, finish, cancelled)
-            engine.submit(job)
+                try:
+                    job = await loop.run_in_executor(self._pool, prepare)
+                except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
+                    task = asyncio.current_task()
+                    if self.closed and task is not None and not task.cancelling():
+                        raise EngineClosed("the server shut down before this request ran") from None
+                    raise
             response = await future
             return Result(response, job.queue_ms, job.compute_ms, job.batch_requests)
         finally:
-            self._leave(engine.name)
+            self.metrics.model_inflight.inc(engine.name, by=-1)
+            if chars > TRIM_AFTER_CHARS:
+                loop.run_in_executor(self._pool, release_free_memory)
 
-    def close(self, drain: bool = True, timeout: float = 30.0) -> None:
-        """Stop taking requests; finish (drain) or fail what is queued; stop the lanes."""
+    def begin_drain(self) -> None:
+        """Shutdown has begun: refuse new requests (503), let /health say "draining", finish what runs."""
+        self.draining = True
+
+    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
+        """Stop taking requests; finish (drain) or fail what is queued; stop the lanes. `abandon`: running
+        passes stop at their next checkpoint too and their requests get EngineClosed (503)."""
         self.closed = True
         for engine in self.engines.values():
-            engine.close(drain, timeout)
+            engine.close(drain, timeout, abandon)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _stop_when(engine: Engine, batch: list[Job]) -> Callable[[], bool]:
+    """When a running pass stops: the server abandons its work, or no client of the batch is left."""
+    return lambda: engine.abandoned or all(job.cancelled() for job in batch)
+
+
+def _min_prompt_chars(q: Question) -> int:
+    """Characters one prompt of `q` has at least (the template around them is not counted; a large choice's
+    prompts show a group of its options, so none of them is counted)."""
+    item = q.item
+    options = 0 if is_large(item) else sum(map(len, item.options))
+    return len(item.state_text) + len(item.question_text) + options
+
+
+def _limit_error(dialect: str, message: str) -> RequestError:
+    """A request over a work limit: Jev's token-limit 400 on /v1/systemone, upstream's 422 on /v1/basal."""
+    if dialect == "systemone":
+        return RequestError(400, {"detail": {"error_type": "max_tokens_exceeded", "message": message}})
+    return RequestError(422, {"error": message})
 
 
 def _prompt_chars(request: DecisionRequest) -> int:
     """Characters to tokenize: every prompt repeats state and question (a large choice asks many groups)."""
     return sum(
-        _prompts_of(q.item) * (len(q.item.state_text) + len(q.item.question_text)) + 2 * sum(map(len, q.item.options))
+        _prompts_of(item) * (len(item.state_text) + len(item.question_text)) + 2 * sum(map(len, item.options))
         for q in request.questions
+        for item in q.asked
     )
 
 

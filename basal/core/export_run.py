@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from basal.core.compute import Backend, run_to_end
 from basal.core.contract import DecisionRequest, Dialect, Question, parse_basal, parse_systemone
+from basal.core.decision import Distribution
 from basal.core.engine import Engine, Engines
 from basal.core.errors import RequestError
 from basal.core.export_format import (
@@ -45,7 +46,8 @@ from basal.core.metrics import Metrics
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline
 from basal.core.prompt import MAX_OPTIONS, Item, lang_of
-from basal.core.scheduler import Job
+from basal.core.rounds import Rounds
+from basal.core.tree import TokenizedQuestion
 
 Batching = Literal["single", "batch", "tree"]
 BATCHINGS: tuple[Batching, ...] = ("single", "batch", "tree")
@@ -117,14 +119,27 @@ def file_sha256(path: Path) -> str:
 
 @dataclass
 class Planned:
+    """One input on its way: the validated request and its rounds, or its error; every round run so far."""
+
     input: ExportInput
     request: DecisionRequest | None = None
-    job: Job | None = None
+    rounds: Rounds | None = None
     error: dict[str, Any] | None = None
+    ran: list[RoundRun] = field(default_factory=list)
 
     @property
-    def questions(self) -> list[Question]:
-        return [q for q in self.request.questions if q.needs_model] if self.request else []
+    def running(self) -> bool:
+        return self.error is None and self.rounds is not None and not self.rounds.done
+
+
+@dataclass(frozen=True)
+class RoundRun:
+    """What one round asked (items, their token ids) and the letter logits it got back."""
+
+    round: int
+    items: list[Item]
+    tokenized: list[TokenizedQuestion]
+    logits: list[list[np.ndarray]]
 
 
 def _error(e: RequestError) -> dict[str, Any]:
@@ -150,15 +165,16 @@ def _bench_request(raw: dict[str, Any], model: str) -> DecisionRequest:
 
 
 class _RecordingPipeline(Pipeline):
-    """A pipeline that keeps the letter logits each answered request was built from (for `batch` mode)."""
+    """A pipeline that keeps every round the engine runs of a request (for `batch` mode)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.logits_of: dict[int, dict[str, list[np.ndarray]]] = {}
+        self.rounds_of: dict[int, list[RoundRun]] = {}
 
-    def answer(self, request, logits, input_tokens, latency_ms, joints=None):  # type: ignore[override]
-        self.logits_of[id(request)] = logits
-        return super().answer(request, logits, input_tokens, latency_ms, joints)
+    def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
+        run = RoundRun(rounds.round, list(rounds.asked), list(rounds.tokenized), list(logits))
+        self.rounds_of.setdefault(id(rounds.request), []).append(run)
+        super().advance(rounds, logits)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -166,7 +182,10 @@ class _RecordingPipeline(Pipeline):
 
 
 class Exporter:
-    """Runs inputs with one model and backend in one batching mode and builds their records, in input order."""
+    """Runs inputs with one model and backend in one batching mode and builds their records, in input order.
+
+    A request runs as rounds (`basal.core.rounds`): one for ordinary questions, a second for the finalists of
+    a choice with 11..255 options. Every item of every round becomes an entry of the record's ``items``."""
 
     def __init__(self, model: ModelDir, backend: Backend, batching: Batching, prefix_cache: bool = True):
         if batching not in BATCHINGS:
@@ -192,15 +211,15 @@ class Exporter:
             job = self.engine.plan(request, lambda _result: None, lambda: False)
         except RequestError as e:
             return Planned(inp, error=_error(e))
-        return Planned(inp, request, job)
+        return Planned(inp, request, job.rounds)
 
     def records(self, inputs: Sequence[ExportInput]) -> Iterator[dict[str, Any]]:
         if self.batching == "single":
             for inp in inputs:
-                yield from self._computed([self.plan(inp)], self._alone)
+                yield from self._computed([self.plan(inp)], together=False)
         elif self.batching == "tree":
             for start in range(0, len(inputs), TREE_CHUNK):
-                yield from self._computed([self.plan(i) for i in inputs[start : start + TREE_CHUNK]], self._tree)
+                yield from self._computed([self.plan(i) for i in inputs[start : start + TREE_CHUNK]], together=True)
         else:
             engines = Engines({self.model.name: self.engine}, self.model.name, self.metrics)
             engines.start()
@@ -210,26 +229,31 @@ class Exporter:
             finally:
                 engines.close()
 
-    # -- the three ways to get letter logits ----------------------------------------------------------------
+    # -- single and tree: the rounds run here ---------------------------------------------------------------
 
-    def _alone(self, planned: list[Planned]) -> list[list[list[np.ndarray]]]:
-        return [
-            [run_to_end(self.pipeline.letter_logits([t]))[0] for t in p.job.tokenized] if p.job else [] for p in planned
-        ]
+    def _computed(self, planned: list[Planned], together: bool) -> Iterator[dict[str, Any]]:
+        """Run every round of `planned`: each item alone, or all of a round's items in one tree pass."""
+        while active := [p for p in planned if p.running]:
+            if together:
+                tokenized = [t for p in active for t in p.rounds.tokenized]
+                flat = iter(run_to_end(self.pipeline.letter_logits(tokenized)))
+                logits = [[next(flat) for _ in p.rounds.tokenized] for p in active]
+            else:
+                logits = [[run_to_end(self.pipeline.letter_logits([t]))[0] for t in p.rounds.tokenized] for p in active]
+            for p, lg in zip(active, logits, strict=True):
+                rounds = p.rounds
+                p.ran.append(RoundRun(rounds.round, list(rounds.asked), list(rounds.tokenized), lg))
+                self.pipeline.advance(rounds, lg)
+                if not rounds.done:
+                    try:  # a later round is length-checked once planned, as the engine does
+                        self.engine.check_length(p.request, rounds.tokenized)
+                    except RequestError as e:
+                        p.error = _error(e)
+        for p in planned:
+            answer = None if p.error is not None else msgspec.to_builtins(self.pipeline.respond(p.rounds, 0.0))
+            yield self._record(p, answer)
 
-    def _tree(self, planned: list[Planned]) -> list[list[list[np.ndarray]]]:
-        tokenized = [t for p in planned if p.job for t in p.job.tokenized]
-        logits = iter(run_to_end(self.pipeline.letter_logits(tokenized)) if tokenized else [])
-        return [[next(logits) for _ in p.job.tokenized] if p.job else [] for p in planned]
-
-    def _computed(self, planned: list[Planned], run: Callable[[list[Planned]], list]) -> Iterator[dict[str, Any]]:
-        for p, logits in zip(planned, run(planned), strict=True):
-            if p.error is not None:
-                yield self._record(p, None, None)
-                continue
-            by_name = {q.name: lg for q, lg in zip(p.questions, logits, strict=True)}
-            answer = self.pipeline.answer(p.request, by_name, p.job.prompt_tokens, 0.0)
-            yield self._record(p, by_name, msgspec.to_builtins(answer))
+    # -- batch: the engine runs the rounds ------------------------------------------------------------------
 
     async def _served(self, engines: Engines, inputs: Sequence[ExportInput]) -> list[dict[str, Any]]:
         """Every input of the window submitted at once, as concurrent clients would; records in input order."""
@@ -237,33 +261,45 @@ class Exporter:
         async def one(inp: ExportInput) -> dict[str, Any]:
             p = self.plan(inp)  # validation and the error record; the engine plans again, as a server does
             if p.error is not None:
-                return self._record(p, None, None)
+                return self._record(p, None)
             try:
                 result = await engines.run(p.request)
             except RequestError as e:  # an admission limit of the engine beyond what plan() checks
                 p.error = _error(e)
-                return self._record(p, None, None)
-            logits = self.pipeline.logits_of.pop(id(p.request))  # type: ignore[attr-defined]
-            return self._record(p, logits, msgspec.to_builtins(result.response))
+            p.ran = self.pipeline.rounds_of.pop(id(p.request), [])  # type: ignore[attr-defined]
+            return self._record(p, None if p.error else msgspec.to_builtins(result.response))
 
         return list(await asyncio.gather(*(one(i) for i in inputs)))
 
     # -- records ---------------------------------------------------------------------------------------------
 
-    def _record(
-        self, p: Planned, logits: dict[str, list[np.ndarray]] | None, answer: dict[str, Any] | None
-    ) -> dict[str, Any]:
+    def _items(self, p: Planned) -> list[tuple[Item, dict[str, Any], Distribution, int]]:
+        out = []
+        for run in p.ran:
+            for item, tokenized, logits in zip(run.items, run.tokenized, run.logits, strict=True):
+                k = len(item.options)
+                fields, dist = item_fields(
+                    item,
+                    self.model.bos,
+                    tokenized.prompts,
+                    self.pipeline.letter_ids[:k],
+                    logits,
+                    self.model.calibration.temperature(item.type),
+                )
+                out.append((item, fields, dist, run.round))
+        return out
+
+    def _record(self, p: Planned, answer: dict[str, Any] | None) -> dict[str, Any]:
         raw = p.input.raw
         if p.input.dialect is None:
             record = {k: raw[k] for k in BENCH_FIELDS if k in raw}
             record["id"] = raw.get("id") if ("id" in raw or "index" in raw) else p.input.key
             if p.error is not None:
                 return {**record, "error": p.error}
-            (q,) = p.questions
-            fields, dist = self._fields(q, p, logits[q.name])
+            ((item, fields, dist, _round),) = self._items(p)
             return {
                 **record,
-                "lang": q.item.lang,
+                "lang": item.lang,
                 "orders": fields["orders"],
                 "pack": fields["pack"],
                 "p_avg": fields["p_avg"],
@@ -278,20 +314,13 @@ class Exporter:
         record |= {"dialect": p.input.dialect, "request": raw["request"]}
         if p.error is not None:
             return {**record, "items": [], "error": p.error}
-        items = [question_item(q.item, self._fields(q, p, logits[q.name])[0]) for q in p.questions]
+        items = []
+        for item, fields, _dist, round_ in self._items(p):
+            entry = question_item(item, fields)
+            if round_:  # a later round (a large choice's finalists); first-round items look like upstream's
+                entry["round"] = round_
+            items.append(entry)
         return {**record, "items": items, "answer": without_latency(answer)}
-
-    def _fields(self, q: Question, p: Planned, logits: list[np.ndarray]):
-        tokenized = p.job.tokenized[p.questions.index(q)]
-        k = len(q.item.options)
-        return item_fields(
-            q.item,
-            self.model.bos,
-            tokenized.prompts,
-            self.pipeline.letter_ids[:k],
-            logits,
-            self.model.calibration.temperature(q.item.type),
-        )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ FINALISTS = MAX_OPTIONS
 
 
 def is_large(item: Item) -> bool:
-    """A choice the letter readout cannot read in one prompt."""
-    return len(item.options) > MAX_OPTIONS
+    """A choice the letter readout cannot read in one prompt (a multi's labels are asked one branch each)."""
+    return item.type == "choice" and len(item.options) > MAX_OPTIONS
 
 
 def blocks(n: int) -> list[list[int]]:

@@ -21,12 +21,29 @@ from basal.core.contract import (
     SystemOneResponse,
     Usage,
 )
-from basal.core.decision import Distribution, answer_basal, answer_systemone, calibrate, certain, distribution
+from basal.core.decision import (
+    Distribution,
+    answer_act,
+    answer_basal,
+    answer_multi,
+    answer_systemone,
+    calibrate,
+    certain,
+    distribution,
+)
 from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.model_dir import ModelDir
+from basal.core.multi_act_contract import evidence_refusal_basal
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
-from basal.core.tree import FORWARD_MAX_TOKENS, TREE_MAX_TOKENS, TokenizedQuestion, packed_tokens, plan_forwards
+from basal.core.tree import (
+    FORWARD_MAX_TOKENS,
+    TREE_MAX_TOKENS,
+    Forward,
+    TokenizedQuestion,
+    packed_tokens,
+    plan_forwards,
+)
 
 JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
 
@@ -81,8 +98,11 @@ class Pipeline:
                 self.prefixes[lang] = ids
 
     def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
-        """Token ids of every option order of the questions that need the model."""
-        return self.tokenize_items([q.item for q in questions])
+        """Token ids of every option order of every readout the questions ask (a multi: one per label).
+
+        The branches of a multi are separate entries about the same state, so the packer places them next to
+        each other in one trie row (the state is computed once) and may cut rows between them."""
+        return self.tokenize_items([item for q in questions for item in q.asked])
 
     def tokenize_items(self, items: Sequence[Item]) -> list[TokenizedQuestion]:
         """Token ids of every asked option order of each item."""
@@ -133,6 +153,11 @@ class Pipeline:
         self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:
         """Letter logits of every order of every question (float32, first k letters); yields between layers."""
+        forwards = self.pack(tokenized, stats)
+        return (yield from self.forward(tokenized, forwards, stats))
+
+    def pack(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
+        """Trie rows and forwards of a batch: host work, done before the device is taken."""
         t0 = time.perf_counter()
         forwards = plan_forwards(
             tokenized,
@@ -142,6 +167,14 @@ class Pipeline:
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
+        if stats is not None:
+            stats.pack_ms += (time.perf_counter() - t0) * 1000
+        return forwards
+
+    def forward(
+        self, tokenized: Sequence[TokenizedQuestion], forwards: Sequence[Forward], stats: Stats | None = None
+    ) -> Generator[None, None, list[list[np.ndarray]]]:
+        """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause)."""
         t1 = time.perf_counter()
         out: list[list[np.ndarray]] = [[None] * len(t.prompts) for t in tokenized]  # type: ignore[list-item]
         for f in forwards:
@@ -149,7 +182,6 @@ class Pipeline:
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
         if stats is not None:
-            stats.pack_ms += (t1 - t0) * 1000
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
             stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
@@ -177,18 +209,34 @@ class Pipeline:
         """Letter logits per question (joint distributions of large choices) -> the response in the dialect."""
         answers = {}
         for q in request.questions:
+            if q.deferred_error is not None:  # upstream: raised while building this answer
+                raise q.deferred_error
             if joints and q.name in joints:
                 joint = joints[q.name]
-                dist = Distribution([], joint, calibrate(joint, self.model.calibration.temperature(q.item.type)))
-            elif q.needs_model:
-                k = len(q.item.options)
-                dist = distribution(
-                    [lg[:k] for lg in logits[q.name]], q.item.orders, self.model.calibration.temperature(q.item.type)
-                )
+                dists = [Distribution([], joint, calibrate(joint, self.model.calibration.temperature(q.item.type)))]
             else:
-                dist = certain()
-            answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dist)
+                dists = self.distributions(q, logits.get(q.name, []))
+            if q.kind == "multi":
+                answers[q.name] = answer_multi(q, dists)
+            elif q.kind == "act":
+                answers[q.name] = answer_act(q, dists[0], self.model.calibration, request.dialect)
+            else:
+                answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dists[0])
         if request.dialect == "systemone":
             return SystemOneResponse(request.model, answers, Usage(input_tokens))
-        n = len(request.questions)
-        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, n, round(latency_ms, 2)))
+        if any(q.evidence for q in request.questions):  # upstream checks the evidence head after the answers
+            raise evidence_refusal_basal()
+        n, branches = len(request.questions), sum(q.branch_count for q in request.questions)
+        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, branches, round(latency_ms, 2)))
+
+    def distributions(self, question: Question, rows: Sequence[np.ndarray]) -> list[Distribution]:
+        """One distribution per readout of the question; `rows` = letter logits of its readouts' orders in turn."""
+        if not question.needs_model:
+            return [certain()]
+        out, at = [], 0
+        for item in question.asked:
+            n, k = len(item.orders), len(item.options)
+            temperature = self.model.calibration.temperature(item.type)
+            out.append(distribution([lg[:k] for lg in rows[at : at + n]], item.orders, temperature))
+            at += n
+        return out

@@ -6,6 +6,7 @@ the option letters right after the prefill ``{"answer": "``; no text is generate
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,7 @@ def named_options(criteria: Mapping[str, Any], option_keys: str = "show") -> tup
     the options stay distinguishable.
     """
     texts = [str(k) if v is None else text_of(v) for k, v in criteria.items()]
-    repeated = {t for t in texts if texts.count(t) > 1}
+    repeated = {t for t, n in Counter(texts).items() if n > 1}  # linear: a request may send thousands of options
     shown = [
         t if v is None or (option_keys == "hide" and t not in repeated) else f"{k}: {t}"
         for (k, v), t in zip(criteria.items(), texts, strict=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,17 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from basal.core.act import ActSpec, NeedsDeferAction, decide
 from basal.core.contract import Question, parse_basal, parse_systemone
-from basal.core.decision import Distribution, answer_basal, answer_systemone, calibrate, certain, distribution
+from basal.core.decision import (
+    Distribution,
+    answer_basal,
+    answer_multi,
+    answer_systemone,
+    calibrate,
+    certain,
+    distribution,
+)
 from basal.core.errors import RequestError
 from basal.core.facts import FactsError, inject
 from basal.core.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
@@ -90,8 +99,14 @@ def _maxdiff(a: Any, b: Any) -> str:
 
 
 class ReferenceChecker:
-    def __init__(self, model: ModelDir | None = None, temperatures: dict[str, float] | None = None):
+    def __init__(
+        self,
+        model: ModelDir | None = None,
+        temperatures: dict[str, float] | None = None,
+        thresholds: dict[str, Any] | None = None,
+    ):
         self.model = model
+        self.thresholds = thresholds if thresholds is not None else (model.calibration.thresholds if model else None)
         self.temperatures = (
             temperatures if temperatures is not None else (model.calibration.temperatures if model else None)
         )
@@ -135,7 +150,10 @@ class ReferenceChecker:
         systemone = rec.get("dialect") == "systemone"  # a basal export of a System One request
         expected_error = rec.get("upstream_error") or rec.get("to_items_error") or rec.get("error")
         try:
-            plan = (parse_systemone if systemone else parse_basal)(rec["request"], lambda _model: "reference")
+            if systemone:
+                plan = parse_systemone(rec["request"], lambda _model: "reference")
+            else:
+                plan = parse_basal(rec["request"], lambda _model: "reference", check_evidence=False)
         except RequestError as e:
             if e.upstream and e.upstream.startswith("unsupported:"):
                 r.skip("request uses a basal-1.5 extension (multi/act/facts/evidence) that basal does not support yet")
@@ -156,6 +174,15 @@ class ReferenceChecker:
             return
         questions = {q.name: q for q in plan.questions if q.needs_model}
         items = rec.get("items", [])
+        if not items and "upstream_answer" not in rec:
+            r.skip("record without items or answer (request inputs only)")
+            return
+        answer = answer_systemone if systemone else answer_basal
+        answers = rec.get("upstream_answer", rec.get("answer")) or {}
+        extension = any("evidence" in a for a in answers.get("answers", {}).values())
+        if extension or any(q.kind in ("multi", "act") for q in plan.questions):
+            self.check_extension_request(plan.questions, items, answers, where, answer)
+            return
         r.check(
             "question names",
             list(questions) == [it["name"] for it in items],
@@ -205,6 +232,97 @@ class ReferenceChecker:
             self.report.check(
                 "facts state text", want == text, f"{where}/{it.get('name')}", _first_difference(text, str(want))
             )
+
+    def check_extension_request(
+        self, questions: tuple[Question, ...], items: list[dict], expected: dict, where: str, answer: Callable
+    ):
+        """A request with multi/act questions: the export's items are the readouts in order (one per multi label,
+        named ``NAME`` or ``NAME#label``); each is rebuilt and checked, then the answers are recomputed."""
+        r = self.report
+        asked = [(q, item) for q in questions for item in q.asked]
+        names_ok = len(asked) == len(items) and all(
+            it["name"] in (item.name, q.name) for (q, item), it in zip(asked, items, strict=False)
+        )
+        if not r.check(
+            "question names", names_ok, where, f"{[i.name for _, i in asked]} vs {[it['name'] for it in items]}"
+        ):
+            return
+        dists: dict[str, list] = {q.name: [] for q in questions}
+        for (q, item), it in zip(asked, items, strict=True):
+            w = f"{where}/{it['name']}"
+            self._check_item_fields(item, it, w)
+            dists[q.name].append(self.check_orders(item, it, w))
+        if expected and all(d is not None for ds in dists.values() for d in ds):
+            for q in questions:
+                want = expected.get("answers", {}).get(q.name)
+                if want is not None:
+                    self._check_any_answer(q, dists[q.name], want, items, f"{where}/{q.name}", answer)
+            usage = expected.get("usage", {})
+            if "branches" in usage:
+                branches = sum(q.branch_count for q in questions)
+                r.check("usage.branches", branches == usage["branches"], where, f"{branches} vs {usage['branches']}")
+            if "input_tokens" in usage and all("input_ids" in o for it in items for o in it.get("orders", [])):
+                tokens = sum(len(o["input_ids"]) for it in items for o in it["orders"])
+                r.check("usage.input_tokens", tokens == usage["input_tokens"], where)
+
+    def _check_item_fields(self, item: Item, it: dict[str, Any], w: str) -> None:
+        r = self.report
+        r.check("keys", list(item.keys) == it["keys"], w, f"{item.keys} vs {it['keys']}")
+        r.check("options", list(item.options) == it["options"], w, f"{item.options} vs {it['options']}")
+        r.check("language", item.lang == it["lang"], w, f"{item.lang} vs {it['lang']}")
+        r.check("state text", item.state_text == it["state_text"], w)
+        r.check(
+            "question text",
+            item.question_text == it["question_text"],
+            w,
+            f"{item.question_text!r} vs {it['question_text']!r}",
+        )
+
+    def _check_any_answer(
+        self, q: Question, dists: list, want: dict[str, Any], items: list, w: str, answer: Callable
+    ) -> None:
+        """One upstream answer of any type: decisions exact, numbers to float32 precision; evidence skipped."""
+        r = self.report
+        want = dict(want)
+        if want.pop("evidence", None) is not None:
+            r.skip("evidence spans (basal computes no evidence)")
+        if q.kind == "multi":
+            have = msgspec.to_builtins(answer_multi(q, dists))
+        elif q.kind == "act":
+            have = self._act_answer(q, dists[0], want, items)
+            if have is None:
+                r.check("upstream answer", False, w, "basal refuses it: max_error needs a defer action")
+                return
+        else:
+            have = msgspec.to_builtins(answer(q, dists[0]))
+        have_text, want_text = (json.dumps(a, ensure_ascii=False)[:300] for a in (have, want))
+        r.check("upstream answer", _same_answer(have, want), w, f"basal {have_text} vs upstream {want_text}")
+
+    def _act_answer(self, q: Question, dist, want: dict[str, Any], items: list) -> dict[str, Any] | None:
+        """The act answer from the export's distribution (None: refused for want of a defer action). Without
+        CALIBRATION.json thresholds the refusal part of `want` is not checkable: it is taken out and the action
+        before the refusal is compared instead."""
+        if self.temperatures is not None:
+            calibrated = bool(self.temperatures)
+        else:
+            calibrated = any(float(it["temperature"]) != 1.0 for it in items)
+        spec = q.spec
+        assert isinstance(spec, ActSpec)
+        thresholds = self.thresholds
+        if thresholds is None and spec.max_error_key is not None:
+            self.report.skip("act refusal (no CALIBRATION.json thresholds: pass --model)")
+            refused = want.pop("refused", None)
+            want.pop("max_error", None)
+            if refused is not None:
+                want["action"] = refused
+        p = {k: float(v) for k, v in zip(q.item.keys, dist.p_cal, strict=True)}
+        try:
+            have = msgspec.to_builtins(decide(p, spec, thresholds or {}, calibrated))
+        except NeedsDeferAction:
+            return None
+        if thresholds is None:
+            have.pop("max_error", None)
+        return have
 
     # -- per question ---------------------------------------------------------------------------------------
 
@@ -271,6 +389,22 @@ class ReferenceChecker:
             )
         if "questions" in usage:
             r.check("usage.questions", len(questions) == usage["questions"], where)
+
+
+def _same_answer(have: Any, want: Any, key: str = "") -> bool:
+    """Same keys in the same order, strings/lists exact, numbers within float32 precision (costs are rounded)."""
+    if isinstance(want, dict):
+        return (
+            isinstance(have, dict)
+            and list(have) == list(want)
+            and all(_same_answer(have[k], want[k], k if key != "expected_costs" else key) for k in want)
+        )
+    if isinstance(want, bool) or not isinstance(want, int | float):
+        return have == want
+    if isinstance(have, bool) or not isinstance(have, int | float):
+        return False
+    tol = UPSTREAM * max(1.0, abs(want)) + (UPSTREAM if key == "expected_costs" else 0.0)
+    return abs(have - want) <= tol
 
 
 def is_large_choice_record(rec: dict[str, Any]) -> bool:

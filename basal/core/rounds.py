@@ -36,7 +36,7 @@ class Rounds:
     def __post_init__(self) -> None:
         run = [q for q in self.request.questions if q.needs_model]
         self.large = {q.name: LargeChoice(q.item, self.strategy) for q in run if is_large(q.item)}
-        self.asked = [q.item for q in run if q.name not in self.large]
+        self.asked = [item for q in run if q.name not in self.large for item in q.asked]  # a multi: its branches
         for lc in self.large.values():
             self.asked += lc.first_round()
 
@@ -53,8 +53,8 @@ class Rounds:
         following: list[Item] = []
         if self.round == 0:
             for q in self.request.questions:
-                if q.needs_model and q.name not in self.large:
-                    self.plain_logits[q.name] = next(rest)
+                if q.needs_model and q.name not in self.large:  # a multi's branches, one after the other
+                    self.plain_logits[q.name] = [order for _ in q.asked for order in next(rest)]
             for lc in self.large.values():
                 following.append(lc.final_round([next(rest) for _ in lc.groups]))
         else:

@@ -50,6 +50,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tk.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def max_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry: a text of n characters has at least n / this many tokens."""
+        return max(map(len, self._tk.get_vocab(with_added_tokens=True)), default=1)
+
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
 

@@ -113,10 +113,10 @@ def _ready_check(names: list[str], every_s: float = 1.0):
 
 def serve_ray(config: ServeConfig) -> None:
     """`basal serve --ray`: the HTTP front here, the engines on Ray; a local Ray is shut down on exit."""
-    import uvicorn
     from ray import serve
 
     from basal.api.app import create_app
+    from basal.api.listener import DrainingServer, server_config
     from basal.server import api_settings
 
     engines = start(config)
@@ -128,7 +128,10 @@ def serve_ray(config: ServeConfig) -> None:
         ", ".join(engines.engines),
     )
     try:
-        uvicorn.run(app, host=config.host, port=config.port, access_log=config.access_log, log_level="info")
+        front = server_config(
+            app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
+        )
+        DrainingServer(front, engines, config.shutdown_grace_s).run()
     finally:
         if (config.ray or RayConfig()).address is None:
             serve.shutdown()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -47,6 +48,7 @@ class RayEngines:
         self._inflight = 0
         self._lock = threading.Lock()
         self.closed = False
+        self.draining = False
         self.retries = 0
 
     @property
@@ -59,36 +61,51 @@ class RayEngines:
     def ready(self) -> bool:
         return self._ready()
 
-    def close(self, drain: bool = True, timeout: float = 30.0) -> None:
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
         self.closed = True
 
-    async def run(self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False) -> Result:
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        """As `Engines.slot`: taken before the body is read."""
         with self._lock:
-            if self.closed:
+            if self.closed or self.draining:
                 raise EngineClosed("the server is shutting down")
             if self._inflight >= self.max_inflight:
                 raise Overloaded()
             self._inflight += 1
         try:
-            key = affinity_key(request, self.affinity_min_chars)
-            handle = self.engines[request.model]
-
-            async def call() -> Result:
-                answer: ReplicaAnswer = await _cancellable(handle.decide.remote(request, affinity=key), cancelled)
-                return answer.result()
-
-            try:
-                return await call()
-            except RETRYABLE as e:
-                self.retries += 1
-                log.warning("a replica died while answering a request; retrying once on another (%s)", e)
-            try:
-                return await call()
-            except RETRYABLE as e:
-                raise EngineClosed("two replicas failed while answering this request; retry later") from e
+            yield
         finally:
             with self._lock:
                 self._inflight -= 1
+
+    async def run(
+        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+    ) -> Result:
+        if not has_slot:
+            with self.slot():
+                return await self.run(request, cancelled, has_slot=True)
+        if self.closed:
+            raise EngineClosed("the server is shutting down")
+        key = affinity_key(request, self.affinity_min_chars)
+        handle = self.engines[request.model]
+
+        async def call() -> Result:
+            answer: ReplicaAnswer = await _cancellable(handle.decide.remote(request, affinity=key), cancelled)
+            return answer.result()
+
+        try:
+            return await call()
+        except RETRYABLE as e:
+            self.retries += 1
+            log.warning("a replica died while answering a request; retrying once on another (%s)", e)
+        try:
+            return await call()
+        except RETRYABLE as e:
+            raise EngineClosed("two replicas failed while answering this request; retry later") from e
 
 
 async def _cancellable(response: Any, cancelled: Callable[[], bool]) -> ReplicaAnswer:

@@ -3,6 +3,7 @@ compression), auth, models, health, metrics, OpenAPI."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 
@@ -11,6 +12,7 @@ import pytest
 import zstandard
 from litestar.testing import TestClient
 
+from basal.api import handling
 from basal.api.app import create_app
 from basal.api.handling import ApiSettings
 from tests.servers import make_engines
@@ -86,7 +88,7 @@ def test_basal_dialect_defaults_model_and_answers_upstream_shape(client):
         ({"state": "x"}, 422, lambda b: [e["loc"] for e in b["detail"]] == [["body", "model"], ["body", "questions"]]),
         (b"{not json", 422, lambda b: b["detail"][0]["type"] == "json_invalid"),
         (
-            {**REQUEST, "questions": {"q": {"type": "multi", "criteria": ["a", "b"]}}},
+            {**REQUEST, "questions": {"q": {"type": "noul", "instructions": "?", "evidence": True}}},
             422,
             lambda b: b["error"] == "unsupported",
         ),
@@ -205,3 +207,66 @@ def test_the_readme_curl_example(client):
     r = post(client, body)
     assert r.status_code == 200 and set(r.json()["answers"]) == {"urgent", "team"}
     assert r.json()["answers"]["team"]["choice"] in ("billing", "technical")
+
+
+def _where() -> str:
+    try:
+        asyncio.get_running_loop()
+        return "loop"
+    except RuntimeError:
+        return "thread"
+
+
+def test_large_and_compressed_bodies_are_decoded_off_the_event_loop(client, monkeypatch):
+    seen = []
+    decode = handling.decode_body
+    monkeypatch.setattr(
+        handling, "decode_body", lambda body, dialect: (seen.append(_where()), decode(body, dialect))[1]
+    )
+    assert post(client, REQUEST).status_code == 200
+    assert post(client, {**REQUEST, "state": "x " * 50_000}).status_code == 400  # over the token limit
+    assert post(client, gzip.compress(json.dumps(REQUEST).encode()), **{"content-encoding": "gzip"}).status_code == 200
+    assert seen == ["loop", "thread", "thread"]
+
+
+def test_a_large_request_that_needs_no_model_is_answered_off_the_event_loop(client, engines, monkeypatch):
+    pipeline = engines.engines["basal-synthetic-demo"].pipeline
+    seen = []
+    answer = pipeline.answer
+    monkeypatch.setattr(pipeline, "answer", lambda *a: (seen.append(_where()), answer(*a))[1])
+    one_option = {"type": "choice", "instructions": "?" * 200, "criteria": {"only": None}}
+    body = {**REQUEST, "questions": {f"q{i}": one_option for i in range(100)}}
+    r = post(client, body)
+    assert r.status_code == 200 and r.json()["answers"]["q7"]["choice"] == "only"
+    assert seen == ["thread"]
+
+
+def test_openapi_is_true_to_the_configuration(demo_model):
+    with TestClient(create_app(make_engines(demo_model), ApiSettings(api_keys=("k",), metrics=False))) as c:
+        schema = c.get("/schema/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API key",
+    }
+    op = schema["paths"]["/v1/systemone"]["post"]
+    assert op["security"] == [{"bearerAuth": []}]
+    assert {"200", "400", "401", "403", "413", "415", "422", "503", "529"} <= set(op["responses"])
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["questions"]["minProperties"] == 1
+    assert body["properties"]["questions"]["maxProperties"] == 1024
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]) == {"404"}
+
+
+def test_cors_when_origins_are_configured(demo_model):
+    settings = ApiSettings(cors_origins=("https://app.example",))
+    with TestClient(create_app(make_engines(demo_model), settings)) as c:
+        r = c.options(
+            "/v1/systemone",
+            headers={"origin": "https://app.example", "access-control-request-method": "POST"},
+        )
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        r = c.options(
+            "/v1/systemone", headers={"origin": "https://evil.example", "access-control-request-method": "POST"}
+        )
+        assert r.headers.get("access-control-allow-origin") != "https://evil.example"

@@ -71,3 +71,28 @@ def test_the_demo_model_is_served_when_no_model_is_given(tmp_path, monkeypatch, 
     engines = build_engines(parse_config({}))
     assert list(engines.engines) == ["basal-synthetic-demo"]
     assert "carry no meaning" in caplog.text
+
+
+def test_limits_in_yaml_and_flags(tmp_path):
+    path = tmp_path / "serve.yml"
+    path.write_text("limits:\n  max_questions: 10\n  header_timeout_s: 2.5\ncors_origins: [https://app.example]\n")
+    config = load_config(path)
+    assert (config.limits.max_questions, config.limits.header_timeout_s) == (10, 2.5)
+    assert config.limits.max_request_tokens == 262_144 and config.cors_origins == ["https://app.example"]
+    settings = api_settings(config)
+    assert settings.limits.max_questions == 10 and settings.cors_origins == ("https://app.example",)
+    with pytest.raises(ConfigError, match="max_question"):
+        parse_config({"limits": {"max_question": 10}})
+    with pytest.raises(ConfigError, match="positive"):
+        parse_config({"limits": {"max_errors": 0}})
+
+
+def test_limit_flags_reach_the_config(monkeypatch):
+    import basal.server
+    from basal.cli import main
+
+    seen = []
+    monkeypatch.setattr(basal.server, "serve", seen.append)
+    main(["serve", "--max-questions", "7", "--body-timeout-s", "1.5", "--cors-origin", "https://a.example"])
+    assert (seen[0].limits.max_questions, seen[0].limits.body_timeout_s) == (7, 1.5)
+    assert seen[0].cors_origins == ["https://a.example"]

@@ -16,6 +16,7 @@ from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
 from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
+from basal.core.compute import run_to_end
 from basal.core.engine import Engine, Engines
 from basal.core.gate import Gate
 from basal.core.metrics import Metrics
@@ -24,8 +25,10 @@ from basal.core.pipeline import Pipeline
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """What kernels/tree_attention.metal computes, thread by thread, in float64."""
-    heads, kv_heads, dim, _width, n_q = launch.arrays["params"].tolist()
-    assert launch.grid[0] >= n_q * heads and launch.grid[0] % launch.threadgroup[0] == 0
+    heads, kv_heads, dim, _width, n_q = launch.arrays["params"][:5].tolist()
+    # one simdgroup per (query, head), whole simdgroups, at least one threadgroup
+    assert launch.grid[0] == max(n_q * heads * metal.SIMD_WIDTH, launch.threadgroup[0])
+    assert launch.threadgroup[0] % metal.SIMD_WIDTH == 0
     out = np.zeros(launch.output_shape)
     for qi in range(n_q):
         chain = launch.arrays["key_idx"][launch.arrays["query_chunk"][qi]]
@@ -67,13 +70,38 @@ def test_attention_launch_packs_what_the_portable_path_computes(rows):
     np.testing.assert_allclose(portable, emulated, atol=2e-5)
 
 
-def test_readout_launch_and_head_dim_limit():
+def test_readout_launch_and_launch_checks():
     launch = metal.readout_launch(3, 10, 64)
     assert launch.output_shape == (3, 10) and launch.grid[0] >= 30 and launch.threadgroup == (64, 1, 1)
+    assert launch.arrays["params"].size == metal.MIN_BUFFER  # 3 values, padded: never the constant address space
     block_of, positions, starts, lens, parents = _tree()
     plan = plan_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, np.arange(3), 1)
+    rows = np.arange(len(block_of))
     with pytest.raises(ValueError, match="MAX_HEAD_DIM"):
-        metal.attention_launch(plan, np.arange(len(block_of)), 3, 4, 2, 512)
+        metal.attention_launch(plan, rows, 3, 4, 2, 512)
+    with pytest.raises(ValueError, match="key/value heads"):
+        metal.attention_launch(plan, rows, 3, 6, 4, 16)
+    # a query the plan does not cover would read chunk 0's keys: refused before any launch
+    with pytest.raises(ValueError, match="missing from the attention plan"):
+        metal.attention_launch(plan, rows, 4, 4, 2, 16)
+    launch = metal.attention_launch(plan, rows, 3, 4, 2, 16)
+    assert all(a.size >= metal.MIN_BUFFER and a.dtype == np.int32 for a in launch.arrays.values())
+    assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "SIMDS": metal.ATTENTION_SIMDS}
+    args = metal.AttentionArgs(launch)
+    q16 = mx.zeros((3, 4, 16), dtype=mx.float16)
+    kv = mx.zeros((len(block_of) + 1, 2, 16))
+    with pytest.raises(TypeError, match="float32"):
+        metal.attention_call(q16, kv, kv, args)
+    with pytest.raises(ValueError, match="do not match"):
+        metal.attention_call(mx.zeros((3, 4, 8)), kv, kv, args)
+    with pytest.raises(TypeError, match="float32"):
+        metal.readout_call(mx.zeros((2, 8), dtype=mx.bfloat16), mx.zeros((10, 8)))
+
+
+def test_matmul_chunks_are_never_under_16_rows():
+    assert O.MIN_CHUNK_ROWS == 16 and O.READOUT_ROWS >= O.MIN_CHUNK_ROWS
+    with pytest.raises(ValueError, match="gemv"):
+        O.linear(mx.zeros((3, 8)), mx.zeros((8, 8)), None, 8)
 
 
 def test_kernel_sources_are_there():
@@ -91,8 +119,14 @@ def test_metal_kernels_refuse_to_run_without_metal():
         MLXBackend.load(None, device="metal")
 
 
-def test_mlx_backend_serves_over_http(demo_model):
+def test_default_device_is_metal_where_there_is_one(demo_model):
     backend = MLXBackend.load(demo_model)
+    expected = ("metal", "f16") if mx.metal.is_available() else ("cpu", "f32")
+    assert (backend.device, backend.dtype) == expected
+
+
+def test_mlx_backend_serves_over_http(demo_model):
+    backend = MLXBackend.load(demo_model, device="cpu")
     metrics = Metrics()
     engine = Engine(demo_model.name, Pipeline(demo_model, backend), Gate(), metrics)
     engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
@@ -108,6 +142,52 @@ def test_mlx_backend_serves_over_http(demo_model):
         },
     }
     with TestClient(create_app(engines)) as c:
-        r = c.post("/v1/systemone", content=json.dumps(body))
+        r = c.post("/v1/systemone", content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 200 and set(r.json()["answers"]) == {"r", "c"}
     assert (backend.name, backend.device, backend.dtype) == ("mlx", "cpu", "f32")
+
+
+def test_metal_native_ops_agree_with_the_portable_ones(demo_model):
+    """The Metal path's norms and SwiGLU (`native.py`), run here on the CPU: same model, logits within f32 noise.
+    (Their invariance is a Metal property; bench/mac_check.py checks it there.)"""
+    from basal.backends.mlx.model import MLXLlama
+    from basal.core.tree import single_prompt_batch
+
+    tokens = demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie")
+    batch = single_prompt_batch(tokens)
+    letters = tuple(int(x) for x in batch.letter_ids) or (1, 2)
+    net, results = MLXLlama(demo_model, "f32", use_metal=False, native_ops=False), []
+    for native in (False, True):
+        net.native = native
+        results.append(run_to_end(net.forward(net.inputs(batch), batch.tokens, letters)))
+    assert results[0].shape == results[1].shape
+    np.testing.assert_allclose(results[1], results[0], atol=1e-4)
+
+
+def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model, monkeypatch):
+    """On the CPU, past STEP_ROWS rows a layer yields between row blocks and attention groups; the engine may
+    pause at every yield, so another batch runs at each one here, and the bits must not change."""
+    from basal.backends.mlx import model as mlx_model
+    from basal.core.tree import plan_forwards
+    from tests.determinism.harness import Harness
+
+    h = Harness(demo_model, "mlx", "cpu", "f32")
+    rng = random.Random(5)
+    questions = [h.question(rng, "en", state_words=50) for _ in range(2)]
+    interloper = [h.question(rng, "pl")]
+    (forward,) = plan_forwards(questions, h.cached.letter_ids, h.cached.prefixes)
+    assert forward.batch.n_tokens > 2 * 64
+    reference = run_to_end(h.backend.run(forward.batch))
+    monkeypatch.setattr(mlx_model, "STEP_ROWS", 64)
+    steps, yields, stepped = h.backend.run(forward.batch), 0, None
+    while stepped is None:
+        try:
+            next(steps)
+        except StopIteration as done:
+            stepped = done.value
+        else:
+            yields += 1
+            if yields % 3 == 1:  # another batch takes the device between two blocks of a layer
+                run_to_end(h.cached.letter_logits(interloper))
+    assert yields > 2 * demo_model.config.num_hidden_layers
+    assert stepped.tobytes() == reference.tobytes()

@@ -101,8 +101,6 @@ def test_unknown_and_missing_type():
 @pytest.mark.parametrize(
     "question",
     [
-        {"type": "multi", "criteria": ["a", "b"]},
-        {"type": "act", "criteria": {"true": "a", "false": "b"}, "costs": {"wrong": 2, "defer": 1}},
         {"type": "noul", "instructions": "?", "evidence": True},
         {"type": "box", "instructions": "Where?"},
     ],
@@ -213,12 +211,13 @@ def test_upstream_errors():
     assert error_of(basal, {"model": "other", "state": "x", "questions": {}}).body == {"error": "unknown model: other"}
     e = error_of(basal, {"state": "x", "questions": {"q": {"criteria": ["a", "b"], "option_keys": "maybe"}}})
     assert e.body == {"error": 'option_keys must be "show" or "hide", got \'maybe\''}
-    e = error_of(basal, {"state": "x", "questions": {"q": {"type": "multi", "criteria": ["a", "b"]}}})
-    assert e.status == 422 and e.upstream.startswith("unsupported:")
+    e = error_of(basal, {"state": "x", "questions": {"q": {"type": "multi"}}})
+    assert e.body == {"error": "question 'q': multi needs criteria"}
 
 
 # -- fuzz: any JSON, either dialect: a plan or a RequestError, never anything else -----------------------------
 
+EXTENSION_FIELDS = ["threshold", "max", "min", "costs", "base", "max_error", "defer_action", "evidence"]
 question_values = st.fixed_dictionaries(
     {},
     optional={
@@ -227,6 +226,7 @@ question_values = st.fixed_dictionaries(
         "criteria": json_values,
         "option_keys": json_values,
         "levels": json_values,
+        **dict.fromkeys(EXTENSION_FIELDS, json_values),
     },
 )
 
@@ -250,4 +250,4 @@ def test_fuzz_never_raises_past_the_contract(body):
             assert e.status in (400, 422)
             json.dumps(e.body)
         else:
-            assert all(2 <= len(q.item.options) <= 10 or not q.needs_model for q in plan.questions)
+            assert all(2 <= len(i.options) <= 10 for q in plan.questions if q.needs_model for i in q.asked)

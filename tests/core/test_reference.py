@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -91,6 +92,85 @@ def test_with_a_model_token_ids_are_compared(demo_dir, capsys):
     assert main(["check-reference", "--model", str(demo_dir), str(GOLDEN / "bench-sample.jsonl")]) == 1
     out = capsys.readouterr().out
     assert "token ids" in out and "letter ids" in out and "temperature" in out
+
+
+EXTENSION_CASES = ["m15-mixed", "m15-act-full", "m15-act-no-threshold"]
+
+
+@pytest.fixture(scope="module")
+def extension_records(demo_model) -> dict[str, dict]:
+    """Reference records of multi/act cases made with the demo model: one item per readout, as exported."""
+    import msgspec
+
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.compute import run_to_end
+    from basal.core.contract import parse_basal
+    from basal.core.pipeline import Pipeline
+
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    records = {}
+    for case in golden_records("systemone_cases_1.5.jsonl"):
+        if case["id"] not in EXTENSION_CASES:
+            continue
+        request = {**case["request"], "model": demo_model.name}
+        plan = parse_basal(request, lambda _name: demo_model.name)
+        rounds = pipeline.plan(plan)
+        tokenized = rounds.tokenized
+        pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
+        logits = rounds.plain_logits
+        ids = iter(p for t in tokenized for p in t.prompts)
+        items = []
+        for q in plan.questions:
+            rows = iter(logits[q.name])
+            for item, dist in zip(q.asked, pipeline.distributions(q, logits[q.name]), strict=True):
+                orders = [
+                    {
+                        "perm": perm,
+                        "prompt": item.prompt(perm),
+                        "input_ids": list(next(ids)),
+                        "letter_ids": pipeline.letter_ids[: len(perm)],
+                        "letter_logits": next(rows)[: len(perm)].tolist(),
+                        "probs": p.tolist(),
+                    }
+                    for perm, p in zip(item.orders, dist.probs, strict=True)
+                ]
+                fields = ("name", "keys", "options", "lang", "state_text", "question_text")
+                items.append(
+                    {
+                        **{f: list(getattr(item, f)) if f in ("keys", "options") else getattr(item, f) for f in fields},
+                        "orders": orders,
+                        "temperature": demo_model.calibration.temperature(item.type),
+                        "p_avg": dist.p_avg.tolist(),
+                        "p_cal": dist.p_cal.tolist(),
+                    }
+                )
+        answer = msgspec.to_builtins(pipeline.respond(rounds, 0.0))
+        records[case["id"]] = {**case, "request": request, "items": items, "upstream_answer": answer}
+    return records
+
+
+@pytest.mark.parametrize("case_id", EXTENSION_CASES)
+def test_multi_and_act_records_are_checked(tmp_path, demo_model, extension_records, case_id):
+    record = copy.deepcopy(extension_records[case_id])
+    checker = ReferenceChecker(demo_model)
+    checker.check_file(_write(tmp_path, [record]))
+    assert checker.report.ok, checker.report.mismatches
+    assert checker.report.passed["upstream answer"] == len(record["request"]["questions"])
+    assert checker.report.passed["prompt text"] == 2 * len(record["items"])
+    assert checker.report.passed["token ids"] == 2 * len(record["items"])
+    if case_id == "m15-mixed":
+        assert checker.report.passed["usage.branches"] == 1
+        record["upstream_answer"]["answers"]["tags"]["selected"].append("x")
+    else:
+        answer = next(iter(record["upstream_answer"]["answers"].values()))
+        answer["expected_costs"][next(iter(answer["expected_costs"]))] += 1e-4
+    wrong = ReferenceChecker(demo_model)
+    wrong.check_file(_write(tmp_path, [record]))
+    assert not wrong.report.ok and wrong.report.failed["upstream answer"] == 1
+    # without CALIBRATION.json thresholds the refusal part of an act with max_error is not checkable
+    unknown = ReferenceChecker(temperatures=demo_model.calibration.temperatures)
+    unknown.check_file(_write(tmp_path, [extension_records[case_id]]))
+    assert unknown.report.ok, unknown.report.mismatches
 
 
 def _large_choice_records():

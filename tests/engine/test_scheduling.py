@@ -54,40 +54,73 @@ async def timed(engines, req, finished: list, name: str, delay: float = 0.0):
     return result
 
 
+def arrive_at_a_pause(engines, request_, inside: bool, loop, arrived: list) -> None:
+    """Submit `request_` from the long lane's thread at its next pause inside a layer (inside=True) or at a layer
+    boundary, and hold that pause until the request waits for the device: the long pass then meets a waiting
+    main lane at exactly that kind of pause point, however slow the machine is."""
+    engine = engines.engines["basal-synthetic-demo"]
+
+    def hook(at_inside: bool) -> bool:
+        if at_inside != inside:
+            return False
+        arrived.append(asyncio.run_coroutine_threadsafe(engines.run(request_), loop))
+        deadline = time.monotonic() + 20
+        while not engine.gate.urgent_waiting() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return True
+
+    engine.pipeline.backend.on_pause = hook
+
+
 def test_short_request_overtakes_a_long_one_on_the_long_lane(demo_model):
-    engines = make_engines(demo_model, slow_s=0.15, long_tokens=300, slice_ms=0)
+    engines = make_engines(demo_model, slow_s=0.05, long_tokens=300, slice_ms=0)
     engines.start()
     long_req, short_req = request(120, 4), request(2)
     assert engines.engines["basal-synthetic-demo"].plan(long_req, print, lambda: False).cost > 300
 
     async def main():
-        finished: list = []
-        await asyncio.gather(
-            timed(engines, long_req, finished, "long"), timed(engines, short_req, finished, "short", delay=0.05)
-        )
-        return [name for name, _ in finished]
+        arrived: list = []
+        arrive_at_a_pause(engines, short_req, False, asyncio.get_running_loop(), arrived)
+        long_task = asyncio.ensure_future(engines.run(long_req))
+        while not arrived:
+            await asyncio.sleep(0.01)
+        return await asyncio.wrap_future(arrived[0]), await long_task
 
-    assert asyncio.run(main()) == ["short", "long"]
+    short_result, long_result = asyncio.run(main())
+    assert short_result.response.answers and long_result.response.answers
+    # the long pass stepped aside for the short one, which had arrived after it started
     assert engines.engines["basal-synthetic-demo"].gate.preemptions >= 1
     engines.close()
 
 
-def test_preempted_long_pass_gives_the_same_bits(demo_model):
-    engines = make_engines(demo_model, slow_s=0.1, long_tokens=300, slice_ms=0)
+@pytest.mark.parametrize("inside", [False, True], ids=["between layers", "inside a layer"])
+def test_preempted_long_pass_gives_the_same_bits(demo_model, inside):
+    """Every pause point is a checkpoint, between layers and inside one (between row chunks and key-tile spans):
+    a short request that arrives there runs at that pause — the long pass stands still for its whole compute — and
+    the long one's answer keeps its bits."""
+    engines = make_engines(demo_model, slow_s=0.01, slow_in_layer=inside, long_tokens=300, slice_ms=0)
     engines.start()
+    engine = engines.engines["basal-synthetic-demo"]
+    slow, gate = engine.pipeline.backend, engine.gate
     long_req, short_req = request(120, 4), request(2)
     alone = asyncio.run(engines.run(long_req)).response
+    assert any(at_inside == inside for at_inside, _, _ in slow.pauses)  # the pass has such pause points
 
     async def main():
-        finished: list = []
-        long_result, _ = await asyncio.gather(
-            timed(engines, long_req, finished, "long"), timed(engines, short_req, finished, "short", delay=0.05)
-        )
-        return long_result.response
+        arrived: list = []
+        arrive_at_a_pause(engines, short_req, inside, asyncio.get_running_loop(), arrived)
+        long_result = await engines.run(long_req)
+        return long_result, await asyncio.wrap_future(arrived[0])
 
-    before = engines.engines["basal-synthetic-demo"].gate.preemptions
-    assert asyncio.run(main()) == alone
-    assert engines.engines["basal-synthetic-demo"].gate.preemptions > before
+    slow.pauses.clear()
+    before = gate.preemptions
+    long_result, short_result = asyncio.run(main())
+    assert long_result.response == alone
+    assert gate.preemptions == before + 1
+    assert any(
+        at_inside == inside and resumed - paused >= short_result.compute_ms / 1000
+        for at_inside, paused, resumed in slow.pauses
+    )
     engines.close()
 
 

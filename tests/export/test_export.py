@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from basal.backends.base import load_backend_class
 from basal.cli import main
 from basal.core.compare import compare_files
 from basal.core.export_format import ExportFileError, read_export
@@ -156,3 +157,52 @@ def test_an_upstream_export_as_the_request_file_gives_upstreams_prompts(demo_mod
     assert all(d.endswith("(input_ids)") for d in result.inputs_differing)  # prompts, perms equal; ids differ
     again = export_records(ours, tmp_path / "again.jsonl", demo_model, "torch", "f32", batching="tree").out
     assert compare_files(ours, again, bitwise=True).ok  # a basal export is a request file too
+
+
+@pytest.mark.parametrize("batching", [pytest.param("single", marks=pytest.mark.slow), "tree"])
+def test_multi_and_act_requests_export_one_item_per_readout_and_check(demo_model, tmp_path, batching):
+    cases = [json.loads(line) for line in (GOLDEN / "systemone_cases_1.5.jsonl").read_text().splitlines()]
+    chosen = [c for c in cases if c["id"] in ("m15-mixed", "m15-act-full")]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chosen))
+    out = export_records(requests, tmp_path / "out.jsonl", demo_model, "torch", "f32", batching=batching).out
+    records = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    assert [len(r["items"]) for r in records] == [1, 3 + 3]  # m15-mixed: choice, noul, score + 3 multi branches
+    checker = ReferenceChecker(demo_model)
+    checker.check_file(out)
+    assert checker.report.ok, checker.report.mismatches
+    assert checker.report.passed["upstream answer"] == 5
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param("mlx", marks=pytest.mark.skipif(load_backend_class("mlx") is None, reason="no MLX")),
+    ],
+)
+def test_a_choice_with_12_options_exports_its_rounds_the_same_in_every_mode(demo_model, tmp_path, backend):
+    """Its groups (round 0) and finalists (round 1) become items; single, batch and tree give the same bits."""
+    criteria = {f"o{i:02d}": f"option number {i}" for i in range(12)}
+    line = {
+        "id": "large",
+        "dialect": "systemone",
+        "request": {
+            "model": "MODEL",
+            "state": "A state.",
+            "questions": {"pick": {"type": "choice", "instructions": "Which option?", "criteria": criteria}},
+        },
+    }
+    requests = tmp_path / "large.jsonl"
+    requests.write_text(json.dumps(line) + "\n")
+    outs = [
+        export_records(requests, tmp_path / f"{b}.jsonl", demo_model, backend, "f32", batching=b).out
+        for b in ("single", "batch", "tree")
+    ]
+    (record,) = read_export(outs[0]).records.values()
+    rounds = [it.get("round", 0) for it in record["items"]]
+    assert rounds[0] == 0 and rounds[-1] == 1 and len(rounds) >= 3  # groups, then the finalists
+    assert set(record["answer"]["answers"]["pick"]["probabilities"]) == set(criteria)
+    for other in outs[1:]:
+        result = compare_files(outs[0], other, bitwise=True)
+        assert result.ok and result.answers == 1 and result.items == len(rounds), result.table()

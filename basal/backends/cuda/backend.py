@@ -8,7 +8,9 @@ from collections.abc import Generator, Sequence
 import numpy as np
 import torch
 
+from basal.backends.cuda.gemm_chunks import process_table
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
+from basal.backends.cuda.threads import configure_threads
 from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
@@ -17,15 +19,42 @@ from basal.core.tree import PackedBatch
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, model: ModelDir, dtype: str, device: torch.device, fixed_shapes: bool = True):
+    def __init__(
+        self, model: ModelDir, dtype: str, device: torch.device, fixed_shapes: bool = True, gemm_chunks: str = "probe"
+    ):
+        """`gemm_chunks`: "probe" picks GEMM row chunks per weight shape on the CPU (`gemm_chunks.py`); "fixed"
+        keeps the first version's 64-row chunks (CUDA always does)."""
+        if gemm_chunks not in ("probe", "fixed"):
+            raise ValueError(f"gemm_chunks must be 'probe' or 'fixed', got {gemm_chunks!r}")
         self.model = model
         self.dtype = dtype
         self.device = str(device)
-        self.net = TreeLlama(LlamaWeights(model, TORCH_DTYPE[dtype], device), fixed_shapes)
+        probe = gemm_chunks == "probe" and device.type == "cpu" and fixed_shapes
+        self.net = TreeLlama(
+            LlamaWeights(model, TORCH_DTYPE[dtype], device), fixed_shapes, process_table() if probe else None
+        )
+
+    def describe(self) -> dict[str, object]:
+        """What decides this backend's bits and speed on this machine: device, dtype, threads, and the GEMM
+        row-chunk plan per weight shape (for `basal doctor`, /v1/models and exports)."""
+        chunks = self.net.chunks
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "gemm_chunks": "fixed 64 rows (16 at readouts)" if chunks is None else chunks.describe(self.net._gemms()),
+        }
 
     @classmethod
     def load(
-        cls, model: ModelDir, dtype: str | None = None, device: str | None = None, fixed_shapes: bool = True
+        cls,
+        model: ModelDir,
+        dtype: str | None = None,
+        device: str | None = None,
+        fixed_shapes: bool = True,
+        gemm_chunks: str = "probe",
     ) -> Backend:
         """f16 by default on CUDA; f32 on the CPU (the numerical reference; bf16 and f16 work there too). On CUDA
         with Triton installed the GPU path (basal.backends.cuda.gpu) serves; `fixed_shapes=False` keeps this
@@ -37,13 +66,15 @@ class TorchBackend:
             return GpuBackend.load(model, dtype, str(dev))
         if dtype is None:
             dtype = "f16" if dev.type == "cuda" else "f32"
+        if dev.type == "cpu":
+            configure_threads()  # physical cores, unless the config or OMP_NUM_THREADS chose (threads.py)
         if dev.type == "cuda":
             # no TF32, no reduced-precision split reductions (backends-determinism.md §2)
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         with torch.inference_mode():
-            return cls(model, dtype, dev, fixed_shapes)
+            return cls(model, dtype, dev, fixed_shapes, gemm_chunks)
 
     def prefix(self, key: str, tokens: Sequence[int]) -> None:
         with torch.inference_mode():

@@ -18,30 +18,57 @@ whether its block holds one token or thousands.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import torch
 
+from basal.backends.cuda.gemm_chunks import ChunkPlan
 from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, AttentionPlan  # noqa: F401  (re-exported)
+from basal.core.compute import run_to_end
 
 ROWS = 64  # fixed GEMM/norm chunk for all-token ops
 READOUT_ROWS = 16  # fixed chunk for the last layer, which runs only at readout positions
 
 
-def by_row_chunks(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int, fixed: bool = True):
-    """Apply `fn` to `x` in zero-padded chunks of exactly `rows` rows (fixed=False: one call, the negative control)."""
+def by_row_chunks(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkPlan, fixed: bool = True
+) -> torch.Tensor:
+    """Apply `fn` to `x` in zero-padded chunks of exactly `rows` rows, or as a `ChunkPlan` says (fixed=False: one
+    call, the negative control)."""
+    return run_to_end(row_chunk_steps(fn, x, rows, fixed))
+
+
+def row_chunk_steps(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkPlan, fixed: bool = True
+) -> Generator[None, None, torch.Tensor]:
+    """`by_row_chunks`, yielding after every chunk (a pause point: the long lane may step aside there)."""
     n = x.shape[0]
     if not fixed:
         return fn(x)
-    padded = -n % rows
+    plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
+    sizes = plan.calls(n)
+    padded = sum(sizes) - n
     if padded:
         x = torch.cat([x, x.new_zeros((padded, *x.shape[1:]))])
-    out = torch.cat([fn(x[i : i + rows]) for i in range(0, x.shape[0], rows)])
-    return out[:n]
+    out, start = [], 0
+    for i, size in enumerate(sizes):
+        out.append(fn(x[start : start + size]))
+        start += size
+        if i < len(sizes) - 1:
+            yield
+    return torch.cat(out)[:n]
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int, fixed: bool = True) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
+) -> torch.Tensor:
     return by_row_chunks(lambda c: torch.nn.functional.linear(c, w, b), x, rows, fixed)
+
+
+def linear_steps(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
+) -> Generator[None, None, torch.Tensor]:
+    return (yield from row_chunk_steps(lambda c: torch.nn.functional.linear(c, w, b), x, rows, fixed))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
@@ -118,6 +145,9 @@ def to_torch(plan: AttentionPlan, device: torch.device) -> list[tuple[torch.Tens
     return [tuple(torch.from_numpy(a).to(device) for a in group) for group in plan.groups]
 
 
+ATTENTION_SPAN_BYTES = 192 << 20  # working set of one batched span of key tiles (memory bound, not numerics)
+
+
 def tree_attention(
     q: torch.Tensor,
     key_buf: torch.Tensor,
@@ -129,6 +159,27 @@ def tree_attention(
     """Attention of the planned queries. q [Nq, H, D] f32 indexed by `query_rows` order; key/value buffers
     [rows, KVH, D] f32. Returns [Nq, H, D] f32 in the order of `plan`'s query indices mapped through
     `query_rows` (flat token index -> row of q)."""
+    return run_to_end(tree_attention_steps(q, key_buf, value_buf, plan, query_rows, fixed))
+
+
+def tree_attention_steps(
+    q: torch.Tensor,
+    key_buf: torch.Tensor,
+    value_buf: torch.Tensor,
+    plan: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    query_rows: torch.Tensor,
+    fixed: bool = True,
+) -> Generator[None, None, torch.Tensor]:
+    """`tree_attention`, yielding after every span of key tiles (a pause point).
+
+    The arithmetic is the tile-by-tile online softmax of the first version (bench/tiled_attention.py), op for op,
+    so the bits are the same: per 64-key tile the scores are one [G*R, D] x [D, 64] GEMM, the running max, the
+    exps and the row sums are elementwise or per row. What changes is that a span of tiles runs as one batched call
+    of each op — the tile GEMMs keep their shape, only the batch grows — and only the f32 recurrence
+    l = l * alpha + sum(p), acc = acc * alpha + p @ v, which is sequential by nature, steps through the tiles
+    (four elementwise ops per tile instead of some forty). The running max is a cummax: max is exact, so
+    batching it changes no bit.
+    """
     n_q, heads, dim = q.shape
     kv_heads = key_buf.shape[1]
     group = heads // kv_heads
@@ -137,29 +188,40 @@ def tree_attention(
     q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
     for q_idx, q_pos, k_idx in plan:
         chunks, rows = q_idx.shape
+        gr = group * rows
         rows_in_q = torch.where(q_pos >= 0, query_rows[q_idx], n_q)
         # [C, R, H, D] -> [C, KVH, G*R, D]: the G query heads that share a KV head are stacked along rows
         qs = q_pad[rows_in_q].view(chunks, rows, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-        qs = qs.reshape(chunks, kv_heads, group * rows, dim) * scale
-        pos = q_pos[:, None, None, :].expand(chunks, 1, group, rows).reshape(chunks, 1, group * rows, 1)
-        m = q.new_full((chunks, kv_heads, group * rows, 1), float("-inf"))
-        l_sum = q.new_zeros((chunks, kv_heads, group * rows, 1))
-        acc = q.new_zeros((chunks, kv_heads, group * rows, dim))
-        for t in range(0, k_idx.shape[1], KEY_TILE):
-            tile = k_idx[:, t : t + KEY_TILE]
-            k = key_buf[tile].permute(0, 2, 3, 1)  # [C, KVH, D, T]
-            v = value_buf[tile].permute(0, 2, 1, 3)  # [C, KVH, T, D]
-            key_pos = torch.arange(t, t + KEY_TILE, device=q.device)
-            visible = key_pos[None, None, None, :] <= pos  # [C, 1, G*R, T]
-            s = torch.matmul(qs, k).masked_fill(~visible, float("-inf"))
+        qs = (qs.reshape(chunks, kv_heads, gr, dim) * scale)[:, :, None]  # [C, KVH, 1, G*R, D]
+        pos = q_pos[:, None, None, :].expand(chunks, 1, group, rows).reshape(chunks, 1, 1, gr, 1)
+        m = q.new_full((chunks, kv_heads, 1, gr, 1), float("-inf"))
+        l_sum = q.new_zeros((chunks, kv_heads, gr, 1))
+        acc = q.new_zeros((chunks, kv_heads, gr, dim))
+        n_tiles = k_idx.shape[1] // KEY_TILE
+        tile_bytes = 4 * chunks * kv_heads * KEY_TILE * (4 * gr + 4 * dim) + 8 * chunks * kv_heads * gr * dim
+        span = max(1, min(n_tiles, ATTENTION_SPAN_BYTES // tile_bytes))
+        for t0 in range(0, n_tiles, span):
+            n_span = min(span, n_tiles - t0)
+            keys = k_idx[:, t0 * KEY_TILE : (t0 + n_span) * KEY_TILE]
+            k = key_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 4, 2)  # [C,KVH,S,D,T]
+            v = value_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 2, 4)  # [C,KVH,S,T,D]
+            key_pos = torch.arange(t0 * KEY_TILE, (t0 + n_span) * KEY_TILE, device=q.device).view(n_span, 1, KEY_TILE)
+            visible = key_pos <= pos  # [C, 1, S, G*R, T]
+            s = torch.matmul(qs, k).masked_fill(~visible, float("-inf"))  # [C, KVH, S, G*R, T]
             m_tile = s.amax(-1, keepdim=True)
             active = m_tile > float("-inf")  # rows with a visible key in this tile; others keep their bits
-            m_new = torch.where(active, torch.maximum(m, m_tile), m)
+            m_run = torch.cummax(torch.cat([m, m_tile], dim=2), dim=2).values  # running max before/after each tile
+            m_new = m_run[:, :, 1:]
             p = det_exp(s - torch.where(active, m_new, 0.0), fixed)
-            alpha = det_exp(torch.where(active, m - m_new, 0.0), fixed)
-            l_sum = torch.where(active, l_sum * alpha + p.sum(-1, keepdim=True), l_sum)
-            acc = torch.where(active, acc * alpha + torch.matmul(p, v), acc)
-            m = m_new
+            alpha = det_exp(torch.where(active, m_run[:, :, :-1] - m_new, 0.0), fixed)
+            p_sum = p.sum(-1, keepdim=True)
+            pv = torch.matmul(p, v)  # [C, KVH, S, G*R, D]
+            for j in range(n_span):
+                a, al = active[:, :, j], alpha[:, :, j]
+                l_sum = torch.where(a, l_sum * al + p_sum[:, :, j], l_sum)
+                acc = torch.where(a, acc * al + pv[:, :, j], acc)
+            m = m_run[:, :, -1:]
+            yield
         res = acc / torch.where(l_sum > 0, l_sum, 1.0)  # [C, KVH, G*R, D]
         res = res.view(chunks, kv_heads, group, rows, dim).permute(0, 3, 1, 2, 4).reshape(chunks, rows, heads, dim)
         keep = q_pos >= 0

@@ -10,7 +10,9 @@ import numpy as np
 import torch
 
 from basal.backends.cuda import kernels as K
+from basal.backends.cuda.gemm_chunks import ChunkTable
 from basal.core.attention_plan import plan_batch
+from basal.core.compute import run_to_end
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.safetensors_io import bf16_bits_to_f32
 from basal.core.tree import PackedBatch, single_prompt_batch
@@ -104,20 +106,40 @@ class TreeInputs:
 
 class TreeLlama:
     """The forward pass. `fixed_shapes=False` runs every op on the whole batch at once: the non-invariant
-    negative control of the determinism tests."""
+    negative control of the determinism tests. `chunks`: GEMM row-chunk plans per weight shape (probed at load,
+    `gemm_chunks`); None: the fixed 64-row chunks (16 at the readouts) of the first version."""
 
-    def __init__(self, weights: LlamaWeights, fixed_shapes: bool = True):
+    def __init__(self, weights: LlamaWeights, fixed_shapes: bool = True, chunks: ChunkTable | None = None):
         self.w = weights
         self.cfg = weights.cfg
         self.fixed = fixed_shapes
+        self.chunks = chunks
         self.prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # key -> per layer (K, V) f32
         cos, sin = K.rope_tables(self.cfg.max_position_embeddings, self.cfg.head_dim, self.cfg.rope_theta)
         self.cos, self.sin = cos.to(weights.device), sin.to(weights.device)
+        if chunks is not None:  # probe every GEMM shape now, at load, not in the first request
+            for w, b in self._gemms():
+                chunks.plan(w, b)
+
+    def _gemms(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """One weight (and bias) of every GEMM shape the forward calls."""
+        lw, q_rows = self.w.layers[0], self.cfg.num_attention_heads * self.cfg.head_dim
+        b = lw.qkv_bias
+        return [
+            (lw.qkv, b),
+            (lw.qkv[q_rows:], None if b is None else b[q_rows:]),  # last layer: K/V everywhere
+            (lw.qkv[:q_rows], None if b is None else b[:q_rows]),  # last layer: queries at the readouts
+            (lw.o_proj, lw.o_bias),
+            (lw.gate_up, lw.gate_up_bias),
+            (lw.down, lw.down_bias),
+        ]
 
     # -- layers -----------------------------------------------------------------------------------------------
 
-    def _linear(self, x, w, b, rows):
-        return K.linear(x, w, b, rows, self.fixed)
+    def _linear(self, x, w, b, readout: bool = False) -> Generator[None, None, torch.Tensor]:
+        fixed_rows = K.READOUT_ROWS if readout else K.ROWS
+        rows = self.chunks.plan(w, b) if self.chunks is not None else fixed_rows
+        return (yield from K.linear_steps(x, w, b, rows, self.fixed))
 
     def _norm(self, x, w, rows):
         return K.rms_norm(x, w, self.cfg.rms_norm_eps, rows, self.fixed)
@@ -129,33 +151,39 @@ class TreeLlama:
         vs = [zero] + [self.prefix_kv[p][layer][1] for p in keys] + [v]
         return torch.cat(ks), torch.cat(vs)
 
-    def layer(self, i: int, h: torch.Tensor, t: TreeInputs, last: bool) -> tuple[torch.Tensor, tuple]:
-        """One decoder layer. `last`: K/V for every token, everything else only at the readouts."""
+    def layer(
+        self, i: int, h: torch.Tensor, t: TreeInputs, last: bool
+    ) -> Generator[None, None, tuple[torch.Tensor, tuple]]:
+        """One decoder layer. `last`: K/V for every token, everything else only at the readouts. Yields between
+        row chunks and key-tile spans: pause points inside the layer (the tensors and the arithmetic do not
+        change across a pause)."""
         cfg, lw = self.cfg, self.w.layers[i]
         hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         x = self._norm(h, lw.input_norm, K.ROWS)
         if not last:
-            qkv = self._linear(x, lw.qkv, lw.qkv_bias, K.ROWS)  # [N, (H + 2 KVH) * D]
+            qkv = yield from self._linear(x, lw.qkv, lw.qkv_bias)  # [N, (H + 2 KVH) * D]
             q, k, v = qkv.split([nq * hd, nkv * hd, nkv * hd], dim=-1)
         else:  # the last layer needs keys and values everywhere, queries only at the readouts
             kv_w, kv_b = lw.qkv[nq * hd :], None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
-            k, v = self._linear(x, kv_w, kv_b, K.ROWS).split([nkv * hd, nkv * hd], dim=-1)
+            kv = yield from self._linear(x, kv_w, kv_b)
+            k, v = kv.split([nkv * hd, nkv * hd], dim=-1)
             q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
-            q = self._linear(x[t.readouts], lw.qkv[: nq * hd], q_b, K.READOUT_ROWS)
+            q = yield from self._linear(x[t.readouts], lw.qkv[: nq * hd], q_b, readout=True)
         k = K.apply_rope(k.float().view(-1, nkv, hd), t.cos, t.sin)
         v = v.float().view(-1, nkv, hd)
         q_cos, q_sin = (t.cos, t.sin) if not last else (t.cos[t.readouts], t.sin[t.readouts])
         q = K.apply_rope(q.float().view(-1, nq, hd), q_cos, q_sin)
         key_buf, value_buf = self._kv_buffers(i, k, v, t.prefix_keys)
         plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        attn = K.tree_attention(q, key_buf, value_buf, plan, rows, self.fixed).to(h.dtype).view(q.shape[0], nq * hd)
+        attn = yield from K.tree_attention_steps(q, key_buf, value_buf, plan, rows, self.fixed)
+        attn = attn.to(h.dtype).view(q.shape[0], nq * hd)
         chunk = K.READOUT_ROWS if last else K.ROWS
         if last:
             h = h[t.readouts]
-        h = h + self._linear(attn, lw.o_proj, lw.o_bias, chunk)
+        h = h + (yield from self._linear(attn, lw.o_proj, lw.o_bias, readout=last))
         x = self._norm(h, lw.post_norm, chunk)
-        gate_up = self._linear(x, lw.gate_up, lw.gate_up_bias, chunk)  # [N, 2F]
-        h = h + self._linear(K.swiglu(gate_up, self.fixed), lw.down, lw.down_bias, chunk)
+        gate_up = yield from self._linear(x, lw.gate_up, lw.gate_up_bias, readout=last)  # [N, 2F]
+        h = h + (yield from self._linear(K.swiglu(gate_up, self.fixed), lw.down, lw.down_bias, readout=last))
         return h, (k, v)
 
     # -- whole passes ---------------------------------------------------------------------------------------
@@ -183,19 +211,21 @@ class TreeLlama:
     def forward(
         self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]
     ) -> Generator[None, None, np.ndarray]:
-        """Yields after every layer (outside inference mode, so a paused pass leaks no torch state)."""
-        with torch.inference_mode():
-            h = self.w.embed[tokens]
+        """Yields after every layer and at the pause points inside one; every step runs in inference mode, every
+        pause is outside it (so a paused pass leaks no torch state into whatever runs meanwhile)."""
+        return (yield from inference_steps(self._forward(t, tokens, letter_ids)))
+
+    def _forward(self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]):
+        h = self.w.embed[tokens]
         n_layers = self.cfg.num_hidden_layers
         for i in range(n_layers):
-            with torch.inference_mode():
-                h, _ = self.layer(i, h, t, last=i == n_layers - 1)
+            h, _ = yield from self.layer(i, h, t, last=i == n_layers - 1)
             yield
-        with torch.inference_mode():
-            x = self._norm(h, self.w.norm, K.READOUT_ROWS).float()
-            head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
-            logits = K.linear(x, head, None, K.READOUT_ROWS, self.fixed)
-            return logits.cpu().numpy()
+        x = self._norm(h, self.w.norm, K.READOUT_ROWS).float()
+        head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
+        rows = K.READOUT_ROWS if self.chunks is None else self.chunks.plan(head)
+        logits = K.linear(x, head, None, rows, self.fixed)
+        return logits.cpu().numpy()
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
         """K/V of a template prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them."""
@@ -204,7 +234,18 @@ class TreeLlama:
         kv = []
         n_layers = self.cfg.num_hidden_layers
         for i in range(n_layers):
-            h_next, (k, v) = self.layer(i, h, t, last=i == n_layers - 1)
+            h_next, (k, v) = run_to_end(self.layer(i, h, t, last=i == n_layers - 1))
             kv.append((k, v))
             h = h_next
         self.prefix_kv[key] = kv
+
+
+def inference_steps(steps: Generator[None, None, np.ndarray]) -> Generator[None, None, np.ndarray]:
+    """Run each step of `steps` in torch inference mode and pause outside it."""
+    while True:
+        with torch.inference_mode():
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+        yield

@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from basal.backends.mlx.model import MLXLlama
+from basal.backends.mlx.precision import require_full_f32
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
 
@@ -15,10 +16,13 @@ from basal.core.tree import PackedBatch
 class MLXBackend:
     name = "mlx"
 
-    def __init__(self, model: ModelDir, dtype: str, device: str):
+    def __init__(self, model: ModelDir, dtype: str, device: str, fixed_shapes: bool = True):
         self.model, self.dtype, self.device = model, dtype, device
-        mx.set_default_device(mx.gpu if device == "metal" else mx.cpu)
-        self.net = MLXLlama(model, dtype, use_metal=device == "metal")
+        mx_device = mx.gpu if device == "metal" else mx.cpu
+        mx.set_default_device(mx_device)
+        if dtype == "f32":  # the reference mode: no reduced-precision f32 matmuls (M5 class GPUs)
+            require_full_f32(mx_device)
+        self.net = MLXLlama(model, dtype, use_metal=device == "metal", fixed_shapes=fixed_shapes)
 
     @staticmethod
     def devices() -> list[str]:
@@ -26,12 +30,14 @@ class MLXBackend:
         return (["metal"] if mx.metal.is_available() else []) + ["cpu"]
 
     @classmethod
-    def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None) -> MLXBackend:
-        """f16 by default on Metal, f32 on the CPU."""
+    def load(
+        cls, model: ModelDir, dtype: str | None = None, device: str | None = None, fixed_shapes: bool = True
+    ) -> MLXBackend:
+        """f16 by default on Metal, f32 on the CPU. `fixed_shapes=False` is the negative control (see MLXLlama)."""
         device = device or cls.devices()[0]
         if device not in cls.devices():
             raise ValueError(f"MLX device {device!r} is not available here; available: {', '.join(cls.devices())}")
-        return cls(model, dtype or ("f16" if device == "metal" else "f32"), device)
+        return cls(model, dtype or ("f16" if device == "metal" else "f32"), device, fixed_shapes)
 
     def prefix(self, key: str, tokens: Sequence[int]) -> None:
         self.net.compute_prefix(key, list(tokens))

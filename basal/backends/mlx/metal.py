@@ -1,7 +1,9 @@
 """Custom Metal kernels (`mx.fast.metal_kernel`) for tree attention and the letter readout.
 
 The kernel bodies live in `kernels/*.metal`, with a comment on their tiling. This module packs their arguments
-and sizes their grids; those host-side steps are plain numpy and run (and are tested) without Metal.
+and sizes their grids into a `KernelCall`: the one description both the real launch (`KernelCall.run`, Metal
+only) and the Linux test harness (tests/backends/metal_emulation.py, which runs MLX's generated source under a
+C++ stand-in for Metal) use. The host-side steps are plain numpy and run without Metal.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from basal.core.attention_plan import KEY_TILE, AttentionPlan
 
 KERNELS = Path(__file__).parent / "kernels"
 MAX_HEAD_DIM = 256
-THREADGROUP = 64
+SIMD_WIDTH = 32
+ATTENTION_SIMDS = 4  # simdgroups per threadgroup in tree attention: one (query, head) each
+READOUT_THREADGROUP = 64
+# MLX passes an input of fewer elements in the `constant` address space, and names the compiled kernel after it
+# (mlx/backend/metal/custom_kernel.cpp, max_constant_array_size): every index / parameter array is padded to this
+# many elements so that one compiled kernel serves every batch.
+MIN_BUFFER = 8
+
+ATTENTION_INPUTS = ("q", "keys", "values", "key_idx", "query_chunk", "query_pos", "params")
+READOUT_INPUTS = ("x", "head", "params")
 
 
 @cache
@@ -30,20 +41,50 @@ def _kernel(name: str, inputs: tuple[str, ...]):
     )
 
 
+def _padded(a: np.ndarray) -> np.ndarray:
+    """int32, flattened to at least MIN_BUFFER elements (trailing zeros, never read by the kernels)."""
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    if a.size >= MIN_BUFFER:
+        return a
+    flat = np.zeros(MIN_BUFFER, dtype=np.int32)
+    flat[: a.size] = a.reshape(-1)
+    return flat
+
+
 @dataclass(frozen=True)
 class Launch:
-    """Everything one kernel call needs besides the big tensors."""
+    """Everything one kernel call needs besides the big tensors (numpy: built and tested without Metal)."""
 
-    arrays: dict[str, np.ndarray]  # int32 index / parameter arrays
+    arrays: dict[str, np.ndarray]  # int32 index / parameter arrays, each >= MIN_BUFFER elements
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
     output_shape: tuple[int, ...]
+    template: tuple[tuple[str, int], ...] = ()
 
 
-def _grid(threads: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """One thread per item, rounded up to whole threadgroups (the kernels return early past the end)."""
-    total = max(THREADGROUP, -(-threads // THREADGROUP) * THREADGROUP)
-    return (total, 1, 1), (THREADGROUP, 1, 1)
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch of a kernel: name, inputs in signature order, template, grid. `run` needs Metal."""
+
+    name: str
+    input_names: tuple[str, ...]
+    inputs: tuple[mx.array, ...]
+    launch: Launch
+
+    def run(self) -> mx.array:
+        (out,) = _kernel(self.name, self.input_names)(**self.kwargs())
+        return out
+
+    def kwargs(self, verbose: bool = False) -> dict:
+        return dict(
+            inputs=list(self.inputs),
+            template=list(self.launch.template),
+            grid=self.launch.grid,
+            threadgroup=self.launch.threadgroup,
+            output_shapes=[self.launch.output_shape],
+            output_dtypes=[mx.float32],
+            verbose=verbose,
+        )
 
 
 def attention_launch(
@@ -52,9 +93,14 @@ def attention_launch(
     """Flatten the plan's chunk key lists into one [C, L] table and give every query its chunk and position."""
     if dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {dim} > {MAX_HEAD_DIM}: raise MAX_HEAD_DIM in basal/backends/mlx/metal.py")
+    if kv_heads <= 0 or heads % kv_heads:
+        raise ValueError(f"{heads} attention heads are not a whole number of groups of {kv_heads} key/value heads")
     width = max((k.shape[1] for _, _, k in plan.groups), default=KEY_TILE)
-    tables, chunk_of, pos_of = [], np.zeros(n_queries, dtype=np.int32), np.zeros(n_queries, dtype=np.int32)
-    base = 0
+    if width % KEY_TILE:
+        raise ValueError(f"key lists of {width} keys are not whole tiles of {KEY_TILE}")
+    chunk_of = np.full(n_queries, -1, dtype=np.int32)
+    pos_of = np.full(n_queries, -1, dtype=np.int32)
+    tables, base = [], 0
     for q_idx, q_pos, k_idx in plan.groups:
         table = np.zeros((k_idx.shape[0], width), dtype=np.int32)
         table[:, : k_idx.shape[1]] = k_idx
@@ -65,57 +111,68 @@ def attention_launch(
             chunk_of[rows] = base + c
             pos_of[rows] = q_pos[c, live]
         base += k_idx.shape[0]
+    missing = np.flatnonzero(chunk_of < 0)
+    if missing.size:  # the kernel would attend over another chunk's keys: never launch it
+        raise ValueError(f"{missing.size} queries (first: row {missing[0]}) are missing from the attention plan")
     key_idx = np.concatenate(tables) if tables else np.zeros((1, width), dtype=np.int32)
     params = np.asarray([heads, kv_heads, dim, width, n_queries], dtype=np.int32)
-    grid, group = _grid(n_queries * heads)
+    threads = n_queries * heads * SIMD_WIDTH  # one simdgroup per (query, head), whole simdgroups only
+    group = ATTENTION_SIMDS * SIMD_WIDTH
+    max_d = -(-dim // SIMD_WIDTH) * SIMD_WIDTH
     return Launch(
-        {"key_idx": key_idx, "query_chunk": chunk_of, "query_pos": pos_of, "params": params},
-        grid,
-        group,
+        {
+            "key_idx": _padded(key_idx),
+            "query_chunk": _padded(chunk_of),
+            "query_pos": _padded(pos_of),
+            "params": _padded(params),
+        },
+        (max(threads, group), 1, 1),
+        (group, 1, 1),
         (n_queries, heads, dim),
+        (("KEY_TILE", KEY_TILE), ("MAX_D", max_d), ("SIMDS", ATTENTION_SIMDS)),
     )
 
 
 def readout_launch(n_readouts: int, n_letters: int, dim: int) -> Launch:
-    grid, group = _grid(n_readouts * n_letters)
-    params = np.asarray([n_readouts, n_letters, dim], dtype=np.int32)
-    return Launch({"params": params}, grid, group, (n_readouts, n_letters))
+    """One thread per (readout, letter), rounded up to whole threadgroups (the kernel returns early past the end)."""
+    total = max(READOUT_THREADGROUP, -(-(n_readouts * n_letters) // READOUT_THREADGROUP) * READOUT_THREADGROUP)
+    params = _padded(np.asarray([n_readouts, n_letters, dim]))
+    return Launch({"params": params}, (total, 1, 1), (READOUT_THREADGROUP, 1, 1), (n_readouts, n_letters))
 
 
-def tree_attention(
-    q: mx.array, key_buf: mx.array, value_buf: mx.array, plan: AttentionPlan, query_rows: np.ndarray
-) -> mx.array:
-    n_q, heads, dim = q.shape
-    launch = attention_launch(plan, query_rows, n_q, heads, key_buf.shape[1], dim)
-    kernel = _kernel("tree_attention", ("q", "keys", "values", "key_idx", "query_chunk", "query_pos", "params"))
-    a = launch.arrays
-    (out,) = kernel(
-        inputs=[
-            q,
-            key_buf,
-            value_buf,
-            mx.array(a["key_idx"]),
-            mx.array(a["query_chunk"]),
-            mx.array(a["query_pos"]),
-            mx.array(a["params"]),
-        ],
-        template=[("KEY_TILE", KEY_TILE), ("MAX_D", MAX_HEAD_DIM)],
-        grid=launch.grid,
-        threadgroup=launch.threadgroup,
-        output_shapes=[launch.output_shape],
-        output_dtypes=[mx.float32],
-    )
-    return out
+def _require_f32(**tensors: mx.array) -> None:
+    for name, t in tensors.items():
+        if t.dtype != mx.float32:
+            raise TypeError(f"{name} is {t.dtype}; the Metal kernels read float32 only")
+
+
+class AttentionArgs:
+    """A batch's attention launch with its index arrays on the device: built once, reused by every layer."""
+
+    def __init__(self, launch: Launch):
+        self.launch = launch
+        self.arrays = tuple(mx.array(launch.arrays[n]) for n in ATTENTION_INPUTS[3:])
+
+
+def attention_call(q: mx.array, key_buf: mx.array, value_buf: mx.array, args: AttentionArgs) -> KernelCall:
+    _require_f32(q=q, keys=key_buf, values=value_buf)
+    heads, kv_heads, dim = (int(v) for v in args.launch.arrays["params"][:3])
+    if q.shape[1:] != (heads, dim) or key_buf.shape[1:] != (kv_heads, dim) or value_buf.shape != key_buf.shape:
+        raise ValueError(f"attention shapes q {q.shape}, keys {key_buf.shape} do not match the launch")
+    return KernelCall("tree_attention", ATTENTION_INPUTS, (q, key_buf, value_buf, *args.arrays), args.launch)
+
+
+def readout_call(x: mx.array, head: mx.array) -> KernelCall:
+    _require_f32(x=x, head=head)
+    if x.shape[1] != head.shape[1]:
+        raise ValueError(f"readout rows of {x.shape[1]} values against letter rows of {head.shape[1]}")
+    launch = readout_launch(x.shape[0], head.shape[0], x.shape[1])
+    return KernelCall("letter_readout", READOUT_INPUTS, (x, head, mx.array(launch.arrays["params"])), launch)
+
+
+def tree_attention(q: mx.array, key_buf: mx.array, value_buf: mx.array, args: AttentionArgs) -> mx.array:
+    return attention_call(q, key_buf, value_buf, args).run()
 
 
 def letter_readout(x: mx.array, head: mx.array) -> mx.array:
-    launch = readout_launch(x.shape[0], head.shape[0], x.shape[1])
-    kernel = _kernel("letter_readout", ("x", "head", "params"))
-    (out,) = kernel(
-        inputs=[x, head, mx.array(launch.arrays["params"])],
-        grid=launch.grid,
-        threadgroup=launch.threadgroup,
-        output_shapes=[launch.output_shape],
-        output_dtypes=[mx.float32],
-    )
-    return out
+    return readout_call(x, head).run()

@@ -1,23 +1,36 @@
 """Llama over a packed prefix tree in MLX — the torch backend's model, op for op (see its docstring).
 
-`mx.eval` runs at every layer boundary, so a paused long-lane pass holds finished tensors, not a lazy graph.
-On Metal, tree attention and the letter readout run as custom kernels (`metal.py`); elsewhere, portable ops.
+Two sets of building blocks, chosen once at load: on Metal, custom kernels for tree attention and the letter
+readout (`metal.py`) and Metal-native norms and elementwise ops (`native.py`); on the CPU, the portable
+batch-invariant ops (`ops.py`). Matmuls run in fixed 64-row chunks on both.
+
+Every layer ends at a yield, where the engine may pause a long-lane pass. On the CPU each layer is evaluated
+before it yields, and a layer over more than STEP_ROWS rows also yields inside, between row blocks and attention
+groups (`_row_blocks`), with the same bits. On Metal a layer is submitted with `mx.async_eval` and the pass
+blocks on the layer before it: the GPU always has the next layer queued, a paused pass leaves at most one layer
+in flight, and the host's clock (which the long lane's slice is measured with) stays within one layer of the GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import itertools
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from basal.backends.mlx import metal
+from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
 from basal.core.attention_plan import AttentionPlan, plan_batch
+from basal.core.compute import run_to_end
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch, single_prompt_batch
 
+# On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
+# groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.
+STEP_ROWS = 512
+assert STEP_ROWS % O.ROWS == 0 and STEP_ROWS % O.READOUT_ROWS == 0, "blocks of whole chunks keep the bits"
 MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
 
@@ -45,13 +58,33 @@ class TreeInputs:
     all_rows: np.ndarray
     readout_rows: np.ndarray
     prefix_keys: tuple[str, ...]
+    attention: dict[bool, metal.AttentionArgs] | None = None  # Metal: launch per plan (last layer or not)
 
 
 class MLXLlama:
-    def __init__(self, model: ModelDir, dtype: str, use_metal: bool):
+    def __init__(
+        self,
+        model: ModelDir,
+        dtype: str,
+        use_metal: bool,
+        native_ops: bool | None = None,
+        fixed_shapes: bool = True,
+    ):
+        """`fixed_shapes=False` is the negative control: whole-array matmuls and library elementwise ops, which
+        change their arithmetic with the row count (MLX's Metal GEMM dispatch; mlx-cpu's vectorised exp)."""
         self.cfg = cfg = model.config
+        if dtype not in MX_DTYPE:
+            raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(MX_DTYPE)}")
+        if cfg.num_attention_heads % cfg.num_key_value_heads:
+            raise ValueError(
+                f"{cfg.num_attention_heads} attention heads are not a multiple of "
+                f"{cfg.num_key_value_heads} key/value heads"
+            )
         self.dtype = MX_DTYPE[dtype]
         self.use_metal = use_metal
+        self.native = use_metal if native_ops is None else native_ops  # tests run the native ops on the CPU too
+        self.native = self.native or not fixed_shapes
+        self.fixed = fixed_shapes
         weights: dict[str, mx.array] = {}
         for f in model.weight_files:
             weights.update(mx.load(str(f)))
@@ -111,6 +144,16 @@ class MLXLlama:
         readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
         pos = mx.array(batch.positions.astype(np.int32))
+        attention = None
+        if self.use_metal:
+            cfg = self.cfg
+            shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            attention = {
+                False: metal.AttentionArgs(
+                    metal.attention_launch(plan, np.arange(batch.n_tokens), batch.n_tokens, *shape)
+                ),
+                True: metal.AttentionArgs(metal.attention_launch(readout_plan, readout_rows, len(readouts), *shape)),
+            }
         return TreeInputs(
             self.cos[pos],
             self.sin[pos],
@@ -120,25 +163,79 @@ class MLXLlama:
             np.arange(batch.n_tokens),
             readout_rows,
             batch.prefix_keys,
+            attention,
         )
 
-    def _attention(self, q, key_buf, value_buf, plan, rows):
-        if self.use_metal:
-            return metal.tree_attention(q, key_buf, value_buf, plan, rows)
-        return O.tree_attention(q, key_buf, value_buf, plan, rows)
+    def _norm(self, x: mx.array, w: mx.array, rows: int) -> mx.array:
+        if self.native:
+            return native.rms_norm(x, w, self.cfg.rms_norm_eps)
+        return O.rms_norm(x, w, self.cfg.rms_norm_eps, rows)
 
-    def layer(self, i: int, h: mx.array, t: TreeInputs, last: bool) -> tuple[mx.array, tuple[mx.array, mx.array]]:
+    def _linear(self, x: mx.array, w_t: mx.array, b: mx.array | None, rows: int) -> mx.array:
+        if self.fixed:
+            return O.linear(x, w_t, b, rows)
+        # the negative control only: a GEMM whose arithmetic changes with the row count. MLX's Metal GEMM does that
+        # by itself; mlx-cpu's (reference BLAS) does not, so there it splits K into 1-3 parts by the row count, as
+        # a shape-driven dispatcher picks split-K (steel_gemm_splitk, backends-determinism.md §5.1)
+        splits = 1 if self.use_metal else 1 + (x.shape[0] // O.ROWS) % 3
+        edges = [w_t.shape[0] * i // splits for i in range(splits + 1)]
+        parts = [x[:, lo:hi] @ w_t[lo:hi] for lo, hi in itertools.pairwise(edges)]
+        y = parts[0]
+        for part in parts[1:]:
+            y = y + part
+        return y if b is None else y + b
+
+    def _swiglu(self, gate_up: mx.array) -> mx.array:
+        return native.swiglu(gate_up) if self.native else O.swiglu(gate_up)
+
+    def _row_blocks(self, fn: Callable[[slice], mx.array], n: int) -> Generator[None, None, mx.array]:
+        """fn over rows [0, n); on the CPU in blocks of STEP_ROWS rows, each evaluated and followed by a yield (a
+        point where the long lane may step aside inside a layer). A block is whole 64-row chunks, so every chunk
+        holds the same rows as without blocks: the same bits."""
+        if self.use_metal or n <= STEP_ROWS:
+            return fn(slice(0, n))
+        parts = []
+        for start in range(0, n, STEP_ROWS):
+            parts.append(fn(slice(start, min(start + STEP_ROWS, n))))
+            mx.eval(parts[-1])
+            yield
+        return mx.concatenate(parts)
+
+    def _attention_steps(self, q, key_buf, value_buf, t: TreeInputs, last: bool) -> Generator[None, None, mx.array]:
+        if t.attention is not None:
+            return metal.tree_attention(q, key_buf, value_buf, t.attention[last])
+        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
+        if plan.n_queries <= STEP_ROWS:
+            return O.tree_attention(q, key_buf, value_buf, plan, rows)
+        parts = []
+        for group in O.attention_groups(q, key_buf, value_buf, plan, rows):  # one group of query chunks at a time
+            mx.eval(group[1])
+            parts.append(group)
+            yield
+        return O.gather_attention(parts, q.shape[1], q.shape[2])
+
+    def layer(
+        self, i: int, h: mx.array, t: TreeInputs, last: bool
+    ) -> Generator[None, None, tuple[mx.array, tuple[mx.array, mx.array]]]:
+        """One layer; yields inside it only on the CPU and only for more than STEP_ROWS rows (`_row_blocks`)."""
         cfg, lw = self.cfg, self.layers[i]
         hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-        x = O.rms_norm(h, lw.input_norm, cfg.rms_norm_eps, O.ROWS)
+        n = h.shape[0]
         if not last:
-            qkv = O.linear(x, lw.qkv_t, lw.qkv_bias, O.ROWS)
+            qkv = yield from self._row_blocks(
+                lambda r: self._linear(self._norm(h[r], lw.input_norm, O.ROWS), lw.qkv_t, lw.qkv_bias, O.ROWS), n
+            )
             q, k, v = mx.split(qkv, [nq * hd, (nq + nkv) * hd], axis=-1)
         else:  # keys and values everywhere, queries only at the readouts
             kv_b = None if lw.qkv_bias is None else lw.qkv_bias[nq * hd :]
-            k, v = mx.split(O.linear(x, lw.qkv_t[:, nq * hd :], kv_b, O.ROWS), 2, axis=-1)
+            kv = yield from self._row_blocks(
+                lambda r: self._linear(self._norm(h[r], lw.input_norm, O.ROWS), lw.qkv_t[:, nq * hd :], kv_b, O.ROWS),
+                n,
+            )
+            k, v = mx.split(kv, 2, axis=-1)
             q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
-            q = O.linear(x[mx.array(t.readouts)], lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
+            x = self._norm(h[mx.array(t.readouts)], lw.input_norm, O.READOUT_ROWS)
+            q = self._linear(x, lw.qkv_t[:, : nq * hd], q_b, O.READOUT_ROWS)
         k = O.apply_rope(k.astype(mx.float32).reshape(-1, nkv, hd), t.cos, t.sin)
         v = v.astype(mx.float32).reshape(-1, nkv, hd)
         cos, sin = (t.cos, t.sin) if not last else (t.cos[mx.array(t.readouts)], t.sin[mx.array(t.readouts)])
@@ -146,14 +243,19 @@ class MLXLlama:
         zero = mx.zeros((1, nkv, hd))
         key_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][0] for p in t.prefix_keys], k])
         value_buf = mx.concatenate([zero, *[self.prefix_kv[p][i][1] for p in t.prefix_keys], v])
-        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        attn = self._attention(q, key_buf, value_buf, plan, rows).astype(h.dtype).reshape(q.shape[0], nq * hd)
+        attn = yield from self._attention_steps(q, key_buf, value_buf, t, last)
+        attn = attn.astype(h.dtype).reshape(q.shape[0], nq * hd)
         chunk = O.READOUT_ROWS if last else O.ROWS
         if last:
             h = h[mx.array(t.readouts)]
-        h = h + O.linear(attn, lw.o_t, lw.o_bias, chunk)
-        x = O.rms_norm(h, lw.post_norm, cfg.rms_norm_eps, chunk)
-        h = h + O.linear(O.swiglu(O.linear(x, lw.gate_up_t, lw.gate_up_bias, chunk)), lw.down_t, lw.down_bias, chunk)
+
+        def mlp(r: slice) -> mx.array:
+            hr = h[r] + self._linear(attn[r], lw.o_t, lw.o_bias, chunk)
+            x = self._norm(hr, lw.post_norm, chunk)
+            up = self._swiglu(self._linear(x, lw.gate_up_t, lw.gate_up_bias, chunk))
+            return hr + self._linear(up, lw.down_t, lw.down_bias, chunk)
+
+        h = yield from self._row_blocks(mlp, h.shape[0])
         return h, (k, v)
 
     def forward(
@@ -161,13 +263,20 @@ class MLXLlama:
     ) -> Generator[None, None, np.ndarray]:
         h = self.embed[mx.array(tokens.astype(np.int32))]
         n_layers = self.cfg.num_hidden_layers
+        previous = None
         for i in range(n_layers):
-            h, _ = self.layer(i, h, t, last=i == n_layers - 1)
-            mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
+            h, _ = yield from self.layer(i, h, t, last=i == n_layers - 1)
+            if self.use_metal:
+                mx.async_eval(h)
+                if previous is not None:
+                    mx.eval(previous)  # one layer in flight where the long lane may pause (module docstring)
+                previous = h
+            else:
+                mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
             yield
-        x = O.rms_norm(h, self.norm, self.cfg.rms_norm_eps, O.READOUT_ROWS).astype(mx.float32)
+        x = self._norm(h, self.norm, O.READOUT_ROWS).astype(mx.float32)
         head = self.letter_rows(letter_ids)
-        logits = metal.letter_readout(x, head) if self.use_metal else O.linear(x, head.T, None, O.READOUT_ROWS)
+        logits = metal.letter_readout(x, head) if self.use_metal else self._linear(x, head.T, None, O.READOUT_ROWS)
         return np.array(logits.astype(mx.float32))
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
@@ -175,7 +284,7 @@ class MLXLlama:
         h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
         kv = []
         for i in range(self.cfg.num_hidden_layers):
-            h, (k, v) = self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1)
+            h, (k, v) = run_to_end(self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1))
             mx.eval(h, k, v)
             kv.append((k, v))
         self.prefix_kv[key] = kv

@@ -9,7 +9,7 @@ measured row-invariant, and runs the same code (backends-determinism.md §5).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -18,6 +18,10 @@ from basal.core.attention_plan import KEY_TILE, AttentionPlan
 
 ROWS = 64
 READOUT_ROWS = 16
+# MLX's Metal matmul switches to a gemv kernel for fewer rows (mlx/backend/metal/matmul.cpp), whose arithmetic
+# depends on where a row sits; 16 is the first chunk size that never takes it, so no chunk may be smaller.
+MIN_CHUNK_ROWS = 16
+assert MIN_CHUNK_ROWS <= READOUT_ROWS <= ROWS, "matmul chunks under 16 rows take MLX's offset-dependent gemv"
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693359375
@@ -27,6 +31,9 @@ _EXP_MIN, _EXP_MAX = -87.33654, 88.72284
 
 
 def by_row_chunks(fn: Callable[[mx.array], mx.array], x: mx.array, rows: int) -> mx.array:
+    """fn over fixed-shape chunks of `rows` rows (the last one zero-padded), so every call sees the same shape."""
+    if rows < MIN_CHUNK_ROWS:
+        raise ValueError(f"row chunks of {rows} < {MIN_CHUNK_ROWS}: MLX's Metal matmul would take its gemv kernel")
     n = x.shape[0]
     padded = -n % rows
     if padded:
@@ -92,12 +99,19 @@ def tree_attention(
     q: mx.array, key_buf: mx.array, value_buf: mx.array, plan: AttentionPlan, query_rows: np.ndarray
 ) -> mx.array:
     """q [Nq, H, D] f32; key/value buffers [rows, KVH, D] f32; `query_rows` maps flat token -> row of q."""
+    return gather_attention(list(attention_groups(q, key_buf, value_buf, plan, query_rows)), q.shape[1], q.shape[2])
+
+
+def attention_groups(
+    q: mx.array, key_buf: mx.array, value_buf: mx.array, plan: AttentionPlan, query_rows: np.ndarray
+) -> Iterator[tuple[np.ndarray, mx.array]]:
+    """Per group of query chunks: (rows of q it answers, their outputs [n, H, D]). A group's result does not
+    depend on the other groups, so they can be evaluated one at a time (the CPU's step-aside points)."""
     n_q, heads, dim = q.shape
     kv_heads = key_buf.shape[1]
     group = heads // kv_heads
     scale = dim**-0.5
     q_pad = mx.concatenate([q, mx.zeros((1, heads, dim), dtype=q.dtype)])
-    out_rows, out_vals = [], []
     for q_idx, q_pos, k_idx in plan.groups:
         chunks, rows = q_idx.shape
         rows_in_q = np.where(q_pos >= 0, query_rows[q_idx], n_q)
@@ -126,7 +140,15 @@ def tree_attention(
         res = acc / mx.where(l_sum > 0, l_sum, 1.0)
         res = res.reshape(chunks, kv_heads, group, rows, dim).transpose(0, 3, 1, 2, 4).reshape(chunks, rows, heads, dim)
         keep = q_pos >= 0
-        out_rows.append(query_rows[q_idx[keep]])
-        out_vals.append(res.reshape(chunks * rows, heads, dim)[mx.array(np.flatnonzero(keep.reshape(-1)))])
-    order = np.argsort(np.concatenate(out_rows)) if out_rows else np.zeros(0, dtype=np.int64)
-    return mx.concatenate(out_vals)[mx.array(order)] if out_vals else mx.zeros((0, heads, dim))
+        yield (
+            query_rows[q_idx[keep]],
+            res.reshape(chunks * rows, heads, dim)[mx.array(np.flatnonzero(keep.reshape(-1)))],
+        )
+
+
+def gather_attention(parts: list[tuple[np.ndarray, mx.array]], heads: int, dim: int) -> mx.array:
+    """The groups' outputs in query-row order."""
+    if not parts:
+        return mx.zeros((0, heads, dim))
+    order = np.argsort(np.concatenate([rows for rows, _ in parts]))
+    return mx.concatenate([vals for _, vals in parts])[mx.array(order)]

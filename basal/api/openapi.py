@@ -1,0 +1,85 @@
+"""The OpenAPI document, true to what the server answers: every status each route can send, with its body and
+headers, the Bearer scheme where keys are configured, and the request limits in force.
+
+Litestar documents a handler from its return type only (one 200); the routes here read raw bodies and answer
+errors in two dialects, so each operation carries its own request body and responses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.openapi.spec import Operation
+
+from basal.api.wire import BasalError, SystemOneError, UnsupportedError, json_schema
+from basal.core.limits import Limits
+
+BEARER = "bearerAuth"
+RETRY_HEADERS = {
+    "Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "string"}},
+    "retry-after-ms": {"description": "milliseconds to wait before retrying", "schema": {"type": "string"}},
+}
+ANSWER_HEADERS = {
+    name: {"description": text, "required": True, "schema": {"type": "string"}}
+    for name, text in (
+        ("x-request-id", "request id"),
+        ("x-basal-queue-ms", "time waited for the device"),
+        ("x-basal-compute-ms", "time of the batch that answered it"),
+    )
+}
+
+
+def _json(description: str, tp: Any, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": tp if isinstance(tp, dict) else json_schema(tp)}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def decision_responses(dialect: str, answer: type, keys: bool) -> dict[str, Any]:
+    """Every status a decision route sends (499 goes to logs and metrics only: its client has left)."""
+    error: Any = BasalError if dialect == "basal" else SystemOneError
+    responses = {
+        "200": _json("the answers", answer, ANSWER_HEADERS),
+        "400": _json("a semantic limit (Jev's 400 bodies) or a body that does not decompress", error),
+        "413": _json("the body (or its decompressed form) is over the size limit", error),
+        "415": _json("Content-Type is not application/json, or Content-Encoding is unknown", error),
+        "422": _json(
+            "the body does not validate"
+            if dialect == "basal"
+            else "the body does not validate, or uses a feature not supported yet",
+            error if dialect == "basal" else {"anyOf": [json_schema(SystemOneError), json_schema(UnsupportedError)]},
+        ),
+        "503": _json("the server is shutting down", error, RETRY_HEADERS),
+        "529": _json("too many requests in flight", error, RETRY_HEADERS),
+    }
+    if keys:
+        responses["401"] = _json("wrong API key", error)
+        responses["403"] = _json("no API key", error)
+    return dict(sorted(responses.items()))
+
+
+def request_schema(tp: type, limits: Limits) -> dict[str, Any]:
+    schema = json_schema(tp)
+    schema["properties"]["questions"]["maxProperties"] = limits.max_questions
+    return schema
+
+
+def documented(responses: dict[str, Any], body: dict[str, Any] | None = None, secured: bool = False) -> type[Operation]:
+    """An OpenAPI operation with exactly these responses (and request body, and Bearer security)."""
+    extra: dict[str, Any] = {"responses": responses}
+    if body is not None:
+        extra["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if secured:
+        extra["security"] = [{BEARER: []}]
+
+    @dataclass
+    class DocumentedOperation(Operation):
+        def to_schema(self) -> dict[str, Any]:
+            return {**super().to_schema(), **extra}
+
+    return DocumentedOperation

@@ -1,0 +1,236 @@
+"""GEMM row-chunk sizes per weight shape, chosen by a short probe at load (issue 16, backends-determinism.md §6).
+
+Batch invariance needs every GEMM call to have a shape whose per-row arithmetic does not depend on the other rows
+(§0, §6a). The 64-row chunk of the first version is such a shape, but it runs at half to two-thirds of the rate
+the same library reaches on 256–512 rows. So, per weight shape, the probe calls the library on candidate row
+counts and keeps those that pass two bitwise checks:
+
+- **invariant**: an anchor row gives the same bits alone (zero padding), first, in the middle and last among
+  random rows — the check the determinism suite makes;
+- **same class as the reference** (64 rows, the numerics basal has always had): the anchor's bits equal the
+  reference chunk's. On torch 2.13 CPU f32 every M >= 4 is one class (§6), so a batch can run its full chunks at
+  the fastest size and its tail at a smaller one, with no padding waste and bits identical to the 64-row path.
+
+The plan: full chunks of `rows` (the largest class member within 10% of the lowest time per row), the tail
+zero-padded to the smallest class member that holds it. If no other size shares the reference's class (another
+library), the plan is a single fixed size, picked by the lowest expected time per useful row over `EXPECTED_ROWS` —
+padding counted as wasted work: cost(R) = mean over n of ceil(n / R) * t(R) / n.
+
+Which size is fastest only changes speed, never bits, when the chosen sizes share the reference's class; the
+`describe()` dict says whether they do (`reference_bits`). Results are kept once per process (one plan per shape
+and dtype) and cached on disk keyed by CPU model, torch version, thread count, dtype and shape, so a restart skips
+the timing; the bitwise checks run again at every start (cheap: one call per size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the reference
+CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
+EXPECTED_ROWS = (16, 64, 256, 1024, 4096)  # rows a GEMM sees per forward (readouts .. a long document)
+NEAR_BEST = 1.1  # sizes within 10% of the fastest time per row count as equally fast; the largest is taken
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Full chunks of `rows` rows, the tail zero-padded to the smallest of `tails` that holds it."""
+
+    rows: int
+    tails: tuple[int, ...]  # ascending, all <= rows, all in the same bit class as `rows`
+    reference_bits: bool  # the sizes share the 64-row reference's class: bits equal basal's reference path
+
+    def calls(self, n: int) -> list[int]:
+        """Row count of each call for `n` rows (the last one may be padded)."""
+        full, rest = divmod(n, self.rows)
+        out = [self.rows] * full
+        if rest:
+            out.append(next(t for t in self.tails if t >= rest))
+        return out
+
+
+FIXED = ChunkPlan(REFERENCE_ROWS, (REFERENCE_ROWS,), True)  # no probe: the first version's 64-row chunks
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    rows: int
+    invariant: bool
+    bits: bytes  # the anchor row's result
+    seconds: float  # fastest call of this size
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).cpu().numpy().tobytes()
+
+
+def check_size(
+    fn: Callable[[torch.Tensor], torch.Tensor], rows: int, width: int, dtype: torch.dtype, seed: int = 0
+) -> SizeResult:
+    """Call `fn` on [rows, width] chunks: the anchor alone (zero padding), then first, middle and last among random
+    rows. Invariant if all four anchor results have the same bits."""
+    g = torch.Generator().manual_seed(seed)
+    anchor = torch.randn(1, width, generator=g).to(dtype)
+    chunks = [torch.cat([anchor, anchor.new_zeros(rows - 1, width)])]
+    positions = [0]
+    for i, pos in enumerate(sorted({0, rows // 2, rows - 1})):
+        others = torch.randn(rows - 1, width, generator=torch.Generator().manual_seed(seed + 1 + i)).to(dtype)
+        chunks.append(torch.cat([others[:pos], anchor, others[pos:]]))
+        positions.append(pos)
+    results, best = [], float("inf")
+    for chunk, pos in zip(chunks, positions, strict=True):
+        t = time.perf_counter()
+        out = fn(chunk)
+        best = min(best, time.perf_counter() - t)
+        results.append(_bits(out[pos]))
+    return SizeResult(rows, len(set(results)) == 1, results[0], best)
+
+
+def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> ChunkPlan:
+    """The plan from probe results (see the module docstring)."""
+    ok = {r.rows: r for r in results if r.invariant}
+    ref = ok.get(reference)
+    if ref is not None:
+        same = sorted(s for s, r in ok.items() if r.bits == ref.bits)
+        if len(same) > 1:
+            best = min(ok[s].seconds / s for s in same)
+            # the largest size within NEAR_BEST of the fastest per row: one lucky short call on a busy machine
+            # must not pick a tiny chunk (bits are the same either way; only speed is at stake)
+            rows = max(s for s in same if ok[s].seconds / s <= NEAR_BEST * best)
+            return ChunkPlan(rows, tuple(s for s in same if s <= rows), True)
+    if not ok:
+        raise RuntimeError(
+            "no candidate GEMM row count is batch-invariant on this machine; basal cannot guarantee bitwise "
+            "identical answers here (report the output of `basal doctor`)"
+        )
+
+    def cost(s: int) -> float:  # expected seconds per useful row, padding counted as waste
+        return sum(-(-n // s) * ok[s].seconds / n for n in EXPECTED_ROWS) / len(EXPECTED_ROWS)
+
+    rows = min(ok, key=lambda s: (cost(s), s))
+    ref_bits = ref is not None and ok[rows].bits == ref.bits
+    return ChunkPlan(rows, (rows,), ref_bits)
+
+
+def probe_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, candidates: Sequence[int] = CANDIDATE_ROWS
+) -> ChunkPlan:
+    """Probe `F.linear(x, weight, bias)` at each candidate row count (about 3 * sum(candidates) rows of GEMM)."""
+    width = weight.shape[1]
+    with torch.inference_mode():
+        results = [
+            check_size(lambda c: torch.nn.functional.linear(c, weight, bias), s, width, weight.dtype)
+            for s in candidates
+        ]
+    return choose(results)
+
+
+def verify(plan: ChunkPlan, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Re-check a cached plan: every size it uses is invariant and they all give the same bits."""
+    sizes = sorted({plan.rows, *plan.tails})
+    with torch.inference_mode():
+        results = [
+            check_size(lambda c: torch.nn.functional.linear(c, weight, bias), s, weight.shape[1], weight.dtype)
+            for s in sizes
+        ]
+    return all(r.invariant for r in results) and len({r.bits for r in results}) == 1
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What a probe result depends on besides the shape: CPU model, torch and its BLAS, threads."""
+    return f"{_cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{platform.machine()}"
+
+
+class ChunkTable:
+    """One plan per (shape, dtype) for this process, cached on disk between processes (None: no disk cache)."""
+
+    def __init__(self, cache_file: Path | None):
+        self.cache_file = cache_file
+        self.plans: dict[tuple[int, int, str, bool], ChunkPlan] = {}  # (N, K, dtype, has bias) -> plan
+        self.source: dict[tuple[int, int, str, bool], str] = {}  # "probed" | "cached"
+        self._lock = threading.Lock()
+
+    def plan(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> ChunkPlan:
+        key = (weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."), bias is not None)
+        with self._lock:
+            if key not in self.plans:
+                self.plans[key], self.source[key] = self._load_or_probe(key, weight, bias)
+            return self.plans[key]
+
+    def _disk_key(self, key: tuple[int, int, str, bool]) -> str:
+        return hashlib.sha256(f"{machine_key()}|{key}".encode()).hexdigest()[:24]
+
+    def _read(self) -> dict:
+        if self.cache_file is None:
+            return {}
+        try:
+            return json.loads(self.cache_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _load_or_probe(self, key, weight, bias) -> tuple[ChunkPlan, str]:
+        cached = self._read().get(self._disk_key(key))
+        if cached:
+            plan = ChunkPlan(cached["rows"], tuple(cached["tails"]), cached["reference_bits"])
+            if verify(plan, weight, bias):
+                return plan, "cached"
+        plan = probe_linear(weight, bias)
+        self._write(key, plan)
+        return plan, "probed"
+
+    def _write(self, key, plan: ChunkPlan) -> None:
+        if self.cache_file is None:
+            return
+        data = self._read()
+        data[self._disk_key(key)] = {**asdict(plan), "shape": list(key), "machine": machine_key()}
+        with contextlib.suppress(OSError):
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(self.cache_file)
+
+    def describe(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str, dict[str, object]]:
+        """`{"NxK dtype[+bias]": {"rows", "tails", "reference_bits"}}` (weight [N, K]) of the given GEMMs, for
+        doctor, /v1/models and exports: only what the machine decides, so two runs on one machine describe alike
+        (whether a plan was probed or read from the cache is in `source`)."""
+        out = {}
+        for w, b in weights:
+            plan = self.plan(w, b)
+            key = (w.shape[0], w.shape[1], str(w.dtype).removeprefix("torch."), b is not None)
+            label = f"{key[0]}x{key[1]} {key[2]}{'+bias' if b is not None else ''}"
+            out[label] = {**asdict(plan), "tails": list(plan.tails)}
+        return out
+
+
+_TABLE: ChunkTable | None = None
+
+
+def process_table() -> ChunkTable:
+    """The process's table (disk cache in the basal cache folder, or $BASAL_GEMM_CACHE; "off": none)."""
+    global _TABLE
+    if _TABLE is None:
+        from basal.core.synth import cache_dir
+
+        where = os.environ.get("BASAL_GEMM_CACHE")
+        path = None if where == "off" else Path(where) if where else cache_dir() / "gemm_chunks.json"
+        _TABLE = ChunkTable(path)
+    return _TABLE

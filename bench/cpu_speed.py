@@ -1,0 +1,233 @@
+"""The torch CPU path before and after issue 16, in one run, against the GEMM rate this machine reaches.
+
+    python -m bench.cpu_speed                     # mini shapes cut to 2 and 4 layers, f32
+    python -m bench.cpu_speed --layers 2 --reps 1 # quicker
+
+"before" is the first version's numerics and loops: 64-row GEMM chunks (16 at the readouts) and the tile-by-tile
+attention loop (bench/tiled_attention.py); "after" is the probed chunk plan and the batched attention. Both run on
+the same loaded weights, alternating, and give the same bits (checked here on every workload). Workloads: one
+question on a ~500-token state; 25 and 50 questions on one ~700-token state; throughput of 4 concurrent clients
+(in-process engine) each sending 10 questions on its own ~512-token state. The achieved fraction is useful FLOPs
+per second (`basal.core.flops`) over the combined rate of `F.linear` on 512-row calls of the model's weight shapes,
+measured at the start of the run (`basal.benchsuite.limits`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from basal.backends.cuda import kernels as K
+from basal.backends.cuda.backend import TorchBackend
+from basal.benchsuite import limits
+from basal.benchsuite.workloads import questions, state_of_tokens
+from basal.core.contract import parse_systemone
+from basal.core.engine import Engine, Engines, EngineSettings
+from basal.core.gate import Gate
+from basal.core.metrics import Metrics
+from basal.core.model_dir import ModelDir
+from basal.core.pipeline import Pipeline
+from basal.core.synth import synth_model
+from bench.tiled_attention import tiled_tree_attention
+
+
+def _tiled_steps(q, key_buf, value_buf, plan, query_rows, fixed=True):
+    return tiled_tree_attention(q, key_buf, value_buf, plan, query_rows, fixed)
+    yield  # no pause points inside attention, as in the first version
+
+
+ATTENTION_S = [0.0]  # seconds spent in tree attention since the last reset
+
+
+def _timed(steps_fn):
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = yield from steps_fn(*args, **kwargs)
+        ATTENTION_S[0] += time.perf_counter() - t
+        return out
+
+    return timed
+
+
+@contextmanager
+def before(backend: TorchBackend):
+    """The first version: fixed 64/16-row chunks and the tile loop."""
+    table, steps = backend.net.chunks, K.tree_attention_steps
+    backend.net.chunks, K.tree_attention_steps = None, _timed(_tiled_steps)
+    try:
+        yield
+    finally:
+        backend.net.chunks, K.tree_attention_steps = table, steps
+
+
+@contextmanager
+def after(backend: TorchBackend):
+    steps = K.tree_attention_steps
+    K.tree_attention_steps = _timed(steps)
+    try:
+        yield
+    finally:
+        K.tree_attention_steps = steps
+
+
+def _request(tok, n_q: int, tokens: int, seed: int, lang: str = "en"):
+    body = {"model": "m", "state": state_of_tokens(tok, tokens, lang, seed), "questions": questions(n_q, lang, seed)}
+    return parse_systemone(body, lambda m: m)
+
+
+def _logit_bits(pipeline: Pipeline, request) -> bytes:
+    from basal.core.compute import run_to_end
+
+    logits = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
+    return b"".join(o.tobytes() for q in logits for o in q)
+
+
+def _throughput(pipeline: Pipeline, requests) -> float:
+    metrics = Metrics()
+    engine = Engine("m", pipeline, Gate(), metrics, EngineSettings(8192))
+    engines = Engines({"m": engine}, "m", metrics)
+    engines.start()
+
+    async def main() -> float:
+        t = time.perf_counter()
+        await asyncio.gather(*(engines.run(r) for r in requests))
+        return time.perf_counter() - t
+
+    try:
+        return asyncio.run(main())
+    finally:
+        engines.close()
+
+
+def run_model(path: Path, reps: int) -> dict:
+    model = ModelDir.load(path)
+    t = time.perf_counter()
+    backend = TorchBackend.load(model, dtype="f32")
+    load_s = time.perf_counter() - t
+    pipeline = Pipeline(model, backend)
+    limit = limits.measure(model.config, "f32")
+    print(f"{path.name}: load {load_s:.1f} s, GEMM limit {limit.as_dict()}", flush=True)
+    tok = model.tokenizer
+    single = _request(tok, 1, 500, 1)
+    state = state_of_tokens(tok, 700, "pl", 7)
+    many = {
+        n: parse_systemone({"model": "m", "state": state, "questions": questions(n, "pl", n)}, lambda m: m)
+        for n in (25, 50)
+    }
+    rows = []
+    for name, request in [("1 question, ~500-token state", single)] + [
+        (f"{n} questions, one ~700-token state", r) for n, r in many.items()
+    ]:
+        flops = limits.request_flops(pipeline, request).total
+        with before(backend):
+            old_bits = _logit_bits(pipeline, request)  # also the warm-up
+        new_bits = _logit_bits(pipeline, request)
+        times: dict[str, list[float]] = {"before": [], "after": []}
+        attention: dict[str, list[float]] = {"before": [], "after": []}
+        for _ in range(reps):
+            for label, mode in (("before", before), ("after", after)):
+                with mode(backend):
+                    ATTENTION_S[0] = 0.0
+                    t = time.perf_counter()
+                    pipeline.decide(request)
+                    times[label].append(time.perf_counter() - t)
+                    attention[label].append(ATTENTION_S[0])
+        rows.append(_row(name, flops, times, limit, old_bits == new_bits))
+        rows[-1]["attention_before_s"], rows[-1]["attention_after_s"] = attention["before"], attention["after"]
+        print(json.dumps(rows[-1]), flush=True)
+    clients = [_request(tok, 10, 512, 20 + i, "en" if i % 2 else "pl") for i in range(4)]
+    flops = sum(limits.request_flops(pipeline, r).total for r in clients)
+    times = {"before": [], "after": []}
+    for _ in range(reps):
+        for label, mode in (("before", before), ("after", after)):
+            with mode(backend):
+                times[label].append(_throughput(pipeline, clients))
+    rows.append(_row("throughput, 4 clients x 10 questions", flops, times, limit, None, decisions=40))
+    print(json.dumps(rows[-1]), flush=True)
+    return {
+        "layers": model.config.num_hidden_layers,
+        "load_s": load_s,
+        "gemm_limit": limit.as_dict(),
+        "chunks": backend.describe()["gemm_chunks"],
+        "rows": rows,
+    }
+
+
+def _row(name, flops, times, limit, same_bits, decisions=None) -> dict:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "workload": name,
+        "gflop": flops / 1e9,
+        "before_s": times["before"],
+        "after_s": times["after"],
+        "speedup": med["before"] / med["after"],
+        "fraction_before": limit.fraction(flops, med["before"]),
+        "fraction_after": limit.fraction(flops, med["after"]),
+        "same_bits": same_bits,
+        "decisions_per_s_after": decisions / med["after"] if decisions else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of each mode (alternating)")
+    ap.add_argument("--models", default=None, help="folder to keep the synthesized models in (default: temporary)")
+    ap.add_argument("--out", default="bench/results/cpu_speed.json")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(a.models or tmp)
+        results = []
+        for layers in a.layers:
+            path = root / f"mini-{layers}"
+            if not (path / "model.safetensors").is_file():
+                synth_model(path, "mini", layers=layers)
+            results.append(run_model(path, a.reps))
+    out = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads()},
+        "torch": torch.__version__,
+        "reps": a.reps,
+        "models": results,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=2))
+    for m in results:
+        lim = m["gemm_limit"]
+        print(
+            f"\nmini cut to {m['layers']} layers, f32, {torch.get_num_threads()} threads; GEMM limit "
+            f"{lim['combined_gflops']:.0f} GFLOP/s (512-row F.linear: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in lim["gflops"].items())
+            + f"); load {m['load_s']:.1f} s\n"
+        )
+        print(
+            "| workload | GFLOP | before s | after s | speedup | attention s before → after | fraction before | "
+            "fraction after | same bits |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for r in m["rows"]:
+            att = "—"
+            if "attention_before_s" in r:
+                att = f"{_span(r['attention_before_s'])} → {_span(r['attention_after_s'])}"
+            print(
+                f"| {r['workload']} | {r['gflop']:.1f} | {_span(r['before_s'])} | {_span(r['after_s'])} | "
+                f"{r['speedup']:.2f}x | {att} | {r['fraction_before']:.2f} | {r['fraction_after']:.2f} | "
+                f"{'—' if r['same_bits'] is None else 'yes' if r['same_bits'] else 'NO'} |"
+            )
+
+
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.2f}–{max(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
+
+
+if __name__ == "__main__":
+    main()

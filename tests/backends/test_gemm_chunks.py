@@ -1,0 +1,111 @@
+"""GEMM row chunks chosen per weight shape: the probe's bitwise checks (with a negative control), the choice,
+the plans' bits against the 64-row reference, the disk cache and what the backend reports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from basal.backends.cuda import gemm_chunks as G
+from basal.backends.cuda import kernels as K
+from basal.backends.cuda.backend import TorchBackend
+
+W = torch.randn(96, 128, generator=torch.Generator().manual_seed(0))
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def test_the_library_gemm_passes_the_check():
+    result = G.check_size(lambda c: torch.nn.functional.linear(c, W), 64, 128, torch.float32)
+    assert result.invariant
+
+
+def test_the_check_catches_a_shape_dependent_call():
+    """Negative control: a call that skips the zero padding runs the lone anchor as a 1-row GEMM (its own class
+    on torch CPU f32, backends-determinism.md §6), so the anchor's bits depend on the other rows."""
+
+    def skips_padding(c: torch.Tensor) -> torch.Tensor:
+        real = max(1, int((c.abs().sum(1) > 0).sum()))
+        return torch.cat([torch.nn.functional.linear(c[:real], W), c.new_zeros(c.shape[0] - real, W.shape[0])])
+
+    assert not G.check_size(skips_padding, 64, 128, torch.float32).invariant
+    with pytest.raises(RuntimeError, match="no candidate"):
+        G.choose([G.check_size(skips_padding, s, 128, torch.float32) for s in (16, 64)])
+
+
+def _r(rows, seconds, bits=b"a", invariant=True):
+    return G.SizeResult(rows, invariant, bits, seconds)
+
+
+def test_choice_within_the_reference_class():
+    # time per row: 16 -> 1/16, 64 -> 2/64, 256 -> 4/256 (fastest), 512 -> 9/512; 32 is in another class and
+    # 128 is not invariant: neither may be used
+    results = [_r(16, 1.0), _r(32, 1.0, b"b"), _r(64, 2.0), _r(256, 4.0), _r(512, 9.0), _r(128, 1.0, invariant=False)]
+    assert G.choose(results) == G.ChunkPlan(256, (16, 64, 256), True)
+    # 512 rows at 8.4 s is within 10% of 256's time per row: the larger size is taken
+    results[4] = _r(512, 8.4)
+    assert G.choose(results) == G.ChunkPlan(512, (16, 64, 256, 512), True)
+
+
+def test_choice_weighs_padding_when_sizes_differ_in_bits():
+    """No two sizes share a class: one fixed size, by expected time per useful row over EXPECTED_ROWS
+    (16, 64, 256, 1024, 4096), padding counted as waste."""
+    results = [_r(64, 1.0), _r(512, 4.0, b"b")]
+    # cost(64)  = mean(ceil(n/64) * 1 / n)  = mean(1/16, 1/64, 4/256, 16/1024, 64/4096) = mean(.0625, 4 x .015625)
+    # cost(512) = mean(ceil(n/512) * 4 / n) = mean(4/16, 4/64, 4/256, 8/1024, 32/4096)   = much more
+    assert G.choose(results) == G.ChunkPlan(64, (64,), True)
+    results = [_r(64, 1.0, invariant=False), _r(512, 4.0, b"b")]
+    assert G.choose(results) == G.ChunkPlan(512, (512,), False)  # the only invariant size; bits differ from 64's
+
+
+def test_calls_of_a_plan():
+    plan = G.ChunkPlan(256, (16, 64, 256), True)
+    assert plan.calls(600) == [256, 256, 256]  # 88 rows left: the smallest tail that holds them is 256
+    assert plan.calls(520) == [256, 256, 16]
+    assert plan.calls(10) == [16] and plan.calls(256) == [256] and plan.calls(0) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_probed_plan_gives_the_reference_bits(dtype):
+    """The probed plan of a shape runs full chunks and tails of several sizes; every row's bits equal the
+    64-row reference path, whatever the batch size."""
+    w = W.to(dtype)
+    plan = G.probe_linear(w, candidates=(8, 16, 64, 128))
+    assert plan.reference_bits and len(plan.tails) > 1
+    x = torch.randn(300, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
+    for n in (1, 5, 17, 64, 130, 300):
+        assert _bits(K.linear(x[:n], w, None, plan)) == _bits(K.linear(x[:n], w, None, K.ROWS)), n
+
+
+def test_disk_cache_is_reused_and_rechecked(tmp_path):
+    first = G.ChunkTable(tmp_path / "chunks.json")
+    plan = first.plan(W)
+    assert first.source[(96, 128, "float32", False)] == "probed" and (tmp_path / "chunks.json").is_file()
+    second = G.ChunkTable(tmp_path / "chunks.json")
+    assert second.plan(W) == plan and second.source[(96, 128, "float32", False)] == "cached"
+    (label, entry), *_ = second.describe([(W, None)]).items()
+    assert label == "96x128 float32" and entry == {"rows": plan.rows, "tails": list(plan.tails), "reference_bits": True}
+
+
+def test_backend_reports_its_plans(demo_model):
+    described = TorchBackend.load(demo_model).describe()
+    assert described["device"] == "cpu" and described["threads"] == torch.get_num_threads()
+    cfg = demo_model.config
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    assert f"{2 * inter}x{hidden} float32" in described["gemm_chunks"]
+    fixed = TorchBackend.load(demo_model, gemm_chunks="fixed").describe()
+    assert fixed["gemm_chunks"].startswith("fixed 64 rows")
+
+
+def test_models_endpoint_and_doctor_report_the_plans(demo_model):
+    from basal.api.app import compute_info
+    from basal.doctor import chunk_lines
+    from tests.servers import make_engines
+
+    engines = make_engines(demo_model)
+    info = compute_info(engines, demo_model.name)
+    assert info["backend"] == "torch" and isinstance(info["gemm_chunks"], dict) and info["gemm_chunks"]
+    lines = chunk_lines(info)
+    assert len(lines) == len(info["gemm_chunks"]) and all("rows (" in line for line in lines)

@@ -1,0 +1,50 @@
+"""A backend that answers from the prompt text: upstream's server tests with a stub model, reproduced.
+
+`rule(prompt, k)` returns the letter probabilities of one prompt (k letters); the stub rebuilds every readout's
+prompt from the packed batch (template prefix + the blocks on its chain), decodes it and returns log(p) as the
+letter logits, so everything from planning to the answer runs as in production, except the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from basal.core.model_dir import ModelDir
+from basal.core.tree import PackedBatch
+
+Rule = Callable[[str, int], Sequence[float]]
+
+
+class StubBackend:
+    name, device, dtype = "stub", "cpu", "f32"
+
+    def __init__(self, model: ModelDir, rule: Rule):
+        self.model, self.rule = model, rule
+        self.prefixes: dict[str, list[int]] = {}
+        self.prompts: list[str] = []  # every prompt read out, in order
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        self.prefixes[key] = list(tokens)
+
+    def _prompt(self, batch: PackedBatch, readout: int) -> str:
+        blocks = batch.chain(int(batch.block_of[readout]))
+        root = blocks[0]
+        ids = list(self.prefixes[batch.prefix_keys[batch.block_prefix[root]]]) if batch.block_prefix[root] >= 0 else []
+        for b in blocks:
+            start = int(batch.block_start[b])
+            end = readout + 1 if b == blocks[-1] else start + int(batch.block_len[b])
+            ids += batch.tokens[start:end].tolist()
+        return self.model.tokenizer._tk.decode(ids, skip_special_tokens=False)
+
+    def run(self, batch: PackedBatch):
+        out = np.full((len(batch.readouts), len(batch.letter_ids)), -1e4, dtype=np.float32)
+        for r, flat in enumerate(batch.readouts):
+            prompt = self._prompt(batch, int(flat))
+            self.prompts.append(prompt)
+            k = sum(f"\n{letter}. " in prompt for letter in "ABCDEFGHIJ")
+            p = np.asarray(self.rule(prompt, k), dtype=np.float64)
+            out[r, : len(p)] = np.log(p)
+        yield
+        return out
