@@ -101,6 +101,22 @@ def chunk_lines(facts: dict) -> list[str]:
     return out
 
 
+def gpu_engine_tables() -> list[str]:
+    """The GEMM engine tables the GPU path probed on this machine, and whether they match the running versions."""
+    import torch
+
+    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu.environment import versions
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    lines = []
+    for dtype in DTYPES:
+        path = et.table_path(dtype)
+        if path.is_file():
+            lines += et.describe(*et.load_table(path, et.table_key(versions(device), dtype)))
+    return lines or ["  GEMM engine tables: none yet (the GPU path writes one at its first start on a GPU)"]
+
+
 def report(model: ModelDir | None, run_checks: bool) -> str:
     lines = ["versions:"] + [f"  {k:<12} {v}" for k, v in versions().items()]
     lines.append("backends:")
@@ -116,6 +132,7 @@ def report(model: ModelDir | None, run_checks: bool) -> str:
 
     cuda = f"available: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "not available"
     lines.append(f"CUDA: {cuda}")
+    lines += gpu_engine_tables()
     if run_checks and model is not None:
         lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
         for backend, device in paths():

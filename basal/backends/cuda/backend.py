@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Generator, Sequence
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from basal.backends.cuda.gemm_chunks import process_table
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
 from basal.backends.cuda.threads import configure_threads
+from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
 
@@ -53,9 +55,15 @@ class TorchBackend:
         device: str | None = None,
         fixed_shapes: bool = True,
         gemm_chunks: str = "probe",
-    ) -> TorchBackend:
-        """f16 by default on CUDA; f32 on the CPU (the numerical reference; bf16 and f16 work there too)."""
+    ) -> Backend:
+        """f16 by default on CUDA; f32 on the CPU (the numerical reference; bf16 and f16 work there too). On CUDA
+        with Triton installed the GPU path (basal.backends.cuda.gpu) serves; `fixed_shapes=False` keeps this
+        class's plain path there too (the negative control)."""
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dev.type == "cuda" and fixed_shapes and importlib.util.find_spec("triton") is not None:
+            from basal.backends.cuda.gpu.backend import GpuBackend
+
+            return GpuBackend.load(model, dtype, str(dev))
         if dtype is None:
             dtype = "f16" if dev.type == "cuda" else "f32"
         if dev.type == "cpu":

@@ -1,0 +1,218 @@
+"""GpuBackend: the torch backend's path on CUDA (it also runs under the Triton interpreter on the CPU, for tests).
+
+Per forward: plan the tiles (numpy, in core), pack the metadata blob into a free staging slot, one H2D copy, the
+forward — a CUDA graph replay for buckets seen before, eager layers otherwise — a non-blocking D2H copy of the
+letter logits into the slot and an event; `run()` yields while the event is pending. The GEMM engine of every
+weight shape comes from the startup probe (engine_table).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator, Sequence
+
+import numpy as np
+import torch
+
+from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu.buckets import LT_CHUNK, probed_row_counts, readout_bucket, token_bucket
+from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
+from basal.backends.cuda.gpu.graphs import GraphCache, capture
+from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
+from basal.backends.cuda.gpu.model import Buffers, GpuLlama
+from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
+from basal.backends.cuda.gpu.weights_direct import DeviceWeights
+from basal.core.model_dir import ModelDir
+from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
+from basal.core.tree import PackedBatch, single_prompt_batch
+
+log = logging.getLogger(__name__)
+TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+GRAPH_MAX_TOKENS = 8192  # the arena's size: forwards up to this run as graphs, longer ones eagerly (long lane)
+READOUT_CAP = 1024
+
+
+class GpuBackend:
+    name = "torch"
+
+    def __init__(
+        self,
+        model: ModelDir,
+        dtype: str,
+        device: torch.device,
+        attention: str = "f32",
+        arena_tokens: int = GRAPH_MAX_TOKENS,
+        graphs: bool | None = None,
+        progress: bool = True,
+        weights: DeviceWeights | None = None,
+    ):
+        """`weights`: already on the device (gpu_check.py's synthetic shapes); otherwise loaded from `model`."""
+        self.model, self.dtype, self.device = model, dtype, str(device)
+        self.dev = device
+        self.weights = weights or DeviceWeights(model, TORCH_DTYPE[dtype], device, progress)
+        self.table = self._probe_engines(arena_tokens)
+        att = ATTENTION["f32" if dtype == "f32" else attention]
+        self.net = GpuLlama(self.weights, self._engine_for, att)
+        self.arena_tokens = arena_tokens
+        self.use_graphs = device.type == "cuda" if graphs is None else graphs
+        self.arena = self.net.allocate(arena_tokens, READOUT_CAP) if self.use_graphs else None
+        self.graphs = GraphCache()
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._stream = torch.cuda.Stream(device) if self.use_graphs else None
+        self._blobs: dict[tuple[int, int], torch.Tensor] = {}
+        self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.slots = StagingSlots(self._host_buffers, self._event)
+        self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
+
+    @classmethod
+    def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None, **options) -> GpuBackend:
+        """f16 by default (accumulation in f32); bf16; f32 is the reference mode."""
+        dev = torch.device(device or "cuda")
+        if dev.type == "cuda":
+            apply_invariant_settings()
+        with torch.inference_mode():
+            return cls(model, dtype or "f16", dev, **options)
+
+    # -- engines ----------------------------------------------------------------------------------------------
+
+    def _shapes(self) -> list[tuple[int, int]]:
+        lw = self.weights.layers[0]
+        return [tuple(w.shape) for w in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
+
+    def _probe_engines(self, arena_tokens: int) -> et.EngineTable:
+        started = time.perf_counter()
+        engines = et.PREFERENCE if self.dev.type == "cuda" else ("tri",)  # the interpreter runs only Triton
+        counts = probed_row_counts(max(arena_tokens, LT_CHUNK) if self.dev.type == "cuda" else arena_tokens)
+        key = et.table_key(versions(self.dev), self.dtype)
+        table = et.probe(self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines)
+        if self.dev.type == "cuda":
+            table.save(et.table_path(self.dtype))
+        log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])
+        return table
+
+    def _engine_for(self, n: int, k: int):
+        engine = et.ENGINES[self.table.engine(n, k)]
+        if engine is not et.lt_linear:
+            return engine
+
+        def chunked(x, w, out):  # the long lane: library GEMMs only ever see probed row counts
+            for r0 in range(0, x.shape[0], LT_CHUNK):
+                engine(x[r0 : r0 + LT_CHUNK], w, out[r0 : r0 + LT_CHUNK])
+            return out
+
+        return chunked
+
+    # -- staging ----------------------------------------------------------------------------------------------
+
+    def _host_buffers(self, size: int):
+        pin = self.dev.type == "cuda"
+        blob = torch.zeros(size, dtype=torch.int32, pin_memory=pin)
+        return blob, torch.zeros(READOUT_CAP, READOUT_LETTERS, dtype=torch.float32, pin_memory=pin)
+
+    def _event(self):
+        return torch.cuda.Event(blocking=True) if self.dev.type == "cuda" else DoneEvent()
+
+    def _layout(self, batch: PackedBatch, pad_to: int = 0) -> BlobLayout:
+        t_b, r_b = token_bucket(max(batch.n_tokens, pad_to)), readout_bucket(len(batch.readouts))
+        return BlobLayout(t_b, r_b, tile_capacity(t_b, self.net.tokens_per_tile))
+
+    # -- the Backend protocol -----------------------------------------------------------------------------------
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        """K/V of a template prefix, layer by layer, by a forward over the prefix alone (R9)."""
+        batch = single_prompt_batch(list(tokens))
+        n = len(tokens)
+        kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def keep(_layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            kv.append((k[:n].clone(), v[:n].clone()))
+
+        with torch.inference_mode():
+            steps = self._forward(batch, on_kv=keep, eager=True)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration:
+                    break
+            self._prefix_kv[key] = kv
+            self.net.set_prefixes(self._prefix_kv)
+        self.graphs.clear()  # graphs captured the old prefix buffers' addresses
+
+    def run(self, batch: PackedBatch, pad_to: int = 0) -> Generator[None, None, np.ndarray]:
+        """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits)."""
+        return (yield from self._forward(batch, pad_to=pad_to))
+
+    def _forward(
+        self, batch: PackedBatch, on_kv=None, eager: bool = False, pad_to: int = 0
+    ) -> Generator[None, None, np.ndarray]:
+        layout = self._layout(batch, pad_to)
+        while (slot := self.slots.acquire(layout.size)) is None:
+            yield  # every slot is waiting for its copy: let the other lane finish
+        try:
+            with torch.inference_mode():
+                plan = plan_tiles(batch, self.net.prefix_rows, self.net.tokens_per_tile)
+                pack_blob(batch, plan, layout, slot.blob[: layout.size].numpy())
+                key = (layout.token_bucket, layout.readout_bucket)
+                if key not in self._blobs:
+                    self._blobs[key] = torch.zeros(layout.size, dtype=torch.int32, device=self.dev)
+                blob = self._blobs[key]
+                blob.copy_(slot.blob[: layout.size], non_blocking=True)
+                meta = layout.views(blob)
+                letters = tuple(int(x) for x in batch.letter_ids)
+                letter_rows = self.weights.letter_rows(letters)
+            long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > READOUT_CAP
+            step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step((*key, letters))
+            if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
+                buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
+                logits = yield from self._eager(buffers, meta, letter_rows, len(letters), on_kv)
+            else:  # captured or replayed as a whole, so the arena is never shared mid-pass
+                buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
+                with torch.inference_mode():
+                    logits = self._graph(step, (*key, letters), buffers, meta, letter_rows, len(letters))
+            r = len(batch.readouts)
+            if r > READOUT_CAP:  # a long-lane forward with more readouts than a slot holds: read back directly
+                with torch.inference_mode():
+                    return logits[:r, : len(letters)].cpu().numpy()
+            with torch.inference_mode():
+                slot.out[:r].copy_(logits[:r], non_blocking=True)
+                slot.event.record()
+            while not slot.event.query():
+                yield  # the CPU plans the next batch meanwhile
+            return slot.out[:r, : len(letters)].numpy().copy()
+        finally:
+            if not slot.event.query():  # closed early: the copies into this slot must land before it is reused
+                slot.event.synchronize()
+            self.slots.release(slot)
+
+    def _eager(self, buffers: Buffers, meta, letter_rows, n_letters, on_kv) -> Generator[None, None, torch.Tensor]:
+        steps = self.net.forward(buffers, meta, letter_rows, n_letters, on_kv)
+        while True:
+            with torch.inference_mode():
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+            yield
+
+    def _graph(self, step: str, key, buffers: Buffers, meta, letter_rows, n_letters) -> torch.Tensor:
+        def run_all() -> torch.Tensor:
+            steps = self.net.forward(buffers, meta, letter_rows, n_letters)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+
+        if step == "capture":
+            self._stream.wait_stream(torch.cuda.current_stream(self.dev))
+            graph = capture(run_all, self._pool, self._stream)
+            torch.cuda.current_stream(self.dev).wait_stream(self._stream)
+            self.graphs.add(key, graph)
+            if self.verify_graphs:  # debug and tests: the replay must give the eager bits
+                eager = run_all().clone()
+                self.graphs.graphs[key].replay()
+                if not torch.equal(eager.view(torch.int32), buffers.logits.view(torch.int32)):
+                    raise RuntimeError(f"CUDA graph at bucket {key[:2]} differs from the eager pass")
+        self.graphs.graphs[key].replay()
+        return buffers.logits

@@ -1,0 +1,193 @@
+"""Which GEMM engine each weight shape uses, decided by an on-device bitwise probe (cuda-path.md §3.1, R5, R6, R10).
+
+Candidates: `lt` (cuBLASLt through torch under the R7 settings: split-K off, 1 KiB workspace) and `tri` (our
+fixed-order Triton GEMM). A shape may use an engine only after the probe showed, on this device, that an anchor
+row's bits are the same at every row count the process will pass (the buckets) and at offsets 0, M/2 and M-1.
+The fastest engine that passes wins. The table is keyed by GPU, driver, library versions and dtype; a stored
+table whose key differs from the running process is stale and refused (the probe then runs again).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from basal.core.synth import cache_dir
+
+Engine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
+
+
+def lt_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.mm(x, w.t(), out=out)
+
+
+def tri_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    from basal.backends.cuda.gpu.triton_gemm import linear
+
+    return linear(x, w, out)
+
+
+ENGINES: dict[str, Engine] = {"lt": lt_linear, "tri": tri_linear}
+PREFERENCE = ("lt", "tri")  # on equal standing (no timing), the library first
+
+
+@dataclass
+class Candidate:
+    invariant: bool
+    ms: float | None = None  # at the timing row count, where measured
+    detail: str = ""
+
+
+@dataclass
+class ShapeEntry:
+    n: int
+    k: int
+    engine: str
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+
+
+@dataclass
+class EngineTable:
+    key: dict[str, str]  # versions(device) + dtype
+    row_counts: list[int]
+    shapes: list[ShapeEntry]
+
+    def engine(self, n: int, k: int) -> str:
+        for s in self.shapes:
+            if (s.n, s.k) == (n, k):
+                return s.engine
+        raise KeyError(f"GEMM shape {n}x{k} was not probed")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> EngineTable:
+        raw = json.loads(text)
+        shapes = [
+            ShapeEntry(s["n"], s["k"], s["engine"], {n: Candidate(**c) for n, c in s["candidates"].items()})
+            for s in raw["shapes"]
+        ]
+        return cls(raw["key"], raw["row_counts"], shapes)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+
+
+def table_path(dtype: str) -> Path:
+    """Where the GPU path keeps the table it probed (basal doctor reads it)."""
+    return cache_dir() / "gpu" / f"gemm_engines-{dtype}.json"
+
+
+def table_key(versions: dict[str, str], dtype: str) -> dict[str, str]:
+    return {**versions, "dtype": dtype}
+
+
+def load_table(path: Path, key: dict[str, str]) -> tuple[EngineTable | None, str]:
+    """-> (table, why): None with the reason when the file is missing, unreadable or stale."""
+    if not path.is_file():
+        return None, "no table yet"
+    try:
+        table = EngineTable.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        return None, f"unreadable ({e})"
+    changed = sorted(k for k in set(key) | set(table.key) if key.get(k) != table.key.get(k))
+    if changed:
+        return None, "stale: " + ", ".join(f"{k} {table.key.get(k)!r} -> {key.get(k)!r}" for k in changed)
+    return table, "current"
+
+
+def choose(candidates: dict[str, Candidate]) -> str:
+    """The fastest invariant engine; without timings the preferred order; refuses when none is invariant."""
+    ok = [name for name in PREFERENCE if name in candidates and candidates[name].invariant]
+    if not ok:
+        raise RuntimeError("no GEMM engine is bitwise invariant over the row counts for this shape on this device")
+    timed = [n for n in ok if candidates[n].ms is not None]
+    return min(timed, key=lambda n: candidates[n].ms) if timed else ok[0]
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+
+
+def probe_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, row_counts: Sequence[int]) -> tuple[bool, str]:
+    """Anchor rows {0, M/2, M-1} at every M against the same rows computed first in a batch of the smallest M."""
+    m0 = row_counts[0]
+    reference: dict[int, bytes] = {}
+    for m in row_counts:
+        out = engine(x[:m], w, torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device))
+        for a in sorted({0, m // 2, m - 1}):
+            if a not in reference:
+                rows = torch.cat([x[a : a + 1], x[1:m0]]) if m0 > 1 else x[a : a + 1]
+                first = engine(rows, w, torch.empty(m0, w.shape[0], dtype=x.dtype, device=x.device))
+                reference[a] = _bits(first[0])
+            if _bits(out[a]) != reference[a]:
+                return False, f"row {a} differs at M={m}"
+    return True, f"{len(row_counts)} row counts x 3 anchors equal"
+
+
+def time_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, rows: int, repeats: int = 20) -> float:
+    """Median ms of `repeats` calls at `rows` (CUDA events on a GPU)."""
+    out = torch.empty(rows, w.shape[0], dtype=x.dtype, device=x.device)
+    engine(x[:rows], w, out)
+    times = []
+    for _ in range(repeats):
+        if x.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            engine(x[:rows], w, out)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            engine(x[:rows], w, out)
+            times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def probe(
+    shapes: Sequence[tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device,
+    row_counts: Sequence[int],
+    key: dict[str, str],
+    engines: Sequence[str] = PREFERENCE,
+    timing_rows: int | None = 128,
+) -> EngineTable:
+    """Probe every candidate engine on every (N, K) with seeded random data (never zeros)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    entries = []
+    m_max = max(row_counts)
+    for n, k in dict.fromkeys(shapes):
+        x = torch.randn(m_max, k, generator=g).to(device=device, dtype=dtype)
+        w = (torch.randn(n, k, generator=g) * k**-0.5).to(device=device, dtype=dtype)
+        candidates = {}
+        for name in engines:
+            ok, detail = probe_engine(ENGINES[name], x, w, row_counts)
+            ms = time_engine(ENGINES[name], x, w, min(timing_rows, m_max)) if ok and timing_rows else None
+            candidates[name] = Candidate(ok, ms, detail)
+        entries.append(ShapeEntry(n, k, choose(candidates), candidates))
+    return EngineTable(key, list(row_counts), entries)
+
+
+def describe(table: EngineTable | None, why: str) -> list[str]:
+    """Lines for `basal doctor`."""
+    if table is None:
+        return [f"  GEMM engine table: {why}"]
+    lines = [f"  GEMM engine table ({why}; {table.key.get('gpu')}, {table.key.get('dtype')}):"]
+    for s in table.shapes:
+        measured = ", ".join(
+            f"{n} {'invariant' if c.invariant else 'NOT invariant'}" + (f" {c.ms:.3f} ms" if c.ms is not None else "")
+            for n, c in s.candidates.items()
+        )
+        lines.append(f"    {s.n:>6} x {s.k:<6} -> {s.engine:<4} ({measured})")
+    return lines

@@ -1,0 +1,85 @@
+"""Fixed kernel configurations per model shape (cuda-path.md §3). Plain Python: read by the kernels' launchers,
+the offline compile check and gpu_check.py.
+
+A configuration is part of the numerics: Triton's `tl.sum` order follows the register layout, which follows the
+tile shape and warp count, so these are constants per (shape, dtype) and never chosen from the batch (R2, R6).
+`gemm_tiles` is the one configuration the invariant path ships per weight shape; `GEMM_REGIMES` are the
+candidates the H200 run compares (they may be mixed only where the device probe proves equal bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BK = 64  # GEMM K step, everywhere (R1)
+READOUT_LETTERS = 16  # letter logits per readout row, padded with a mask
+READOUT_CHUNK = 512  # hidden elements per step of the letter readout
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    bm: int
+    bn: int
+    warps: int
+    stages: int
+    bk: int = BK
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}-w{self.warps}-s{self.stages}"
+
+
+# Candidates per M regime (§3.1's table); the H200 run (gpu_check.py P1) says which of them agree bitwise.
+GEMM_REGIMES = {
+    "S": (GemmTiles(64, 64, 4, 4), GemmTiles(64, 32, 4, 5), GemmTiles(64, 16, 4, 5)),
+    "M": (GemmTiles(128, 64, 4, 4),),
+    "L": (GemmTiles(128, 128, 8, 3),),
+}
+
+
+def gemm_tiles(n: int, k: int) -> GemmTiles:
+    """The shipped configuration of weight shape [N, K]: the small-M regime, because single decisions (M ≈ 128)
+    are bandwidth-bound and no split-K may raise their CTA count."""
+    if n >= 17920:  # gate_up: 560-896 CTAs at M = 128
+        return GemmTiles(64, 64, 4, 4)
+    if n >= 6144:  # max qkv
+        return GemmTiles(64, 64, 4, 4)
+    if n <= 1536 and k in (1536, 8960):  # mini o and down: BN 16 keeps >= 96 CTAs
+        return GemmTiles(64, 16, 4, 5)
+    return GemmTiles(64, 32, 4, 5)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    bm: int  # query rows per tile: tokens_per_tile × GQA group
+    bn: int  # keys per logical tile, anchored at position 0
+    warps: int
+    stages: int
+    precision: str  # "f32": Q, K f32 and tf32x3 dots; "f16": Q, K, P in the compute dtype
+
+    def tokens_per_tile(self, group: int) -> int:
+        if group > self.bm:
+            raise ValueError(f"GQA group {group} > {self.bm} query rows per tile")
+        return self.bm // group
+
+
+ATTENTION = {
+    "f32": AttentionConfig(64, 32, 4, 2, "f32"),
+    "f16": AttentionConfig(64, 64, 4, 2, "f16"),
+}
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    block: int  # power of two >= the row length
+    warps: int
+
+
+def norm_config(hidden: int) -> RowConfig:
+    block = 1 << max(hidden - 1, 1).bit_length()
+    return RowConfig(block, 8 if block >= 4096 else 4)
+
+
+def elementwise_block(width: int) -> int:
+    """Columns per program of SwiGLU and friends (any fixed value is invariant, R4)."""
+    return min(1024, 1 << max(width - 1, 1).bit_length())

@@ -1,0 +1,140 @@
+"""Llama over a packed tree on the GPU kernels (cuda-path.md §4-§5). Reads top to bottom like the torch CPU model:
+the same layers, the same rounding points, the last layer at readout rows only — but every op is one fixed Triton
+kernel (or a probed cuBLASLt GEMM) writing into preallocated buffers, so a forward can be captured as a CUDA graph
+and padding a batch to a bucket changes nothing but M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, fields
+
+import torch
+
+from basal.backends.cuda.gpu import triton_attention as attn_kernels
+from basal.backends.cuda.gpu import triton_rowwise as rows
+from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS, AttentionConfig
+from basal.backends.cuda.gpu.weights_direct import DeviceWeights
+from basal.backends.cuda.kernels import rope_tables
+from basal.core.model_dir import LlamaConfig
+
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
+
+
+@dataclass
+class Buffers:
+    """Activations of one forward: [T, ...] per token, [R, ...] per readout. Views of an arena share its addresses."""
+
+    h: torch.Tensor  # [T, hidden] residual stream
+    x: torch.Tensor  # [T, hidden] normed
+    y: torch.Tensor  # [T, hidden] o / down output, added into h by the next norm
+    qkv: torch.Tensor  # [T, (H + 2 KVH) D]
+    q: torch.Tensor  # [T, H, D] attention dtype
+    k: torch.Tensor  # [T, KVH, D] attention dtype
+    v: torch.Tensor  # [T, KVH, D]
+    attn: torch.Tensor  # [T, H, D]
+    gate_up: torch.Tensor  # [T, 2F]
+    act: torch.Tensor  # [T, F]
+    hr: torch.Tensor  # [R, hidden] and the rest: the last layer at the readouts
+    xr: torch.Tensor
+    yr: torch.Tensor
+    attn_r: torch.Tensor  # [R, H D]
+    gate_up_r: torch.Tensor
+    act_r: torch.Tensor
+    logits: torch.Tensor  # [R, 16] f32
+
+    @classmethod
+    def allocate(cls, cfg: LlamaConfig, tokens: int, readouts: int, dtype, att_dtype, device) -> Buffers:
+        hid, f, d, h, kvh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_attention_heads, 0
+        kvh = cfg.num_key_value_heads
+
+        def z(*shape, dt=dtype):
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        t, r = tokens, readouts
+        return cls(
+            z(t, hid), z(t, hid), z(t, hid), z(t, (h + 2 * kvh) * d), z(t, h, d, dt=att_dtype),
+            z(t, kvh, d, dt=att_dtype), z(t, kvh, d), z(t, h, d), z(t, 2 * f), z(t, f),
+            z(r, hid), z(r, hid), z(r, hid), z(r, h * d), z(r, 2 * f), z(r, f), z(r, READOUT_LETTERS, dt=torch.float32),
+        )  # fmt: skip
+
+    def view(self, tokens: int, readouts: int) -> Buffers:
+        """The first rows of every buffer: the same addresses for every forward of a bucket."""
+        per_readout = {"hr", "xr", "yr", "attn_r", "gate_up_r", "act_r", "logits"}
+        return Buffers(
+            **{f.name: getattr(self, f.name)[: readouts if f.name in per_readout else tokens] for f in fields(self)}
+        )
+
+
+class GpuLlama:
+    """The forward pass over device buffers. `linear_for(n, k)` gives the probed GEMM engine of a weight shape."""
+
+    def __init__(self, weights: DeviceWeights, linear_for: Callable[[int, int], Linear], attention: AttentionConfig):
+        self.w, self.cfg, self.att = weights, weights.cfg, attention
+        self.att_dtype = torch.float32 if attention.precision == "f32" else weights.dtype
+        cos, sin = rope_tables(self.cfg.max_position_embeddings, self.cfg.head_dim, self.cfg.rope_theta)
+        self.cos, self.sin = cos.to(weights.device), sin.to(weights.device)
+        self.group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        self.tokens_per_tile = attention.tokens_per_tile(self.group)
+        self._linear_for = linear_for
+        empty = torch.zeros(1, self.cfg.num_key_value_heads, self.cfg.head_dim, device=weights.device)
+        n_layers = self.cfg.num_hidden_layers
+        self.prefix_k = [empty.to(self.att_dtype)] * n_layers  # [P, KVH, D] per layer: every cached prefix
+        self.prefix_v = [empty.to(weights.dtype)] * n_layers
+        self.prefix_rows: dict[str, tuple[int, int]] = {}  # key -> (first row, length)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return self._linear_for(w.shape[0], w.shape[1])(x, w, out)
+
+    def allocate(self, tokens: int, readouts: int) -> Buffers:
+        return Buffers.allocate(self.cfg, tokens, readouts, self.w.dtype, self.att_dtype, self.w.device)
+
+    def layer(self, i: int, b: Buffers, meta: dict[str, torch.Tensor], last: bool, on_kv=None) -> None:
+        """One decoder layer. The residual add of the previous layer's down projection happens in the first norm."""
+        cfg, lw = self.cfg, self.w.layers[i]
+        eps = cfg.rms_norm_eps
+        rows.rmsnorm(b.h, lw.input_norm, eps, b.x, b.y if i > 0 else None)
+        self.linear(b.x, lw.qkv, b.qkv)
+        rows.rope_kv(b.qkv, meta["positions"], self.cos, self.sin, b.q, b.k, b.v)
+        if on_kv is not None:
+            on_kv(i, b.k, b.v)
+        tiles, count = (meta["readout_tiles"], meta["counts"][1:2]) if last else (meta["tiles"], meta["counts"][0:1])
+        attn_kernels.tree_attention(
+            b.q, b.k, b.v, self.prefix_k[i], self.prefix_v[i], b.attn, tiles, count, meta["ranges"], self.att
+        )
+        attn = b.attn.view(b.attn.shape[0], -1)  # [T, H D]
+        if last:  # queries, MLP and head only at the readouts
+            torch.index_select(attn, 0, meta["readouts"], out=b.attn_r)
+            torch.index_select(b.h, 0, meta["readouts"], out=b.hr)
+            rows.rmsnorm(b.hr, lw.post_norm, eps, b.xr, self.linear(b.attn_r, lw.o_proj, b.yr))
+            rows.swiglu(self.linear(b.xr, lw.gate_up, b.gate_up_r), b.act_r)
+            self.linear(b.act_r, lw.down, b.yr)
+        else:
+            rows.rmsnorm(b.h, lw.post_norm, eps, b.x, self.linear(attn, lw.o_proj, b.y))
+            rows.swiglu(self.linear(b.x, lw.gate_up, b.gate_up), b.act)
+            self.linear(b.act, lw.down, b.y)
+
+    def head(self, b: Buffers, letter_rows: torch.Tensor, n_letters: int) -> torch.Tensor:
+        rows.rmsnorm(b.hr, self.w.norm, self.cfg.rms_norm_eps, b.xr, b.yr)
+        return rows.letter_readout(b.xr, letter_rows, n_letters, b.logits)
+
+    def forward(
+        self, b: Buffers, meta: dict[str, torch.Tensor], letter_rows: torch.Tensor, n_letters: int, on_kv=None
+    ) -> Generator[None, None, torch.Tensor]:
+        """Eager, layer by layer (yields after each, for the long lane); returns the device logits [R, 16]."""
+        torch.index_select(self.w.embed, 0, meta["tokens"], out=b.h)
+        n_layers = self.cfg.num_hidden_layers
+        for i in range(n_layers):
+            self.layer(i, b, meta, last=i == n_layers - 1, on_kv=on_kv)
+            yield
+        return self.head(b, letter_rows, n_letters)
+
+    def set_prefixes(self, kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Cached prefixes -> one [P, KVH, D] buffer per layer; chain range 0 of a prefixed root points there."""
+        self.prefix_rows, row = {}, 0
+        for key, layers in kv.items():
+            self.prefix_rows[key] = (row, layers[0][0].shape[0])
+            row += layers[0][0].shape[0]
+        for i in range(self.cfg.num_hidden_layers):
+            self.prefix_k[i] = torch.cat([layers[i][0] for layers in kv.values()])
+            self.prefix_v[i] = torch.cat([layers[i][1] for layers in kv.values()])

@@ -1,0 +1,144 @@
+"""Offline sm_90 (H100/H200) compilation of every kernel × shipped config, without a GPU (cuda-path.md §8.1 b).
+
+`triton.compile` with a `GPUTarget("cuda", 90, 32)` runs the whole pipeline down to a cubin using the ptxas Triton
+bundles; the bundled `cuobjdump --dump-resource-usage` then reads registers, stack (spills) and shared memory. A
+GEMM that spills, any kernel over the 227 KiB of shared memory an sm_90 block may use, or a BM ≥ 64 GEMM without
+wgmma fails the check; attention spills are reported (they differ between Triton versions).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SHARED_LIMIT = 227 * 1024
+SM90 = ("cuda", 90, 32)
+
+
+@dataclass(frozen=True)
+class Case:
+    kernel: str  # "gemm" | "attention" | "rmsnorm" | "rope_kv" | "swiglu" | "letter_readout"
+    label: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, object], ...]
+    warps: int
+    stages: int = 1
+
+
+@dataclass(frozen=True)
+class Usage:
+    registers: int
+    stack: int
+    shared: int
+    wgmma: bool
+    mma_sync: bool
+
+
+def _sig(names: str, types: str) -> tuple[tuple[str, str], ...]:
+    return tuple(zip(names.split(), types.split(), strict=True))
+
+
+def gemm_case(tiles, dtype: str = "fp16") -> Case:
+    sig = _sig("x_ptr w_ptr y_ptr M N K stride_xm stride_wn stride_ym", f"*{dtype} *{dtype} *{dtype} " + "i32 " * 6)
+    consts = (("BM", tiles.bm), ("BN", tiles.bn), ("BK", tiles.bk), ("SPLIT_K", 1), ("PRECISION", "ieee"))
+    return Case("gemm", tiles.name, sig, consts, tiles.warps, tiles.stages)
+
+
+def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128) -> Case:
+    qk = "fp32" if cfg.precision == "f32" else "fp16"
+    names = "q_ptr k_ptr v_ptr pk_ptr pv_ptr out_ptr tiles_ptr count_ptr ranges_ptr stride_qt stride_kt stride_ot"
+    sig = _sig(names + " scale_log2e", f"*{qk} *{qk} *fp16 *{qk} *fp16 *fp16 *i32 *i32 *i32 i32 i32 i32 fp32")
+    group = heads // kv_heads
+    consts = (
+        ("G", group), ("NT", cfg.tokens_per_tile(group)), ("BM", cfg.bm), ("BN", cfg.bn), ("D", dim),
+        ("KVH", kv_heads), ("N_RANGES", 9), ("PRECISION", "tf32x3" if qk == "fp32" else "ieee"),
+        ("F32", qk == "fp32"), ("ANCHOR_AT_QUERY", False),
+    )  # fmt: skip
+    return Case("attention", f"{cfg.precision}-G{group}-KVH{kv_heads}", sig, consts, cfg.warps, cfg.stages)
+
+
+def row_cases(hidden: int, inter: int, heads: int, kv_heads: int, dim: int = 128) -> list[Case]:
+    from basal.backends.cuda.gpu.kernel_configs import READOUT_CHUNK, READOUT_LETTERS, elementwise_block, norm_config
+
+    norm = norm_config(hidden)
+    slots = 1 << (heads + 2 * kv_heads - 1).bit_length()
+    return [
+        Case(
+            "rmsnorm", f"H{hidden}",
+            _sig("h_ptr y_ptr w_ptr x_ptr H eps stride_h stride_y stride_x", "*fp16 " * 4 + "i32 fp32 i32 i32 i32"),
+            (("HAS_Y", True), ("BLOCK", norm.block)), norm.warps,
+        ),
+        Case(
+            "rope_kv", f"H{heads}-KVH{kv_heads}",
+            _sig("qkv_ptr pos_ptr cos_ptr sin_ptr q_ptr k_ptr v_ptr stride_qkv", "*fp16 *i32 *fp32 *fp32 *fp32 *fp32 *fp16 i32"),  # noqa: E501
+            (("H", heads), ("KVH", kv_heads), ("D", dim), ("SLOTS", slots)), 4,
+        ),
+        Case(
+            "swiglu", f"F{inter}", _sig("gu_ptr a_ptr F stride_gu stride_a", "*fp16 *fp16 i32 i32 i32"),
+            (("BLOCK", elementwise_block(inter)),), 4,
+        ),
+        Case(
+            "letter_readout", f"H{hidden}",
+            _sig("x_ptr w_ptr out_ptr H L stride_x", "*fp16 *fp32 *fp32 i32 i32 i32"),
+            (("BL", READOUT_LETTERS), ("CHUNK", READOUT_CHUNK)), 4,
+        ),
+    ]  # fmt: skip
+
+
+def kernel_function(name: str):
+    from basal.backends.cuda.gpu import triton_attention, triton_gemm, triton_rowwise
+
+    return {
+        "gemm": triton_gemm.gemm_kernel,
+        "attention": triton_attention.tree_attention_kernel,
+        "rmsnorm": triton_rowwise.rmsnorm_kernel,
+        "rope_kv": triton_rowwise.rope_kv_kernel,
+        "swiglu": triton_rowwise.swiglu_kernel,
+        "letter_readout": triton_rowwise.letter_readout_kernel,
+    }[name]
+
+
+def compile_case(case: Case) -> Usage:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = dict(case.constexprs)
+    signature = {n: ("constexpr" if n in consts else t) for n, t in case.signature} | dict.fromkeys(consts, "constexpr")
+    src = ASTSource(kernel_function(case.kernel), signature, constexprs=consts)
+    compiled = triton.compile(
+        src, target=GPUTarget(*SM90), options={"num_warps": case.warps, "num_stages": case.stages}
+    )
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = Path(d) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        text = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True
+        ).stdout
+
+    def field(name: str) -> int:
+        found = re.search(rf"{name}:(\d+)", text)
+        if not found:
+            raise RuntimeError(f"cuobjdump printed no {name}: {text}")
+        return int(found.group(1))
+
+    ptx = compiled.asm["ptx"]
+    shared = max(field("SHARED"), int(compiled.metadata.shared))
+    return Usage(field("REG"), field("STACK"), shared, "wgmma" in ptx, "mma.sync" in ptx)
+
+
+def problems(case: Case, usage: Usage) -> list[str]:
+    """What fails the check (warnings are not problems)."""
+    out = []
+    if usage.shared > SHARED_LIMIT:
+        out.append(f"shared memory {usage.shared} B > {SHARED_LIMIT} B")
+    if case.kernel == "gemm":
+        if usage.stack > 0:
+            out.append(f"GEMM spills ({usage.stack} B of stack)")
+        if dict(case.constexprs)["BM"] >= 64 and not usage.wgmma:
+            out.append("BM >= 64 GEMM without wgmma")
+    return out

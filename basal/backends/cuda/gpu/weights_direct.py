@@ -1,0 +1,80 @@
+"""Checkpoint weights straight to the device in the compute dtype (safetensors -> torch, no f32 numpy copy), with
+a progress bar and the load time recorded; q/k/v and gate/up fused. Any device: the CPU path may adopt it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS
+from basal.core.model_dir import LlamaConfig, ModelDir
+from basal.core.safetensors_io import bf16_bits_to_f32
+
+
+@dataclass
+class DeviceLayer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(H + 2 KVH) D, hidden]: q, k, v rows fused
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2F, hidden]: gate rows, then up rows
+    down: torch.Tensor
+
+
+class DeviceWeights:
+    """All tensors the GPU model reads, on `device` in `dtype`; `load_seconds` says how long loading took."""
+
+    def __init__(self, model: ModelDir, dtype: torch.dtype, device: torch.device, progress: bool = True):
+        started = time.perf_counter()
+        self.cfg: LlamaConfig = model.config
+        if self.cfg.bias:
+            raise ValueError("the GPU path serves basal-1.5 checkpoints (no biases); use --backend torch on the CPU")
+        self.dtype, self.device = dtype, device
+        self._index = model.open_weights()
+        files = {name: f.path for name, (f, _) in self._index.items()}
+        handles = {p: safe_open(str(p), framework="pt", device=str(device)) for p in set(files.values())}
+        bar = tqdm(total=len(files) - 1, desc="weights -> " + str(device), unit="tensor", disable=not progress)
+
+        def get(name: str) -> torch.Tensor:
+            bar.update()
+            return handles[files[name]].get_tensor(self._index[name][1]).to(dtype)
+
+        self.embed = get("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            self.layers.append(
+                DeviceLayer(
+                    input_norm=get(p + "input_layernorm.weight"),
+                    qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
+                    o_proj=get(a + "o_proj.weight"),
+                    post_norm=get(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
+                    down=get(m + "down_proj.weight"),
+                )
+            )
+        self.norm = get("model.norm.weight")
+        bar.close()
+        self._letters: dict[tuple[int, ...], torch.Tensor] = {}
+        self.load_seconds = time.perf_counter() - started
+
+    def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
+        """[16, hidden] f32: the LM-head rows of the letters as the compute dtype holds them, zero past the letters.
+        Only these rows are read (from the memory map), never the whole head."""
+        if letter_ids not in self._letters:
+            if len(letter_ids) > READOUT_LETTERS:
+                raise ValueError(f"{len(letter_ids)} letters > {READOUT_LETTERS} readout columns")
+            f, key = self._index["lm_head.weight"]
+            kind, array = f.tensor(key)
+            rows = np.asarray(array[list(letter_ids)])
+            rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
+            head = torch.zeros(READOUT_LETTERS, self.cfg.hidden_size)
+            head[: len(letter_ids)] = torch.from_numpy(rows).to(self.dtype).float()
+            self._letters[letter_ids] = head.to(self.device)
+        return self._letters[letter_ids]

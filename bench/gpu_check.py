@@ -1,0 +1,379 @@
+"""One script that proves the GPU path's invariance and measures its speed on an NVIDIA GPU (cuda-path.md §8.2).
+
+    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/log.txt
+
+Phases (each with its own deadline; results appended to $OUT/gpu_check.json after every phase, so a timeout still
+returns data): P0 environment and ceilings, P1 GEMM engines, P2 attention, P3 whole model on mini / 4.5B / max
+shapes with synthetic weights, P4 the summary table against the anchors and the physical limit. Needs only the
+image's torch and triton and this repository. `--cpu-dry-run` runs every phase at toy sizes under the Triton
+interpreter (with the order-fixed dot), so GPU minutes are never spent on a script bug; `make test` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (hidden, intermediate, layers, heads, kv heads) per model shape (cuda-path.md §1)
+SHAPES = {"mini": (1536, 8960, 32, 12, 2), "4.5B": (2048, 11008, 60, 16, 2), "max": (4096, 14336, 50, 32, 8)}
+TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
+# H100 single decision, ms: upstream / basal-rs (cuda-path.md §1), and the H200 targets of issue 10
+ANCHORS = {"mini": (4.8, 6.2, 2.5), "4.5B": (9.8, 13.2, 6.0), "max": (14.5, 17.5, 11.0)}
+DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 110, "P4": 5}
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="output folder (gpu_check.json, gemm_engines.json)")
+    p.add_argument("--phases", default="0,1,2,3,4", help="comma-separated phase numbers to run")
+    p.add_argument("--cpu-dry-run", action="store_true", help="toy sizes under the Triton interpreter, on the CPU")
+    p.add_argument("--sizes", default="mini,4.5B,max", help="model shapes for P3")
+    return p.parse_args()
+
+
+class Report:
+    """The JSON file, rewritten after every phase."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path, self.data = path, {"meta": meta, "phases": {}}
+        self.write()
+
+    def phase(self, name: str, result: dict, seconds: float) -> None:
+        result["seconds"] = round(seconds, 2)
+        result["over_deadline"] = seconds > DEADLINES[name] * (1 if not self.data["meta"]["dry_run"] else 100)
+        self.data["phases"][name] = result
+        self.write()
+        print(f"[{name}] {seconds:.1f} s: {json.dumps(result)[:600]}", flush=True)
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def cuda_timer(fn, repeats: int, device) -> list[float]:
+    """ms per call: CUDA events on a GPU, perf_counter on the CPU."""
+    import torch
+
+    out = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+# -- P0 -------------------------------------------------------------------------------------------------------
+
+
+def phase_env(device, dry: bool) -> dict:
+    import torch
+
+    from basal.backends.cuda.gpu.environment import versions
+
+    res = {"versions": versions(device)}
+    if device.type == "cuda":
+        import subprocess
+
+        smi = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK"], capture_output=True, text=True, timeout=5)
+        res["clocks"] = smi.stdout[-1500:]
+    n = (1 << 16) if dry else (1 << 29)  # f16 elements: 1 GiB on the GPU
+    src = torch.randn(n, device=device).half()
+    dst = torch.empty_like(src)
+    ms = statistics.median(cuda_timer(lambda: dst.copy_(src), 3 if dry else 10, device))
+    res["copy_TBps"] = 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
+    m = 256 if dry else 8192
+    a, b = torch.randn(m, m, device=device).half(), torch.randn(m, m, device=device).half()
+    if not dry:
+        ms = statistics.median(cuda_timer(lambda: torch.mm(a, b), 10, device))
+        res["mm_TFLOPs"] = 2 * m**3 / (ms * 1e-3) / 1e12
+    return res
+
+
+# -- P1 -------------------------------------------------------------------------------------------------------
+
+
+def gemm_shapes(hidden: int, inter: int, heads: int, kv: int, head_dim: int = 128) -> list[tuple[int, int]]:
+    return [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+
+
+def phase_gemm(device, dry: bool, out: Path) -> dict:
+    import torch
+
+    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import triton_gemm
+    from basal.backends.cuda.gpu.environment import versions
+    from basal.backends.cuda.gpu.kernel_configs import GEMM_REGIMES
+
+    if dry:
+        shapes, counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
+    else:
+        shapes = [s for v in SHAPES.values() for s in gemm_shapes(v[0], v[1], v[3], v[4])]
+        counts, engines = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192], et.PREFERENCE
+    table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, None)
+    res = {"shapes": {}, "tri_configs_equal": {}}
+    g = torch.Generator().manual_seed(1)
+    for entry in table.shapes:
+        n, k = entry.n, entry.k
+        x = torch.randn(max(counts), k, generator=g).half().to(device)
+        w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
+        configs = [t for regime in GEMM_REGIMES.values() for t in regime]
+        bits = {t.name: triton_gemm.linear(x, w, tiles=t).view(torch.int16).cpu().numpy().tobytes() for t in configs}
+        res["tri_configs_equal"][f"{n}x{k}"] = len(set(bits.values())) == 1
+        timings = {}
+        for name in engines:
+            for m in [16, 128] if dry else [16, 128, 512, 2048, 8192]:
+                ms = et.time_engine(et.ENGINES[name], x, w, m, repeats=3 if dry else 20)
+                bytes_moved = 2 * (n * k + m * k + m * n)
+                timings[f"{name}@{m}"] = {"ms": ms, "TBps": bytes_moved / (ms * 1e-3) / 1e12}
+                timings[f"{name}@{m}"]["TFLOPs"] = 2 * m * n * k / (ms * 1e-3) / 1e12
+        res["shapes"][f"{n}x{k}"] = {
+            "engine": entry.engine,
+            "candidates": {c: vars(v) for c, v in entry.candidates.items()},
+            "timings": timings,
+        }
+    table.save(out / "gemm_engines.json")
+    return res
+
+
+# -- P2 -------------------------------------------------------------------------------------------------------
+
+
+def phase_attention(device, dry: bool) -> dict:
+    """alone = tree = readout-only = regrouped for the three head layouts and both precisions; error vs f64."""
+    import torch
+
+    from basal.backends.cuda.gpu.kernel_configs import ATTENTION
+    from basal.backends.cuda.gpu.triton_attention import tree_attention
+    from tests.gpu.interpreter.trees import layout, plan_tensors, random_chain, reference
+
+    layouts = {"G6": (6, 1), "G8": (8, 1), "G4": (8, 2)} if dry else {"mini": (12, 2), "4.5B": (16, 2), "max": (32, 8)}
+    dim = 16 if dry else 128
+    res = {}
+    for precision, cfg in ATTENTION.items():
+        bn = cfg.bn
+        prefixes = [1, bn + 1] if dry else [1, bn - 1, bn, bn + 1, 2 * bn + 5, 137]
+        for name, (heads, kv) in layouts.items():
+            worst, equal = 0.0, True
+            for keys in prefixes:
+                n, cached = keys + 1, min(5, keys)
+                dt = torch.float16
+                chain = random_chain(
+                    n, cached, heads, kv, dim, seed=keys, dtype=torch.float32 if precision == "f32" else dt
+                )
+                outs = []
+                for cuts, sibs, ro in (
+                    ([], [], False),
+                    ([max(cached + 1, n - 3)], [3], False),
+                    ([max(cached + 1, n - 3)], [3], True),
+                ):
+                    cuts = [c for c in cuts if c < n]
+                    batch, q, k, v, row_of = layout(chain, cuts, sibs, seed=keys)
+                    row = row_of[n - 1]
+                    tiles, count, ranges = plan_tensors(batch, cached, cfg.tokens_per_tile(heads // kv), ro, row)
+                    att = torch.float32 if precision == "f32" else dt
+                    pk = chain.k[:cached].to(att) if cached else torch.zeros(1, kv, dim, dtype=att)
+                    pv = chain.v[:cached].to(dt) if cached else torch.zeros(1, kv, dim, dtype=dt)
+                    o = torch.zeros(q.shape[0], heads, dim, dtype=dt, device=device)
+                    args = [t.to(device) for t in (q.to(att), k.to(att), v.to(dt), pk, pv)]
+                    tree_attention(*args, o, tiles.to(device), count.to(device), ranges.to(device), cfg)
+                    outs.append(o[row].cpu())
+                equal &= all(torch.equal(outs[0].view(torch.int16), x.view(torch.int16)) for x in outs[1:])
+                worst = max(worst, float((outs[0].double() - reference(chain, n - 1)).abs().max()))
+            res[f"{precision}/{name}"] = {"bitwise_equal": equal, "max_abs_error_vs_f64": worst}
+    return res
+
+
+# -- P3 -------------------------------------------------------------------------------------------------------
+
+
+def synthetic_backend(size: str, device, dry: bool):
+    """A GpuBackend over distinct random f16 weights per layer, made on the device (no checkpoint on disk)."""
+    import torch
+
+    from basal.backends.cuda.gpu.backend import GpuBackend
+    from basal.backends.cuda.gpu.weights_direct import DeviceLayer, DeviceWeights
+    from basal.core.model_dir import LlamaConfig
+
+    hidden, inter, layers, heads, kv = (TOY | SHAPES)[size]
+    hd = 16 if dry else 128
+    cfg = LlamaConfig(hidden, inter, layers, heads, kv, hd, 64 if dry else 32000, 1e-5, 1e6, 8192, False)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rand(*shape, scale=None):
+        return (torch.randn(shape, generator=g, device=device) * (scale or shape[-1] ** -0.5)).half()
+
+    w = DeviceWeights.__new__(DeviceWeights)
+    w.cfg, w.dtype, w.device, w._letters, w.load_seconds = cfg, torch.float16, device, {}, 0.0
+    w.embed = rand(cfg.vocab_size, hidden, scale=1.0)
+    w.layers = [
+        DeviceLayer(
+            torch.ones(hidden, device=device).half(),
+            rand((heads + 2 * kv) * hd, hidden),
+            rand(hidden, heads * hd),
+            torch.ones(hidden, device=device).half(),
+            rand(2 * inter, hidden),
+            rand(hidden, inter),
+        )
+        for _ in range(layers)
+    ]
+    w.norm = torch.ones(hidden, device=device).half()
+    head = torch.zeros(16, hidden, device=device)
+    head[:10] = rand(10, hidden).float()
+    w.letter_rows = lambda ids: head
+    return GpuBackend(None, "f16", device, weights=w, arena_tokens=64 if dry else 8192, progress=False)
+
+
+def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: int, vocab: int):
+    from basal.core.tree import TokenizedQuestion
+
+    out = []
+    for _ in range(n):
+        state = tuple(rng.randrange(vocab) for _ in range(state_len))
+        tail = [tuple(rng.randrange(vocab) for _ in range(6)) for _ in range(2)]
+        out.append(TokenizedQuestion("en", str(state), tuple(prefix + state + t for t in tail)))
+    return out
+
+
+def phase_model(device, dry: bool, sizes: list[str]) -> dict:
+    import torch
+
+    from basal.core.compute import run_to_end
+    from basal.core.tree import plan_forwards
+
+    res = {}
+    for size in sizes:
+        started = time.perf_counter()
+        be = synthetic_backend(size, device, dry)
+        rng = random.Random(0)
+        vocab = be.weights.cfg.vocab_size
+        prefix = tuple(rng.randrange(vocab) for _ in range(10 if dry else 66))
+        be.prefix("en", prefix)
+        letters = list(range(10))
+        single = questions(1, rng, prefix, 8 if dry else 100, vocab)
+        others = questions(1 if dry else 15, rng, prefix, 8 if dry else 100, vocab)
+        (fwd,) = plan_forwards(single, letters, {"en": prefix})
+        eager = run_to_end(be.run(fwd.batch))  # first use: eager
+        graph = run_to_end(be.run(fwd.batch))  # second use: captured, then replayed (CUDA)
+        replay = run_to_end(be.run(fwd.batch))
+        bigger = run_to_end(be.run(fwd.batch, pad_to=2 * fwd.batch.n_tokens + 64))
+        (batched,) = plan_forwards(single + others, letters, {"en": prefix})
+        in_batch = run_to_end(be.run(batched.batch))
+        row = batched.readout_of[(0, 0)]
+        same = {
+            "eager=graph": eager.tobytes() == graph.tobytes() == replay.tobytes(),
+            "=bigger_bucket": eager.tobytes() == bigger.tobytes(),
+            "=in_batch": eager[fwd.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
+        }
+        ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
+        big = questions(2 if dry else 16, rng, prefix, 8 if dry else 100, vocab)
+        (tp,) = plan_forwards(big, letters, {"en": prefix})
+        tp_ms = statistics.median(cuda_timer(lambda b=tp.batch, be=be: run_to_end(be.run(b)), 1 if dry else 10, device))
+        res[size] = {
+            "bitwise": same,
+            "single_tokens": int(fwd.batch.n_tokens),
+            "single_ms_median": statistics.median(ms),
+            "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
+            "throughput_tokens": int(tp.batch.n_tokens),
+            "decisions_per_s": len(big) / (tp_ms * 1e-3),
+            "engines": {f"{s.n}x{s.k}": s.engine for s in be.table.shapes},
+            "max_abs_logit": float(abs(eager).max()),
+            "seconds": time.perf_counter() - started,
+        }
+        del be
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+# -- P4 -------------------------------------------------------------------------------------------------------
+
+
+def summary(report: dict, copy_tbps: float | None) -> str:
+    lines = ["", "size   single ms (p90)   H100 upstream / basal-rs   H200 target   floor @copy BW   bitwise"]
+    weights_gb = {"mini": 3.0, "4.5B": 9.25, "max": 21.8}
+    for size, r in report.get("P3", {}).items():
+        if not isinstance(r, dict) or "bitwise" not in r:
+            continue
+        up, rs, target = ANCHORS.get(size, (float("nan"),) * 3)
+        floor = weights_gb.get(size, 0) / copy_tbps if copy_tbps else float("nan")
+        ok = "yes" if all(r["bitwise"].values()) else f"NO {r['bitwise']}"
+        lines.append(
+            f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
+            f"                {target:5.1f}         {floor:6.2f} ms      {ok}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = parse()
+    if args.cpu_dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+        from basal.backends.cuda.gpu.interpreter_patches import patch_interpreter
+
+        patch_interpreter()
+    import torch
+
+    from basal.backends.cuda.gpu.environment import apply_invariant_settings
+
+    device = torch.device("cpu" if args.cpu_dry_run else "cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("no CUDA device: run with --cpu-dry-run on a machine without a GPU", file=sys.stderr)
+            return 2
+        apply_invariant_settings()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out / "gpu_check.json", {"dry_run": args.cpu_dry_run, "argv": sys.argv[1:]})
+    phases = {int(p) for p in args.phases.split(",")}
+    sizes = ["toy"] if args.cpu_dry_run else args.sizes.split(",")
+    steps = [
+        (0, "P0", lambda: phase_env(device, args.cpu_dry_run)),
+        (1, "P1", lambda: phase_gemm(device, args.cpu_dry_run, args.out)),
+        (2, "P2", lambda: phase_attention(device, args.cpu_dry_run)),
+        (3, "P3", lambda: phase_model(device, args.cpu_dry_run, sizes)),
+    ]
+    failed = False
+    with torch.inference_mode():
+        for number, name, run in steps:
+            if number not in phases:
+                continue
+            started = time.perf_counter()
+            try:
+                result = run()
+            except Exception as e:  # a phase's failure is data: record it, go on with the next phase
+                result, failed = {"error": f"{type(e).__name__}: {e}"}, True
+            report.phase(name, result, time.perf_counter() - started)
+    if 4 in phases:
+        started = time.perf_counter()
+        text = summary(report.data["phases"], report.data["phases"].get("P0", {}).get("copy_TBps"))
+        report.phase("P4", {"table": text}, time.perf_counter() - started)
+        print(text)
+    bitwise_ok = all(
+        all(r["bitwise"].values())
+        for r in report.data["phases"].get("P3", {}).values()
+        if isinstance(r, dict) and "bitwise" in r
+    )
+    attention = report.data["phases"].get("P2", {}).values()
+    attention_ok = all(r.get("bitwise_equal", True) for r in attention if isinstance(r, dict))
+    return 1 if failed or not bitwise_ok or not attention_ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""bench/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are never
+spent on a script bug; the toy model must be bitwise eager = graph = bigger bucket = in a batch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (Linux only)")
+def test_gpu_check_dry_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)  # the script sets it itself, before importing triton
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(report["phases"]) == {"P0", "P1", "P2", "P3", "P4"}
+    assert all(r["bitwise_equal"] for k, r in report["phases"]["P2"].items() if "/" in k)
+    assert all(report["phases"]["P3"]["toy"]["bitwise"].values())
+    assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]

@@ -1,0 +1,170 @@
+"""The GPU path's host side, in plain Python (runs everywhere, no Triton): buckets, the tile plan and its blob,
+staging slots, the graph policy and the GEMM engine table (cuda-path.md §8.1 c)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu.buckets import (
+    READOUT_BUCKETS,
+    TOKEN_BUCKETS,
+    long_lane_chunks,
+    probed_row_counts,
+    readout_bucket,
+    token_bucket,
+)
+from basal.backends.cuda.gpu.graphs import GraphCache
+from basal.backends.cuda.gpu.readback import StagingSlots, numpy_buffers
+from basal.core.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
+from basal.core.tree import TokenizedQuestion, plan_forwards
+
+
+def test_token_buckets():
+    assert all(b % 16 == 0 for b in TOKEN_BUCKETS)
+    assert all(b2 <= 1.5 * b1 for b1, b2 in itertools.pairwise(TOKEN_BUCKETS))
+    assert [token_bucket(n) for n in (1, 32, 33, 114, 180, 8192)] == [32, 32, 48, 128, 192, 8192]
+    assert token_bucket(8193) == 9216 and token_bucket(20000) == 20480
+    assert [readout_bucket(r) for r in (1, 2, 4, 5, 1024, 1025)] == [4, 4, 4, 16, 1024, 2048]
+    with pytest.raises(ValueError):
+        token_bucket(0)
+
+
+def test_every_long_lane_chunk_is_a_probed_row_count():
+    probed = set(probed_row_counts())
+    assert set(TOKEN_BUCKETS) | set(READOUT_BUCKETS) <= probed
+    for rows in (9216, 16384, 20480, 31744):
+        chunks = long_lane_chunks(rows)
+        assert sum(chunks) == rows and set(chunks) <= probed
+
+
+def _batch():
+    q = TokenizedQuestion("en", "s", ((1, 2, 3, 4, 5, 6), (1, 2, 3, 9, 8), (1, 2, 7)))
+    r = TokenizedQuestion("pl", "t", ((5, 5, 5, 1), (5, 5, 6)))
+    (forward,) = plan_forwards([q, r], [40, 41], {"en": (1, 2), "pl": (5,)})
+    return forward.batch
+
+
+def test_tile_plan_covers_every_token_once_without_mixing_blocks():
+    batch = _batch()
+    plan = plan_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=2)
+    covered = []
+    for q0, nq, pos0, block in plan.tiles:
+        assert 1 <= nq <= 2 and batch.positions[q0] == pos0
+        assert all(batch.block_of[q0 + i] == block and batch.positions[q0 + i] == pos0 + i for i in range(nq))
+        covered += range(q0, q0 + nq)
+    assert sorted(covered) == list(range(batch.n_tokens))
+    assert [tuple(t) for t in plan.readout_tiles[:, :2]] == [(int(r), 1) for r in batch.readouts]
+
+
+def test_chain_ranges_map_every_position_to_its_key_row():
+    batch = _batch()
+    prefix_rows = {"en": (0, 2), "pl": (2, 1)}
+    plan = plan_tiles(batch, prefix_rows, tokens_per_tile=4)
+    for b in range(len(batch.block_start)):
+        chain = batch.chain(b)
+        expected = []  # (buffer, row) of positions 0 .. end of block b
+        key = batch.prefix_keys[batch.block_prefix[chain[0]]]
+        expected += [(0, prefix_rows[key][0] + i) for i in range(prefix_rows[key][1])]
+        for c in chain:
+            expected += [(1, batch.block_start[c] + i) for i in range(batch.block_len[c])]
+        ranges = plan.ranges[b]
+        used = ranges[ranges[:, 0] != NO_RANGE, 0]
+        assert len(used) == len(chain) + 1 and np.all(np.diff(used) > 0)  # the prefix range, then the chain
+        for kp, want in enumerate(expected):
+            r = max(i for i in range(len(ranges)) if ranges[i, 0] <= kp)
+            assert (ranges[r, 1], ranges[r, 2] + kp - ranges[r, 0]) == want
+
+
+def test_blob_round_trip_and_no_stale_fields():
+    batch = _batch()
+    plan = plan_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
+    layout = BlobLayout(32, 16, tile_capacity(32, 3))
+    blob = np.full(layout.size, 77, dtype=np.int32)
+    pack_blob(batch, plan, layout, blob)
+    back = unpack_blob(blob, layout)
+    assert np.array_equal(back["tokens"], batch.tokens) and np.array_equal(back["positions"], batch.positions)
+    assert np.array_equal(back["tiles"], plan.tiles) and np.array_equal(back["readouts"], batch.readouts)
+    assert np.array_equal(back["ranges"][: len(plan.ranges)], plan.ranges)
+    assert np.all(back["ranges"][len(plan.ranges) :] == 0) and 77 not in blob
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_blob(batch, plan, BlobLayout(16, 4, 100))
+
+
+class FakeEvent:
+    def __init__(self):
+        self.done = False
+
+    def record(self, stream=None):
+        self.done = False
+
+    def query(self):
+        return self.done
+
+
+def test_staging_slots_rotate_and_wait_for_their_event():
+    events = []
+
+    def make_event():
+        events.append(FakeEvent())
+        return events[-1]
+
+    slots = StagingSlots(lambda n: numpy_buffers(n, 4), make_event, n=2)
+    a, b = slots.acquire(100), slots.acquire(100)
+    assert a.index != b.index and slots.acquire(100) is None  # both in flight
+    a.event.record()
+    with pytest.raises(RuntimeError, match="before its copy"):
+        slots.release(a)
+    a.event.done = True
+    slots.release(a)
+    assert slots.acquire(50) is a
+    assert slots.acquire(200) is None  # growing waits until every slot is back
+    b.event.done = True
+    slots.release(b)
+    a.event.done = True
+    slots.release(a)
+    grown = slots.acquire(200)
+    assert grown is not None and len(grown.blob) == 200
+
+
+def test_graphs_are_captured_on_the_second_use_and_evicted_lru():
+    cache = GraphCache(max_graphs=2)
+    assert cache.step("a") == "eager" and cache.step("a") == "capture"
+    cache.add("a", "graph-a")
+    assert cache.step("a") == "replay"
+    for key in ("b", "c"):
+        cache.step(key)
+        cache.step(key)
+        cache.add(key, key)
+    assert "a" not in cache.graphs and cache.step("a") == "eager"  # evicted, starts over
+
+
+def _table(engine_ms):
+    cands = {n: et.Candidate(ok, ms) for n, (ok, ms) in engine_ms.items()}
+    return et.EngineTable({"gpu": "H200", "dtype": "f16"}, [32, 64], [et.ShapeEntry(64, 128, et.choose(cands), cands)])
+
+
+def test_engine_choice():
+    assert et.choose({"lt": et.Candidate(True, 0.02), "tri": et.Candidate(True, 0.03)}) == "lt"
+    assert et.choose({"lt": et.Candidate(True, 0.05), "tri": et.Candidate(True, 0.03)}) == "tri"
+    assert et.choose({"lt": et.Candidate(False, None), "tri": et.Candidate(True, None)}) == "tri"
+    with pytest.raises(RuntimeError, match="no GEMM engine"):
+        et.choose({"lt": et.Candidate(False), "tri": et.Candidate(False)})
+
+
+def test_engine_table_round_trip_and_staleness(tmp_path):
+    table = _table({"lt": (True, 0.02), "tri": (True, 0.03)})
+    path = tmp_path / "gemm_engines-f16.json"
+    table.save(path)
+    loaded, why = et.load_table(path, {"gpu": "H200", "dtype": "f16"})
+    assert why == "current" and loaded.engine(64, 128) == "lt" and loaded.to_json() == table.to_json()
+    stale, why = et.load_table(path, {"gpu": "H200", "dtype": "f16", "driver": "590.1"})
+    assert stale is None and why.startswith("stale: driver")
+    assert et.load_table(tmp_path / "none.json", {})[0] is None
+    with pytest.raises(KeyError, match="not probed"):
+        loaded.engine(1, 2)
+    assert "-> lt" in "\n".join(et.describe(loaded, why))
+    assert et.table_key({"gpu": "x"}, "bf16") == {"gpu": "x", "dtype": "bf16"}
