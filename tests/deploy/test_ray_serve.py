@@ -97,6 +97,19 @@ def test_a_state_stays_on_its_replica_and_states_spread(ray_url):
     assert len({replica(state, 0) for state in LONG}) == 2  # 16 states on 2 replicas: both get some
 
 
+def test_a_saturated_preferred_replica_spills_to_the_other(ray_url):
+    """32 requests about one state at once: past `router_max_queue` (8) in flight on the state's replica, the
+    router sends the rest to the less loaded of two."""
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Pytanie {i}?"} for i in range(20)}
+    body = {"model": MODEL, "state": LONG[5], "questions": questions}
+    with ThreadPoolExecutor(32) as pool:
+        responses = list(pool.map(lambda _: httpx.post(ray_url + "/v1/systemone", json=body, timeout=180), range(32)))
+    assert all(r.status_code == 200 for r in responses)
+    answers = {r.text for r in responses}
+    assert len(answers) == 1  # the same answer from either replica
+    assert len({r.headers["x-basal-replica"] for r in responses}) == 2
+
+
 def test_the_fronts_inflight_limit_answers_529(cluster):
     tight = RayEngines(cluster.engines, cluster.default, max_inflight=1)
     body = {
