@@ -40,7 +40,7 @@ def percentile(xs: list[float], q: float) -> float:
 # short requests behind a long document
 
 
-def short_behind_long(layers: int, long_words: int, shorts_idle: int) -> dict:
+def short_behind_long(layers: int, long_words: int, shorts_idle: int, interval_s: float = 0.25) -> dict:
     from basal.backends.cuda.backend import TorchBackend
     from basal.core.contract import parse_systemone
     from basal.core.engine import Engine, Engines, EngineSettings
@@ -81,7 +81,7 @@ def short_behind_long(layers: int, long_words: int, shorts_idle: int) -> dict:
         while not long_task.done():
             tasks.append(asyncio.create_task(one(f"during{i}")))
             i += 1
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(interval_s)
         long_s = time.perf_counter() - t0
         during = list(await asyncio.gather(*tasks))
         return idle, during, long_s
@@ -91,6 +91,7 @@ def short_behind_long(layers: int, long_words: int, shorts_idle: int) -> dict:
     return {
         "bench": "short-behind-long",
         "layers": layers,
+        "interval_s": interval_s,
         "long_packed_tokens": long_cost,
         "long_s": round(long_s, 2),
         "idle_p50_s": round(percentile(idle, 0.5), 3),
@@ -221,12 +222,15 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--long-words", type=int, default=260, help="state of the long document, in 8-word phrases")
     p.add_argument("--shorts-idle", type=int, default=20)
+    p.add_argument(
+        "--interval", type=float, default=0.25, help="seconds between short requests while the long one runs"
+    )
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--max-inflight", type=int, default=8)
     a = p.parse_args()
     if a.bench == "short-behind-long":
-        print(json.dumps(short_behind_long(a.layers, a.long_words, a.shorts_idle)))
+        print(json.dumps(short_behind_long(a.layers, a.long_words, a.shorts_idle, a.interval)))
     else:
         print(json.dumps(retry_storm(a.clients, a.seconds, a.max_inflight)))
 
