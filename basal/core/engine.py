@@ -308,16 +308,14 @@ class Engine:
                 lane.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class Engines:
-    """Every model the process serves: one gate, one in-flight limit, one planning pool."""
+class InflightLimit:
+    """The process's `max_inflight` places and its shutdown state; the HTTP layer takes a place per request.
+    Shared by `Engines` and the Ray front (`basal.deploy.ingress.RayEngines`)."""
 
-    def __init__(
-        self, engines: dict[str, Engine], default: str, metrics: Metrics, max_inflight: int = 1024, planners: int = 2
-    ):
-        self.engines, self.default, self.metrics, self.max_inflight = engines, default, metrics, max_inflight
+    def __init__(self, max_inflight: int):
+        self.max_inflight = max_inflight
         self._inflight = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
         self.closed = False
         self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
 
@@ -325,13 +323,9 @@ class Engines:
     def inflight(self) -> int:
         return self._inflight
 
-    def start(self) -> None:
-        for engine in self.engines.values():
-            engine.start()
-
-    def ready(self) -> bool:
-        """Every model can answer (its lanes run); /health reports it."""
-        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
+    def begin_drain(self) -> None:
+        """Shutdown has begun: refuse new requests (503), let /health say "draining", finish what runs."""
+        self.draining = True
 
     @contextmanager
     def slot(self) -> Iterator[None]:
@@ -348,6 +342,25 @@ class Engines:
         finally:
             with self._lock:
                 self._inflight -= 1
+
+
+class Engines(InflightLimit):
+    """Every model the process serves: one gate, one in-flight limit, one planning pool."""
+
+    def __init__(
+        self, engines: dict[str, Engine], default: str, metrics: Metrics, max_inflight: int = 1024, planners: int = 2
+    ):
+        super().__init__(max_inflight)
+        self.engines, self.default, self.metrics = engines, default, metrics
+        self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
+
+    def start(self) -> None:
+        for engine in self.engines.values():
+            engine.start()
+
+    def ready(self) -> bool:
+        """Every model can answer (its lanes run); /health reports it."""
+        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     async def run(
         self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
@@ -391,10 +404,6 @@ class Engines:
             self.metrics.model_inflight.inc(engine.name, by=-1)
             if chars > TRIM_AFTER_CHARS:
                 loop.run_in_executor(self._pool, release_free_memory)
-
-    def begin_drain(self) -> None:
-        """Shutdown has begun: refuse new requests (503), let /health say "draining", finish what runs."""
-        self.draining = True
 
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
         """Stop taking requests; finish (drain) or fail what is queued; stop the lanes. `abandon`: running

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from basal.core.contract import DecisionRequest
-from basal.core.engine import Cancelled, EngineClosed, Overloaded, Result
+from basal.core.engine import Cancelled, EngineClosed, InflightLimit, Result
 from basal.core.metrics import Metrics
 from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
 from basal.deploy.replica import ReplicaAnswer
@@ -30,7 +28,7 @@ POLL_S = 0.05  # how often a waiting call checks whether its client went away
 RETRYABLE = (RayActorError, ActorUnavailableError)
 
 
-class RayEngines:
+class RayEngines(InflightLimit):
     """Deployment handles by served model name, behind the interface of `Engines`."""
 
     def __init__(
@@ -41,19 +39,12 @@ class RayEngines:
         affinity_min_chars: int = AFFINITY_MIN_CHARS,
         ready: Callable[[], bool] = lambda: True,
     ):
-        self.engines, self.default, self.max_inflight = handles, default, max_inflight
+        super().__init__(max_inflight)
+        self.engines, self.default = handles, default
         self.metrics = Metrics(max_inflight)
         self.affinity_min_chars = affinity_min_chars
         self._ready = ready
-        self._inflight = 0
-        self._lock = threading.Lock()
-        self.closed = False
-        self.draining = False
         self.retries = 0
-
-    @property
-    def inflight(self) -> int:
-        return self._inflight
 
     def start(self) -> None:
         """Replicas are started by Ray Serve before the front listens."""
@@ -61,26 +52,8 @@ class RayEngines:
     def ready(self) -> bool:
         return self._ready()
 
-    def begin_drain(self) -> None:
-        self.draining = True
-
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
         self.closed = True
-
-    @contextmanager
-    def slot(self) -> Iterator[None]:
-        """As `Engines.slot`: taken before the body is read."""
-        with self._lock:
-            if self.closed or self.draining:
-                raise EngineClosed("the server is shutting down")
-            if self._inflight >= self.max_inflight:
-                raise Overloaded()
-            self._inflight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._inflight -= 1
 
     async def run(
         self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
