@@ -102,14 +102,19 @@ def api_settings(config: ServeConfig) -> ApiSettings:
 
 
 def serve(config: ServeConfig) -> None:
-    engines = build_engines(config)
+    listen(build_engines(config), config)
+
+
+def listen(engines: Engines, config: ServeConfig, where: str = "") -> None:
+    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
     app = create_app(engines, api_settings(config))
     log.info(
-        "basal listening on http://%s:%d (models: %s; default %s)",
+        "basal listening on http://%s:%d (models: %s; default %s)%s",
         config.host,
         config.port,
         ", ".join(engines.engines),
         engines.default,
+        where,
     )
     uvicorn_config = server_config(
         app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"

@@ -115,23 +115,11 @@ def serve_ray(config: ServeConfig) -> None:
     """`basal serve --ray`: the HTTP front here, the engines on Ray; a local Ray is shut down on exit."""
     from ray import serve
 
-    from basal.api.app import create_app
-    from basal.api.listener import DrainingServer, server_config
-    from basal.server import api_settings
+    from basal.server import listen
 
     engines = start(config)
-    app = create_app(engines, api_settings(config))
-    log.info(
-        "basal front on http://%s:%d; replicas on Ray Serve (models: %s)",
-        config.host,
-        config.port,
-        ", ".join(engines.engines),
-    )
     try:
-        front = server_config(
-            app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
-        )
-        DrainingServer(front, engines, config.shutdown_grace_s).run()
+        listen(engines, config, "; replicas on Ray Serve")
     finally:
         if (config.ray or RayConfig()).address is None:
             serve.shutdown()
