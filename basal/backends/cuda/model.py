@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -240,8 +241,11 @@ class TreeLlama:
         self.prefix_kv[key] = kv
 
 
-def inference_steps(steps: Generator[None, None, np.ndarray]) -> Generator[None, None, np.ndarray]:
-    """Run each step of `steps` in torch inference mode and pause outside it."""
+T = TypeVar("T")
+
+
+def inference_steps(steps: Generator[None, None, T]) -> Generator[None, None, T]:
+    """Run each step of `steps` in torch inference mode and pause outside it (CPU and GPU models)."""
     while True:
         with torch.inference_mode():
             try:

@@ -23,6 +23,7 @@ from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
+from basal.backends.cuda.model import inference_steps
 from basal.core.model_dir import ModelDir
 from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
 from basal.core.tree import PackedBatch, single_prompt_batch
@@ -186,14 +187,8 @@ class GpuBackend:
             self.slots.release(slot)
 
     def _eager(self, buffers: Buffers, meta, letter_rows, n_letters, on_kv) -> Generator[None, None, torch.Tensor]:
-        steps = self.net.forward(buffers, meta, letter_rows, n_letters, on_kv)
-        while True:
-            with torch.inference_mode():
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    return done.value
-            yield
+        """Layer by layer, pausing outside inference mode (the long lane's path)."""
+        return (yield from inference_steps(self.net.forward(buffers, meta, letter_rows, n_letters, on_kv)))
 
     def _graph(self, step: str, key, buffers: Buffers, meta, letter_rows, n_letters) -> torch.Tensor:
         def run_all() -> torch.Tensor:
