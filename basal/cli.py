@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from basal import __version__
+from basal.core.gate import DEFAULT_LONG_SHARE
 from basal.core.limits import DEFAULT_LIMITS, Limits
 
 
@@ -182,6 +183,7 @@ def _serve(a: argparse.Namespace) -> int:
                 "addr": a.addr,
                 "max_inflight": a.max_inflight,
                 "long_slice_ms": a.long_slice_ms,
+                "long_share": a.long_share,
                 "release_date": a.release_date,
                 "metrics": a.metrics,
                 "api_keys": a.api_key or [],
@@ -387,6 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--schedule", default="hrrn", choices=["hrrn", "fifo"])
     v.add_argument("--long-tokens", type=int, default=4096, help="long-lane threshold in packed tokens (0: none)")
     v.add_argument("--long-slice-ms", type=float, default=100.0)
+    v.add_argument(
+        "--long-share",
+        type=float,
+        default=DEFAULT_LONG_SHARE,
+        help="least share of device time the long lane gets while short requests keep coming (0: no floor)",
+    )
     v.add_argument("--tree-max-tokens", type=int, default=32768)
     v.add_argument("--no-prefix-cache", action="store_true")
     v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)

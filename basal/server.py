@@ -51,7 +51,7 @@ def model_directory(cfg: ModelConfig) -> ModelDir:
 def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> Engines:
     """Load every configured model (or the demo model) and wire its engine to the shared gate."""
     metrics = Metrics(config.max_inflight)
-    gate = Gate(config.long_slice_ms)
+    gate = Gate(config.long_slice_ms, config.long_share)
     if config.threads is not None:
         from basal.backends.cuda.threads import configure_threads
 
