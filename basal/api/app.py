@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAML: metrics: true)."
 
 
 def compute_info(engines: Engines, name: str) -> dict[str, object]:
@@ -42,11 +43,8 @@ def compute_info(engines: Engines, name: str) -> dict[str, object]:
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
     settings = settings or ApiSettings()
     names = list(engines.engines)
-    resolve = model_resolver(names, engines.default)
+    resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
     limits, keys = settings.limits, bool(settings.api_keys)
-
-    def systemone_model(name: str | None) -> str | None:
-        return resolve(name) if name is not None else None  # TypeSafe: "model" is required
 
     @post(
         "/v1/systemone",
@@ -59,7 +57,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
         return await decide(
-            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model, limits=limits)
+            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, resolve, limits=limits)
         )
 
     @post(
@@ -158,7 +156,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def metrics() -> Response:
         if not settings.metrics:
-            return Response({"detail": "Not Found"}, status_code=404, media_type="application/json")
+            return Response({"detail": METRICS_OFF}, status_code=404, media_type="application/json")
         return Response(engines.metrics.render(), media_type=METRICS_MEDIA_TYPE)
 
     async def shutdown() -> None:
