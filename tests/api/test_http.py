@@ -172,7 +172,8 @@ def test_metrics_are_opt_in(client, demo_model):
         assert series in text
     assert 'status="200"' in text and 'lane="main"' in text
     with TestClient(create_app(make_engines(demo_model), ApiSettings(metrics=False))) as off:
-        assert off.get("/metrics").status_code == 404
+        r = off.get("/metrics")
+        assert r.status_code == 404 and "start the server with basal serve --metrics" in r.json()["detail"]
 
 
 def test_api_keys(demo_model):
