@@ -18,7 +18,8 @@ from litestar.openapi.spec import Components, SecurityScheme
 from basal import __version__
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.handling import ApiSettings, check_auth, decide
-from basal.api.openapi import BEARER, decision_responses, documented, request_schema
+from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
+from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
 from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
@@ -49,7 +50,10 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     @post(
         "/v1/systemone",
         operation_class=documented(
-            decision_responses("systemone", SystemOneResponse, keys), request_schema(SystemOneRequest, limits), keys
+            decision_responses("systemone", SystemOneResponse, keys),
+            request_schema(SystemOneRequest, limits),
+            keys,
+            REQUEST_EXAMPLES["systemone"],
         ),
         status_code=200,
         summary="TypeSafe System One decisions",
@@ -63,7 +67,10 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     @post(
         "/v1/basal",
         operation_class=documented(
-            decision_responses("basal", BasalResponse, keys), request_schema(BasalRequest, limits), keys
+            decision_responses("basal", BasalResponse, keys),
+            request_schema(BasalRequest, limits),
+            keys,
+            REQUEST_EXAMPLES["basal"],
         ),
         status_code=200,
         summary="Decisions in the upstream basal-serve dialect",
@@ -171,7 +178,8 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         openapi_config=OpenAPIConfig(
             title="basal",
             version=__version__,
-            path="/schema",
+            path=SCHEMA_PATH,
+            render_plugins=schema_pages(),
             components=Components(
                 security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
                 if keys
