@@ -269,6 +269,10 @@ class _ShapeErrors:
         return True
 
 
+SYSTEMONE_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+MAX_KEYS_COMPARED = 64  # a missing field is compared with the body's first keys only (a body may have thousands)
+
+
 def _misspelled_as(field: str, raw: dict[str, Any]) -> str:
     """`` (the body has 'questons'; did you mean 'questions'?)`` for a missing top-level field, if a key is close."""
     unknown = [k[:MAX_KEY_CHARS] for k in itertools.islice(raw, MAX_KEYS_COMPARED) if k not in SYSTEMONE_BODY_KEYS]
@@ -395,8 +399,6 @@ def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
     return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
 
 
-SYSTEMONE_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
-MAX_KEYS_COMPARED = 64  # a missing field is compared with the body's first keys only (a body may have thousands)
 _COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
 _ALLOWED_KEYS = {
     "noul": _COMMON_KEYS,
