@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from basal.core.torch_file import TorchFileError, load_tensors, save_tensors
@@ -29,6 +30,18 @@ ANSWER_TOP = 3  # spans returned
 LN_EPS = 1e-5
 MASKED = np.float32(-1e9)
 _NAMES = ("ws", "us", "we", "ue", "bs", "be")
+
+
+class EvidenceSpan(msgspec.Struct):
+    """One span of the answer's `evidence` list: code-point offsets into the request's state text."""
+
+    text: str
+    start: int
+    end: int
+    probability: float
+
+
+Evidence = list[EvidenceSpan] | msgspec.UnsetType  # the answer field; unset (absent) unless the question asked
 
 
 @dataclass(frozen=True)
