@@ -19,10 +19,10 @@ import numpy as np
 
 from basal.core.errors import ModelDirError
 from basal.core.evidence import EvidenceHead, load_head
-from basal.core.torch_file import TorchFileError
 from basal.core.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.safetensors_io import SafetensorsFile
 from basal.core.tokenizer import Tokenizer
+from basal.core.torch_file import TorchFileError
 
 log = logging.getLogger(__name__)
 
