@@ -244,33 +244,37 @@ def plan_forwards(
     prefix, as upstream 1.0 packed): the baseline that shows what the tree saves.
     """
     prefixes = prefixes or {}
-    rows: list[tuple[str, list[int]]] = []  # (lang, question indices)
-    for lang in dict.fromkeys(q.lang for q in questions):
+
+    def cached(q: TokenizedQuestion) -> bool:  # a hidden row inside the cached prefix: that row computes it all
+        return q.lang in prefixes and (not q.hidden or q.hidden[0] >= len(prefixes[q.lang]))
+
+    rows: list[tuple[str, bool, list[int]]] = []  # (lang, uses the cached prefix, question indices)
+    for lang, use_prefix in dict.fromkeys((q.lang, cached(q)) for q in questions):
         state_rank: dict[str, int] = {}
         ordered = sorted(
-            (i for i, q in enumerate(questions) if q.lang == lang),
+            (i for i, q in enumerate(questions) if q.lang == lang and cached(q) == use_prefix),
             key=lambda i: state_rank.setdefault(questions[i].state, len(state_rank)),
         )
         size, current = TrieSize(), []
         for i in ordered:
             added = sum(size.added(p) for p in questions[i].prompts)
             if current and (size.tokens + added > tree_max_tokens or not share_across_questions):
-                rows.append((lang, current))
+                rows.append((lang, use_prefix, current))
                 size, current = TrieSize(), []
             for p in questions[i].prompts:
                 size.add(p)
             current.append(i)
         if current:
-            rows.append((lang, current))
+            rows.append((lang, use_prefix, current))
 
     forwards, group, group_tokens = [], [], 0
-    for lang, members in rows:
-        built = _build_row(questions, members, prefixes.get(lang, ()))
+    for lang, use_prefix, members in rows:
+        built = _build_row(questions, members, prefixes[lang] if use_prefix else ())
         n = len(built[0].tokens)
         if group and group_tokens + n > forward_max_tokens:
             forwards.append(_assemble(group, letter_ids))
             group, group_tokens = [], 0
-        group.append((lang if lang in prefixes else None, *built))
+        group.append((lang if use_prefix else None, *built))
         group_tokens += n
     if group:
         forwards.append(_assemble(group, letter_ids))
