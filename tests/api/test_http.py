@@ -88,9 +88,9 @@ def test_basal_dialect_defaults_model_and_answers_upstream_shape(client):
         ({"state": "x"}, 422, lambda b: [e["loc"] for e in b["detail"]] == [["body", "model"], ["body", "questions"]]),
         (b"{not json", 422, lambda b: b["detail"][0]["type"] == "json_invalid"),
         (
-            {**REQUEST, "questions": {"q": {"type": "noul", "instructions": "?", "evidence": True}}},
+            {**REQUEST, "questions": {"q": {"type": "choice", "criteria": {"only": None}, "evidence": True}}},
             422,
-            lambda b: b["error"] == "unsupported",
+            lambda b: b["error"] == "unsupported" and b["detail"][0]["msg"] == "evidence needs 2 to 10 options",
         ),
     ],
 )
