@@ -81,3 +81,4 @@ def test_evidence_rows_keep_the_logits_and_match_the_torch_cpu_rows(demo_model, 
     cpu_logits, cpu_states = run_to_end(cpu.run_with_hidden(batch))
     assert states.shape == cpu_states.shape == (len(batch.readouts) + 3, demo_model.config.hidden_size)
     assert np.abs(states - cpu_states).max() <= 1e-3 * max(1.0, float(np.abs(cpu_states).max()))
+    assert np.abs(logits - cpu_logits).max() <= 1e-3 * max(1.0, float(np.abs(cpu_logits).max()))
