@@ -24,7 +24,7 @@ def _digest(path) -> dict[str, str]:
 
 
 def test_same_seed_same_bytes_other_seed_other_weights(demo_dir, tmp_path):
-    again = synth_model(tmp_path / "again", "demo", seed=0)
+    again = synth_model(tmp_path / "again", "demo", seed=0, evidence_head=True)  # as the demo_dir fixture
     assert _digest(again) == _digest(demo_dir)
     other = synth_model(tmp_path / "other", "demo", seed=1)
     assert _digest(other)["model.safetensors"] != _digest(demo_dir)["model.safetensors"]
