@@ -192,3 +192,34 @@ def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
     want = best_spans(request.questions[0].item.state_text, found.rel, ls, le)
     got = msgspec.to_builtins(pipeline.respond(rounds, 0.0))["answers"]["q"]["evidence"]
     assert got == want and 1 <= len(got) <= 3
+
+
+def _full_matrix_spans(state, rel, ls, le):
+    """The selection written directly over the whole n×n matrix (the band shortcut of best_spans must agree)."""
+    n = len(ls)
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    scores = np.where((j >= i) & (j - i < 80), (ls[:, None] + le[None, :]).astype(np.float32), np.float32(-1e9))
+    flat, kept = scores.ravel(), []
+    for index in np.argsort(-flat, kind="stable")[: min(20, n * n)]:
+        a, b = rel[int(index) // n][0], rel[int(index) % n][1]
+        if all(b <= k["start"] or a >= k["end"] for k in kept):
+            kept.append(
+                {"text": state[a:b], "start": a, "end": b, "probability": float(np.exp(np.float64(flat[index])))}
+            )
+        if len(kept) == 5:
+            break
+    return kept[:3]
+
+
+def test_the_band_of_valid_pairs_chooses_what_the_whole_matrix_does():
+    """Long states score only the i <= j < i + 80 band; ties (rounded scores) and tiny states included."""
+    rng = np.random.default_rng(1)
+    for t in range(300):
+        n = int(rng.integers(1, 8)) if t % 3 == 0 else int(rng.integers(8, 250))
+        x, y = rng.standard_normal(n), rng.standard_normal(n)
+        if t % 2:
+            x, y = np.round(x * 2) / 2, np.round(y * 2) / 2  # many exactly equal pair scores
+        ls, le = log_softmax(x.astype(np.float32)), log_softmax(y.astype(np.float32))
+        rel = [(k, k + 1) for k in range(n)]
+        state = "abcdefghij" * (n // 10 + 1)
+        assert best_spans(state, rel, ls, le) == _full_matrix_spans(state, rel, ls, le), t
