@@ -7,7 +7,7 @@ The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the pla
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
 import msgspec
@@ -35,6 +35,7 @@ from basal.core.decision import (
 from basal.core.evidence import EvidenceSpan, StateTokens, best_spans, state_tokens
 from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.model_dir import ModelDir
+from basal.core.model_names import ServedModels
 from basal.core.multi_act_contract import evidence_refusal_basal, multi_evidence_error_basal
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
@@ -48,18 +49,10 @@ from basal.core.tree import (
     plan_forwards,
 )
 
-JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
 
-
-def model_resolver(served: Sequence[str], default: str) -> Callable[[str | None], str | None]:
+def model_resolver(served: Sequence[str], default: str) -> ServedModels:
     """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
-
-    def resolve(name: str | None) -> str | None:
-        if name is None or name in JEV_ALIASES:
-            return default
-        return name if name in served else None
-
-    return resolve
+    return ServedModels(tuple(served), default)
 
 
 @dataclass
