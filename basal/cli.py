@@ -192,13 +192,12 @@ def _doctor(a: argparse.Namespace) -> int:
 def _bench(a: argparse.Namespace) -> int:
     import tempfile
 
-    from tqdm import tqdm
-
     from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
     from basal.core.model_dir import ModelDir
     from basal.core.synth import synth_model
+    from basal.progress import Progress
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     names = a.suites or list(SUITES)
@@ -211,6 +210,7 @@ def _bench(a: argparse.Namespace) -> int:
         else:
             print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
             model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
+        print(f"loading {model.name} on the {a.backend} backend and measuring the GEMM limit", file=sys.stderr)
         bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
         if bench.limit:
             rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
@@ -228,16 +228,18 @@ def _bench(a: argparse.Namespace) -> int:
             "gemm_limit": bench.limit.as_dict() if bench.limit else None,
         }
         out = Path(a.out)
-        for name in tqdm(names, desc="suites", disable=a.quiet):
+        for i, name in enumerate(names):
             before = machine_load.measure()
-            if warning := before.warning():
-                tqdm.write(f"warning before {name}: {warning}")
-            result = SUITES[name](bench)
+            with Progress(f"bench {name} ({i + 1}/{len(names)} suites)", min_interval_s=10, enabled=not a.quiet) as p:
+                if warning := before.warning():
+                    p.write(f"warning before {name}: {warning}")
+                bench.progress = p
+                result = SUITES[name](bench)
             after = machine_load.measure()
             load = {"before": before.to_json(), "after": after.to_json()}
             files = write(result, out, context, a.plot, load)
-            tqdm.write(result.markdown())
-            tqdm.write("wrote " + ", ".join(str(f) for f in files))
+            print(result.markdown(), flush=True)
+            print("wrote " + ", ".join(str(f) for f in files), flush=True)
     return 0
 
 

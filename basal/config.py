@@ -8,6 +8,7 @@ raw dict.
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Literal
@@ -168,6 +169,8 @@ def parse_config(data: object, where: str = "configuration") -> ServeConfig:
         raise ConfigError(f"{where}: {listed}\n(the keys: the README's configuration section)")
     if isinstance(data, dict) and "addr" not in data and (env_addr := os.environ.get("BASAL_ADDR")):
         data = {**data, "addr": env_addr}
+    if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # YAML reads 2026-10-05 so
+        data = {**data, "release_date": data["release_date"].isoformat()}
     try:
         return msgspec.convert(data, ServeConfig)
     except msgspec.ValidationError as e:
