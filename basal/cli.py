@@ -26,16 +26,27 @@ def _synth_model(a: argparse.Namespace) -> int:
     # SIGTERM becomes SystemExit, so synth_model removes its temporary folder exactly as on Ctrl-C
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=a.quiet) as bar:
-
-        def on_total(n: int) -> None:
-            bar.total = n
-            bar.refresh()
-
         synth_model(
-            a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total, evidence_head=a.evidence_head
+            a.out,
+            a.preset,
+            a.layers,
+            a.seed,
+            on_bytes=bar.update,
+            on_total=_total_of(bar),
+            evidence_head=a.evidence_head,
         )
     print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
     return 0
+
+
+def _total_of(bar):
+    """synth_model's `on_total`: the bar learns the size once the weights are planned."""
+
+    def on_total(n: int) -> None:
+        bar.total = n
+        bar.refresh()
+
+    return on_total
 
 
 def _check_reference(a: argparse.Namespace) -> int:
@@ -192,6 +203,8 @@ def _doctor(a: argparse.Namespace) -> int:
 def _bench(a: argparse.Namespace) -> int:
     import tempfile
 
+    from tqdm import tqdm
+
     from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
@@ -206,10 +219,15 @@ def _bench(a: argparse.Namespace) -> int:
         raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     with tempfile.TemporaryDirectory() as tmp:
         if a.model:
-            model = ModelDir.load(a.model)
+            model = _open_model(a.model)
         else:
             print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
-            model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
+            quiet = True if a.quiet else None  # None: tqdm's own choice, a bar on a terminal only
+            with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=quiet) as bar:
+                written = synth_model(
+                    Path(tmp) / "model", a.preset, layers=a.layers, on_bytes=bar.update, on_total=_total_of(bar)
+                )
+            model = ModelDir.load(written)
         print(f"loading {model.name} on the {a.backend} backend and measuring the GEMM limit", file=sys.stderr)
         bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
         if bench.limit:
