@@ -7,6 +7,7 @@ per step — at most one every `min_interval_s` — so a log says what the proce
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,15 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, file=self.stream, leave=False, dynamic_ncols=True)
+            self._stop = threading.Event()
+            threading.Thread(target=self._tick, name="basal-progress", daemon=True).start()
+
+    def _tick(self) -> None:
+        """Redraw once a second, so the elapsed time moves during a long step (a model's weights)."""
+        while not self._stop.wait(1.0):
+            bar = self._bar
+            if bar is not None:
+                bar.refresh()
 
     @contextmanager
     def step(self, label: str) -> Iterator[None]:
@@ -52,14 +62,15 @@ class Progress:
             self._bar.update(1)
 
     def write(self, line: str) -> None:
-        """A line that must not be torn by the bar (results, warnings)."""
+        """A result or warning, shown even when progress is not: above the bar, or as a line of its own."""
         if self._bar is not None:
             self._bar.write(line, file=self.stream)
         else:
-            print(line, file=self.stream, flush=True)
+            self.emit(line)
 
     def close(self) -> None:
         if self._bar is not None:
+            self._stop.set()
             self._bar.close()
             self._bar = None
 

@@ -76,14 +76,15 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
     dirs = models if models is not None else [model_directory(spec) for spec in specs]
     _check_names(specs, dirs)
     engines: dict[str, Engine] = {}
+    for spec, model in zip(specs, dirs, strict=True):  # said before the bar, which would tear them
+        if spec.is_demo:
+            log.warning(DEMO_WARNING.format(name=model.name))
+        elif model.synthetic:
+            log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
     with Progress("loading", 2 * len(specs), emit=log.info, enabled=progress) as shown:
         for spec, model in zip(specs, dirs, strict=True):
             started = time.perf_counter()
-            if spec.is_demo:
-                log.warning(DEMO_WARNING.format(name=model.name))
-            elif model.synthetic:
-                log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
-            with shown.step(f"{model.name}: weights ({spec.backend} backend)"):
+            with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
                 backend = load_backend(model, spec.backend, spec.dtype)
             with shown.step(f"{model.name}: template prefix on {backend.name} {backend.device}"):
                 pipeline = Pipeline(
@@ -93,20 +94,19 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                     tree_max_tokens=spec.tree_max_tokens,
                     large_choice=spec.large_choice,
                 )
-            log.info(
-                "loaded %s on %s %s (%s) in %.1f s",
-                model.name,
-                backend.name,
-                backend.device,
-                backend.dtype,
-                time.perf_counter() - started,
-            )
+            seconds = time.perf_counter() - started
+            shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
             engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
     default = config.default_model or next(iter(engines))
     if default not in engines:
         raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
     return Engines(engines, default, metrics, config.max_inflight)
+
+
+def _size_on_disk(model: ModelDir) -> str:
+    size = sum(f.stat().st_size for f in model.weight_files)
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{max(1, round(size / 2**20))} MiB"
 
 
 def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:

@@ -66,9 +66,9 @@ def test_one_directory_served_twice_under_its_own_names(caplog):
     }
     steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loading [")]
     assert steps == [
-        "loading [1/4] basal-synthetic-demo: weights (auto backend)",
+        "loading [1/4] basal-synthetic-demo: weights, 1 MiB (auto backend)",
         "loading [2/4] basal-synthetic-demo: template prefix on torch cpu",
-        "loading [3/4] demo-bf16: weights (auto backend)",
+        "loading [3/4] demo-bf16: weights, 1 MiB (auto backend)",
         "loading [4/4] demo-bf16: template prefix on torch cpu",
     ]
     assert "carry no meaning" in caplog.text
