@@ -109,7 +109,9 @@ def _decide(a: argparse.Namespace) -> int:
     stats = Stats()
     try:
         raw = decode_body(body, a.dialect)
-        request = parse_systemone(raw, resolve) if a.dialect == "systemone" else parse_basal(raw, resolve)
+        head = lambda _name: pipeline.serves_evidence  # noqa: E731
+        parse = parse_systemone if a.dialect == "systemone" else parse_basal
+        request = parse(raw, resolve, serves_evidence=head)
         response = pipeline.decide(request, stats)
     except RequestError as e:
         print(msgspec.json.encode(e.body).decode())
