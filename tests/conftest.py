@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,18 @@ def golden_records(name: str) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    return synth_model(tmp_path_factory.mktemp("models") / "demo", "demo", seed=0)
+    """The built-in demo model, as `make serve` serves it (with a seeded evidence head)."""
+    return synth_model(tmp_path_factory.mktemp("models") / "demo", "demo", seed=0, evidence_head=True)
 
 
 @pytest.fixture(scope="session")
 def demo_model(demo_dir) -> ModelDir:
     return ModelDir.load(demo_dir)
+
+
+@pytest.fixture(scope="session")
+def headless_model(demo_dir, tmp_path_factory) -> ModelDir:
+    """The demo model without its evidence head (evidence is refused)."""
+    path = tmp_path_factory.mktemp("models") / "headless"
+    shutil.copytree(demo_dir, path, ignore=shutil.ignore_patterns("evidence_head.pt"))
+    return ModelDir.load(path)

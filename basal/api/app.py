@@ -47,6 +47,11 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
     limits, keys = settings.limits, bool(settings.api_keys)
 
+    def serves_evidence(name: str) -> bool:
+        """The model's engine runs in this process with an evidence head (a Ray front's replicas: not known here)."""
+        pipeline = getattr(engines.engines.get(name), "pipeline", None)
+        return bool(pipeline is not None and pipeline.serves_evidence)
+
     @post(
         "/v1/systemone",
         operation_class=documented(
@@ -61,7 +66,11 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
         return await decide(
-            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, resolve, limits=limits)
+            request,
+            "systemone",
+            engines,
+            settings,
+            lambda raw: parse_systemone(raw, resolve, limits=limits, serves_evidence=serves_evidence),
         )
 
     @post(
@@ -77,7 +86,13 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         tags=["decisions"],
     )
     async def basal(request: Request) -> Response[BasalResponse]:
-        return await decide(request, "basal", engines, settings, lambda raw: parse_basal(raw, resolve, limits=limits))
+        return await decide(
+            request,
+            "basal",
+            engines,
+            settings,
+            lambda raw: parse_basal(raw, resolve, limits=limits, serves_evidence=serves_evidence),
+        )
 
     models_responses = {"200": {"description": "served models", "content": _json_content(ModelsResponse)}}
     if keys:
@@ -105,7 +120,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
                         "description": settings.descriptions.get(n, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
-                        **capabilities(engines.engines[n].pipeline.model),
+                        **capabilities(engines.engines[n].pipeline.model, serves_evidence(n)),
                         "compute": compute_info(engines, n),
                     }
                     for n in names

@@ -16,13 +16,15 @@ from typing import Any
 
 import msgspec
 
+from basal.core.evidence import Evidence
+
 NO_THRESHOLD = "no certified threshold for this target"
 NEEDS_DEFER = 'max_error needs a defer action ("defer"/"human" or defer_action)'
 
 
 class ActAnswer(msgspec.Struct, tag_field="type", tag="act", kw_only=True):
     """Key order: type, action, expected_costs, answer, probabilities, confidence, [max_error | refused],
-    calibration."""
+    calibration, [evidence]."""
 
     action: Any
     expected_costs: dict[str, float]
@@ -32,6 +34,7 @@ class ActAnswer(msgspec.Struct, tag_field="type", tag="act", kw_only=True):
     max_error: str | msgspec.UnsetType = msgspec.UNSET
     refused: Any = msgspec.UNSET
     calibration: str
+    evidence: Evidence = msgspec.UNSET
 
 
 class NeedsDeferAction(Exception):

@@ -10,16 +10,16 @@ from basal.core.prompt import MAX_OPTIONS
 QUESTION_TYPES = ("choice", "noul", "score", "multi", "act")
 
 
-def capabilities(model: ModelDir) -> dict[str, Any]:
+def capabilities(model: ModelDir, evidence: bool = False) -> dict[str, Any]:
     """Question types, option counts and extensions of one model.
 
-    Evidence needs an ``evidence_head.pt`` pointer head that basal does not load: no model serves evidence, and
-    a question asking for it gets the dialect's "no evidence head" refusal."""
+    `evidence`: the model serves `evidence: true` (it has an ``evidence_head.pt`` and its backend reads hidden
+    states); without it a question asking for evidence gets the dialect's "no evidence head" refusal."""
     return {
         "types": list(QUESTION_TYPES),
         "options": {"choice": f"2..{MAX_OPTIONS}", "score": f"1..{MAX_OPTIONS}", "act": f"2..{MAX_OPTIONS}"},
         "multi_labels": "1..",
-        "evidence": False,
+        "evidence": evidence,
         "calibrated": bool(model.calibration.temperatures),
         "certified_max_error": sorted(model.calibration.thresholds),
     }

@@ -24,6 +24,7 @@ import msgspec
 from basal.core import multi_act_contract as ext
 from basal.core.act import ActAnswer, ActSpec
 from basal.core.errors import RequestError
+from basal.core.evidence import Evidence
 from basal.core.facts.request import basal_state_text, systemone_state_text
 from basal.core.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
 from basal.core.limits import DEFAULT_LIMITS, Limits, echo
@@ -88,6 +89,7 @@ class DecisionRequest:
     model: str
     questions: tuple[Question, ...]
     warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
+    facts_limit: int | None = None  # with facts "auto": the original state's length (evidence spans end there)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,12 +100,14 @@ Probabilities = dict[str, float]
 
 class NoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
     noul: float
+    evidence: Evidence = msgspec.UNSET
 
 
 class ChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
     choice: str
     confidence: float
     probabilities: Probabilities
+    evidence: Evidence = msgspec.UNSET
 
 
 class ScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
@@ -111,6 +115,7 @@ class ScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
     confidence: float
     legend: dict[str, Any]
     probabilities: Probabilities
+    evidence: Evidence = msgspec.UNSET
 
 
 class Usage(msgspec.Struct):
@@ -128,12 +133,14 @@ class BasalNoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
     noul: float
     probabilities: Probabilities
     confidence: float
+    evidence: Evidence = msgspec.UNSET
 
 
 class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
     choice: str
     probabilities: Probabilities
     confidence: float
+    evidence: Evidence = msgspec.UNSET
 
 
 class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
@@ -141,6 +148,7 @@ class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
     legend: dict[str, Any]
     probabilities: Probabilities
     confidence: float
+    evidence: Evidence = msgspec.UNSET
 
 
 class BasalUsage(msgspec.Struct):
@@ -336,11 +344,15 @@ def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestErro
 
 
 def parse_systemone(
-    raw: Any, resolve_model: Callable[[str], str | None], limits: Limits = DEFAULT_LIMITS
+    raw: Any,
+    resolve_model: Callable[[str], str | None],
+    limits: Limits = DEFAULT_LIMITS,
+    serves_evidence: Callable[[str], bool] = lambda _model: False,
 ) -> DecisionRequest:
     """Validate a decoded ``/v1/systemone`` body and plan its questions.
 
-    `resolve_model` maps a requested model name (or alias) to the served name, or None if not served.
+    `resolve_model` maps a requested model name (or alias) to the served name, or None if not served;
+    `serves_evidence(name)`: that model has an evidence head (else `evidence` is refused as unsupported).
     Order of checks as on the hosted API: body shape (422, all errors), then model and limits (400, first),
     then what basal does not support yet (422 unsupported).
     """
@@ -386,13 +398,19 @@ def parse_systemone(
         raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
     unsupported: list[dict[str, Any]] = []
     planned = []
+    has_head = serves_evidence(model)
     for qid, q in questions.items():
-        question = _plan_systemone(qid, q, state_text, unsupported)
+        question = _plan_systemone(qid, q, state_text, unsupported, has_head)
         if question is not None:
             planned.append(question)
     if unsupported:
         raise RequestError(422, {"error": "unsupported", "detail": unsupported})
-    return DecisionRequest("systemone", model, tuple(planned))
+    return DecisionRequest("systemone", model, tuple(planned), facts_limit=_facts_limit(raw))
+
+
+def _facts_limit(raw: dict[str, Any]) -> int | None:
+    """With facts "auto": the length of the state before the facts block (evidence spans are clipped to it)."""
+    return len(text_of(raw["state"])) if raw.get("facts") == "auto" else None
 
 
 def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
@@ -480,7 +498,9 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
                 errors.entry(value, [*loc, "criteria", i], nullable=False)
 
 
-def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]]) -> Question | None:
+def _plan_systemone(
+    qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]], has_head: bool = False
+) -> Question | None:
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
     if qtype == "box":
@@ -494,8 +514,10 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
     instructions = q.get("instructions")
     question_text = "" if instructions is None else text_of(instructions)
     evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
-    if evidence:
+    if evidence and not has_head:
         unsupported.append(ext.evidence_unsupported(qid))
+    elif evidence and not ext.evidence_option_count_ok(q):
+        unsupported.append(ext.evidence_unsupported(qid, ext.EVIDENCE_OPTIONS))
     if qtype == "multi":
         planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
         return None if planned is None else _from_planned(planned, False)
@@ -556,10 +578,12 @@ def parse_basal(
     resolve_model: Callable[[str | None], str | None],
     check_evidence: bool = True,
     limits: Limits = DEFAULT_LIMITS,
+    serves_evidence: Callable[[str], bool] = lambda _model: False,
 ) -> DecisionRequest:
     """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model.
 
-    `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference)."""
+    `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference);
+    `serves_evidence(name)`: that model has an evidence head."""
     if not isinstance(raw, dict):
         raise _basal_error("the request body must be a JSON object", "TypeError")
     warnings = Warnings()
@@ -584,26 +608,30 @@ def parse_basal(
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
     planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
     if check_evidence:
-        _fail_before_the_run(planned)
+        _fail_before_the_run(planned, serves_evidence(model))
     else:
         planned = tuple(replace(q, evidence=False) for q in planned)
-    return DecisionRequest("basal", model, planned, warnings.messages())
+    return DecisionRequest("basal", model, planned, warnings.messages(), facts_limit=_facts_limit(raw))
 
 
-def _fail_before_the_run(questions: tuple[Question, ...]) -> None:
+def _fail_before_the_run(questions: tuple[Question, ...], has_head: bool = False) -> None:
     """Raise now what upstream would raise after the run, when no earlier question could fail first.
 
     Upstream builds answers in question order (a multi's int(max), an act refusal without a defer action can
-    fail there), then refuses evidence for want of a head. Only an act with max_error and no defer action
-    depends on the model's output; up to such a question, the outcome is known before anything runs.
+    fail there), then refuses evidence for want of a head, then evidence on a multi. Only an act with max_error
+    and no defer action depends on the model's output; up to such a question, the outcome is known before
+    anything runs (the pipeline raises the same errors after the run otherwise).
     """
     for q in questions:
         if q.deferred_error is not None:
             raise q.deferred_error
         if ext.may_fail_after_run(q.spec):
             return
-    if any(q.evidence for q in questions):
+    if any(q.evidence for q in questions) and not has_head:
         raise ext.evidence_refusal_basal()
+    for q in questions:
+        if q.evidence and q.branches:
+            raise ext.multi_evidence_error_basal(q.name)
 
 
 def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Question:

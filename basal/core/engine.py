@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from basal.core.context_length import context_length_error
 from basal.core.contract import BasalResponse, DecisionRequest, Question, SystemOneResponse
 from basal.core.errors import RequestError
 from basal.core.gate import Gate, Holder
@@ -175,7 +176,7 @@ class Lane:
             try:
                 engine.pipeline.advance(job.rounds, results)
                 if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
-                    engine.check_length(job.request, job.rounds.tokenized)
+                    engine.check_length(job.request, job.rounds.tokenized, [i.name for i in job.rounds.asked])
                     job.tokenized = job.rounds.tokenized
                     job.cost = engine.pipeline.cost(job.tokenized)
                     self.submit(job)
@@ -271,7 +272,7 @@ class Engine:
         rounds = self.pipeline.plan(request)
         tokenized = rounds.tokenized
         later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
-        self.check_length(request, [*tokenized, *later])
+        self.check_length(request, [*tokenized, *later], [*(i.name for i in rounds.asked), *rounds.large])
         prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
         cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
         if cost > limits.max_request_tokens:
@@ -282,11 +283,17 @@ class Engine:
             )
         return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
 
-    def check_length(self, request: DecisionRequest, tokenized: list[TokenizedQuestion]) -> None:
-        """Refuse a prompt longer than the model's positions (a later round is checked again once planned)."""
+    def check_length(
+        self, request: DecisionRequest, tokenized: list[TokenizedQuestion], names: list[str] | None = None
+    ) -> None:
+        """Refuse a prompt longer than the model's positions (a later round is checked again once planned).
+        `names`: the item name of each entry; with them /v1/systemone answers `context_length_exceeded` per
+        question (`basal.core.context_length`)."""
         limit = self.pipeline.model.config.max_position_embeddings
         longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
         if longest > limit:
+            if request.dialect == "systemone" and names is not None:
+                raise context_length_error(request, tokenized, names, limit)
             raise _limit_error(request.dialect, f"a prompt has {longest} tokens; the model reads at most {limit}")
 
     def submit(self, job: Job) -> None:

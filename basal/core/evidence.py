@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from basal.core.torch_file import TorchFileError, load_tensors, save_tensors
@@ -29,6 +30,18 @@ ANSWER_TOP = 3  # spans returned
 LN_EPS = 1e-5
 MASKED = np.float32(-1e9)
 _NAMES = ("ws", "us", "we", "ue", "bs", "be")
+
+
+class EvidenceSpan(msgspec.Struct):
+    """One span of the answer's `evidence` list: code-point offsets into the request's state text."""
+
+    text: str
+    start: int
+    end: int
+    probability: float
+
+
+Evidence = list[EvidenceSpan] | msgspec.UnsetType  # the answer field; unset (absent) unless the question asked
 
 
 @dataclass(frozen=True)
@@ -164,18 +177,13 @@ def best_spans(
     n = len(ls)
     if n == 0:
         return []
-    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    scores = (ls[:, None] + le[None, :]).astype(np.float32)
-    scores = np.where((j >= i) & (j - i < MAX_SPAN), scores, MASKED)
-    flat = scores.ravel()
     count = min(CANDIDATES_PER_SPAN * top, n * n)
-    order = np.argsort(-flat, kind="stable")[:count]  # descending; equal scores keep flat order
     kept: list[dict[str, object]] = []
-    for index in order:
-        a, b = rel[int(index) // n][0], rel[int(index) % n][1]
+    for index, score in _candidates(ls, le, count):
+        a, b = rel[index // n][0], rel[index % n][1]
         if any(not (b <= k["start"] or a >= k["end"]) for k in kept):  # overlaps a kept span
             continue
-        probability = float(np.exp(np.float64(flat[index])))
+        probability = float(np.exp(np.float64(score)))
         kept.append({"text": state_text[a:b], "start": a, "end": b, "probability": probability})
         if len(kept) == top:
             break
@@ -185,3 +193,28 @@ def best_spans(
             k["end"] = min(int(k["end"]), limit)  # type: ignore[call-overload]
             k["text"] = state_text[int(k["start"]) : int(k["end"])]  # type: ignore[call-overload]
     return kept[:ANSWER_TOP]
+
+
+def _candidates(ls: np.ndarray, le: np.ndarray, count: int) -> list[tuple[int, np.float32]]:
+    """The `count` best (flat index i·n + j, score) of the n×n pair matrix, best first, equal scores by flat index.
+
+    Only the band i <= j < i + 80 can score above the mask, so when it holds `count` pairs scoring above it the
+    candidates are among them: n·80 scores instead of n² (a long state has thousands of tokens). Otherwise (a
+    state of a few tokens) the whole matrix, masked pairs included."""
+    n = len(ls)
+    i = np.arange(n)[:, None]
+    j = i + np.arange(min(n, MAX_SPAN))[None, :]
+    inside = j < n
+    band = (ls[:, None] + le[np.minimum(j, n - 1)]).astype(np.float32)[inside]
+    if band.size >= count and (band > MASKED).all():
+        flat = (i * n + j)[inside]
+    else:
+        i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+        band = np.where((j >= i) & (j - i < MAX_SPAN), (ls[:, None] + le[None, :]).astype(np.float32), MASKED)
+        band, flat = band.ravel(), (i * n + j).ravel()
+    if band.size > count:  # keep the count best and everything tied with the last of them
+        threshold = np.partition(band, band.size - count)[band.size - count]
+        keep = band >= threshold
+        band, flat = band[keep], flat[keep]
+    order = np.lexsort((flat, -band))[:count]  # descending score, then ascending flat index
+    return [(int(flat[k]), band[k]) for k in order]

@@ -200,14 +200,17 @@ class Exporter:
     def resolve(self, _requested: str | None) -> str:
         return self.model.name
 
+    def serves_evidence(self, _model: str) -> bool:
+        return self.engine.pipeline.serves_evidence
+
     def plan(self, inp: ExportInput) -> Planned:
         try:
             if inp.dialect is None:
                 request = _bench_request(inp.raw, self.model.name)
             elif inp.dialect == "systemone":
-                request = parse_systemone(inp.raw["request"], self.resolve)
+                request = parse_systemone(inp.raw["request"], self.resolve, serves_evidence=self.serves_evidence)
             else:
-                request = parse_basal(inp.raw["request"], self.resolve)
+                request = parse_basal(inp.raw["request"], self.resolve, serves_evidence=self.serves_evidence)
             job = self.engine.plan(request, lambda _result: None, lambda: False)
         except RequestError as e:
             return Planned(inp, error=_error(e))

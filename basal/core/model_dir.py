@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from basal.core.errors import ModelDirError
+from basal.core.evidence import EvidenceHead, load_head
 from basal.core.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.safetensors_io import SafetensorsFile
 from basal.core.tokenizer import Tokenizer
+from basal.core.torch_file import TorchFileError
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,14 @@ class ModelDir:
             files,
             bool(basal.get("synthetic", False)),
         )
+
+    @cached_property
+    def evidence_head(self) -> EvidenceHead | None:
+        """The pointer head of `evidence: true` (``evidence_head.pt``), read once; None: the model has none."""
+        try:
+            return load_head(self.path, self.config.hidden_size)
+        except TorchFileError as e:
+            raise ModelDirError(f"{e} (remove the file to serve the model without evidence)") from e
 
     @cached_property
     def tokenizer(self) -> Tokenizer:

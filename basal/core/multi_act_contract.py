@@ -25,6 +25,7 @@ from basal.core.render import text_of
 
 NO_HEAD = "evidence is not available for this model (no evidence_head.pt)"
 NOT_FOR_MULTI = "evidence is not supported for multi"
+EVIDENCE_OPTIONS = "evidence needs 2 to 10 options"
 ACT_BASES = ("choice", "noul", "score")
 MAX_LABELS = 1000  # basal's own bound (upstream has none): each label is two prompts over the whole state
 MULTI_KEYS = frozenset({"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence"})
@@ -174,6 +175,11 @@ def may_fail_after_run(spec: Any) -> bool:
 
 def evidence_refusal_basal() -> RequestError:
     return _upstream_error(NO_HEAD)
+
+
+def multi_evidence_error_basal(name: str) -> RequestError:
+    """Upstream, after the run and only with a head: evidence asked on a multi question."""
+    return _upstream_error(f"question {name!r}: {NOT_FOR_MULTI}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -354,9 +360,18 @@ def plan_act_systemone(
     return Planned("act", Item(qid, readout, keys, options, lang, state_text, question_text), spec)
 
 
-def evidence_unsupported(qid: str) -> dict[str, Any]:
-    """Capability error of a question asking for evidence: basal serves no evidence head."""
-    return {"type": "unsupported_feature", "loc": ["body", "questions", qid, "evidence"], "msg": NO_HEAD}
+def evidence_unsupported(qid: str, msg: str = NO_HEAD) -> dict[str, Any]:
+    """Capability error of a question asking for evidence: the model has no head, or the question has options
+    outside 2..10 (the Rust engine's rule)."""
+    return {"type": "unsupported_feature", "loc": ["body", "questions", qid, "evidence"], "msg": msg}
+
+
+def evidence_option_count_ok(q: dict[str, Any]) -> bool:
+    """A shape-checked TypeSafe question that asks for evidence has 2..10 options (a noul always has two)."""
+    if q.get("type") == "noul" or (q.get("type") == "act" and not q.get("criteria")):
+        return True
+    criteria = q.get("criteria")
+    return isinstance(criteria, dict | list) and 2 <= len(criteria) <= MAX_OPTIONS
 
 
 def needs_defer_error(qid: str, dialect: str, message: str) -> RequestError:

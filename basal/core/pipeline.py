@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import msgspec
 import numpy as np
 
 from basal.core.compute import Backend, run_to_end
@@ -31,16 +32,18 @@ from basal.core.decision import (
     certain,
     distribution,
 )
+from basal.core.evidence import EvidenceSpan, StateTokens, best_spans, state_tokens
 from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.model_dir import ModelDir
 from basal.core.model_names import ServedModels
-from basal.core.multi_act_contract import evidence_refusal_basal
+from basal.core.multi_act_contract import evidence_refusal_basal, multi_evidence_error_basal
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
 from basal.core.tree import (
     FORWARD_MAX_TOKENS,
     TREE_MAX_TOKENS,
     Forward,
+    ItemLogits,
     TokenizedQuestion,
     packed_tokens,
     plan_forwards,
@@ -97,21 +100,49 @@ class Pipeline:
         each other in one trie row (the state is computed once) and may cut rows between them."""
         return self.tokenize_items([item for q in questions for item in q.asked])
 
-    def tokenize_items(self, items: Sequence[Item]) -> list[TokenizedQuestion]:
-        """Token ids of every asked option order of each item."""
+    @property
+    def serves_evidence(self) -> bool:
+        """The model has an evidence head and the backend reads hidden states (`run_with_hidden`)."""
+        return self.model.evidence_head is not None and hasattr(self.backend, "run_with_hidden")
+
+    def tokenize_items(
+        self, items: Sequence[Item], evidence: dict[int, StateTokens | None] | None = None
+    ) -> list[TokenizedQuestion]:
+        """Token ids of every asked option order of each item.
+
+        `evidence`: id(item) -> filled with where the state lies in the item's order-1 prompt; such an item asks
+        for the final hidden states of those tokens too (docs: evidence)."""
         prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
         ids = iter(self.tokenizer.encode_batch(prompts))
-        return [
-            TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
-            for item in items
-        ]
+        out = []
+        for item in items:
+            tokenized = TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
+            if evidence is not None and id(item) in evidence:
+                found = self._state_tokens(item, tokenized.prompts[0])
+                evidence[id(item)] = found
+                if found is not None:
+                    tokenized = replace(tokenized, hidden=tuple(range(found.t0, found.t1)))
+            out.append(tokenized)
+        return out
+
+    def _state_tokens(self, item: Item, ids: tuple[int, ...]) -> StateTokens | None:
+        prompt = item.prompt(item.orders[0], self.model.bos)
+        with_offsets, offsets = self.tokenizer.encode_with_offsets(prompt)
+        if tuple(with_offsets) != ids:
+            raise RuntimeError("the tokenizer gave two tokenizations of one prompt; this is a bug")
+        return state_tokens(prompt, item.state_text, offsets)
 
     # -- rounds: a request whose later prompts depend on earlier answers (choices with 11..255 options) ------
 
     def plan(self, request: DecisionRequest) -> Rounds:
         """The request's rounds, the first one tokenized."""
         rounds = Rounds(request, self.large_choice)
-        rounds.tokenized = self.tokenize_items(rounds.asked)
+        if rounds.evidence and not self.serves_evidence:  # the dialect refused it already, unless upstream's order
+            rounds.evidence = frozenset()
+        wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
+        found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found)
+        rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
     def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
@@ -132,7 +163,9 @@ class Pipeline:
 
     def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
         """The response of a request whose rounds have all been run."""
-        return self.answer(rounds.request, rounds.plain_logits, rounds.input_tokens, latency_ms, rounds.joints())
+        return self.answer(
+            rounds.request, rounds.plain_logits, rounds.input_tokens, latency_ms, rounds.joints(), rounds
+        )
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
@@ -169,11 +202,17 @@ class Pipeline:
     ) -> Generator[None, None, list[list[np.ndarray]]]:
         """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause)."""
         t1 = time.perf_counter()
-        out: list[list[np.ndarray]] = [[None] * len(t.prompts) for t in tokenized]  # type: ignore[list-item]
+        out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
         for f in forwards:
-            logits = yield from self.backend.run(f.batch)
+            if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
+                logits, states = yield from self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
+            else:
+                logits = yield from self.backend.run(f.batch)
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
+            for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
+                at = f.readout_of[(qi, 0)]
+                out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
@@ -198,8 +237,10 @@ class Pipeline:
         input_tokens: int,
         latency_ms: float,
         joints: dict[str, np.ndarray] | None = None,
+        rounds: Rounds | None = None,
     ) -> SystemOneResponse | BasalResponse:
-        """Letter logits per question (joint distributions of large choices) -> the response in the dialect."""
+        """Letter logits per question (joint distributions of large choices) -> the response in the dialect;
+        `rounds` brings the evidence questions' hidden states."""
         answers = {}
         for q in request.questions:
             if q.deferred_error is not None:  # upstream: raised while building this answer
@@ -215,12 +256,32 @@ class Pipeline:
                 answers[q.name] = answer_act(q, dists[0], self.model.calibration, request.dialect)
             else:
                 answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dists[0])
+        if any(q.evidence for q in request.questions):
+            self._add_evidence(request, answers, rounds)
         if request.dialect == "systemone":
             return SystemOneResponse(request.model, answers, Usage(input_tokens))
-        if any(q.evidence for q in request.questions):  # upstream checks the evidence head after the answers
-            raise evidence_refusal_basal()
         n, branches = len(request.questions), sum(q.branch_count for q in request.questions)
         return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, branches, round(latency_ms, 2)))
+
+    def _add_evidence(self, request: DecisionRequest, answers: dict, rounds: Rounds | None) -> None:
+        """Append `evidence` to every answer that asked for it. Upstream's order (/v1/basal): after all answers,
+        first the head, then multi questions, then the spans. /v1/systemone refused both while parsing."""
+        if not self.serves_evidence or rounds is None:
+            raise evidence_refusal_basal()
+        asking = [q for q in request.questions if q.evidence]
+        for q in asking:
+            if q.branches:
+                raise multi_evidence_error_basal(q.name)
+        head = self.model.evidence_head
+        for q in asking:
+            found, states = rounds.state_tokens.get(q.name), rounds.states.get(q.name)
+            spans: list[dict[str, object]] = []
+            if found is not None:
+                if states is None or head is None:
+                    raise RuntimeError(f"no hidden states were computed for {q.name!r}; this is a bug")
+                ls, le = head.log_scores(states[:-1], states[-1])
+                spans = best_spans(q.asked[0].state_text, found.rel, ls, le, request.facts_limit)
+            answers[q.name] = msgspec.structs.replace(answers[q.name], evidence=[EvidenceSpan(**s) for s in spans])
 
     def distributions(self, question: Question, rows: Sequence[np.ndarray]) -> list[Distribution]:
         """One distribution per readout of the question; `rows` = letter logits of its readouts' orders in turn."""

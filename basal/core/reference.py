@@ -41,6 +41,7 @@ from basal.core.decision import (
     distribution,
 )
 from basal.core.errors import RequestError
+from basal.core.evidence import best_spans
 from basal.core.facts import FactsError, inject
 from basal.core.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
 from basal.core.model_dir import ModelDir
@@ -151,7 +152,7 @@ class ReferenceChecker:
         expected_error = rec.get("upstream_error") or rec.get("to_items_error") or rec.get("error")
         try:
             if systemone:
-                plan = parse_systemone(rec["request"], lambda _model: "reference")
+                plan = parse_systemone(rec["request"], lambda _model: "reference", serves_evidence=lambda _model: True)
             else:
                 plan = parse_basal(rec["request"], lambda _model: "reference", check_evidence=False)
         except RequestError as e:
@@ -181,7 +182,7 @@ class ReferenceChecker:
         answers = rec.get("upstream_answer", rec.get("answer")) or {}
         extension = any("evidence" in a for a in answers.get("answers", {}).values())
         if extension or any(q.kind in ("multi", "act") for q in plan.questions):
-            self.check_extension_request(plan.questions, items, answers, where, answer)
+            self.check_extension_request(plan.questions, items, answers, where, answer, plan.facts_limit)
             return
         r.check(
             "question names",
@@ -234,7 +235,13 @@ class ReferenceChecker:
             )
 
     def check_extension_request(
-        self, questions: tuple[Question, ...], items: list[dict], expected: dict, where: str, answer: Callable
+        self,
+        questions: tuple[Question, ...],
+        items: list[dict],
+        expected: dict,
+        where: str,
+        answer: Callable,
+        facts_limit: int | None = None,
     ):
         """A request with multi/act questions: the export's items are the readouts in order (one per multi label,
         named ``NAME`` or ``NAME#label``); each is rebuilt and checked, then the answers are recomputed."""
@@ -256,7 +263,7 @@ class ReferenceChecker:
             for q in questions:
                 want = expected.get("answers", {}).get(q.name)
                 if want is not None:
-                    self._check_any_answer(q, dists[q.name], want, items, f"{where}/{q.name}", answer)
+                    self._check_any_answer(q, dists[q.name], want, items, f"{where}/{q.name}", answer, facts_limit)
             usage = expected.get("usage", {})
             if "branches" in usage:
                 branches = sum(q.branch_count for q in questions)
@@ -264,6 +271,36 @@ class ReferenceChecker:
             if "input_tokens" in usage and all("input_ids" in o for it in items for o in it.get("orders", [])):
                 tokens = sum(len(o["input_ids"]) for it in items for o in it["orders"])
                 r.check("usage.input_tokens", tokens == usage["input_tokens"], where)
+
+    def check_evidence(
+        self, state: str, spans: Any, inputs: dict[str, Any] | None, facts_limit: int | None, w: str
+    ) -> None:
+        """Upstream's evidence spans. Always: at most 3, each `state[start:end] == text` inside the state (and before
+        the facts block). With the head's inputs in the record's item (``evidence``: ``rel``, ``ls``, ``le``, as
+        the evidence vectors carry them): the spans are chosen again and compared (offsets and texts exact,
+        probabilities to 1e-6). Without them the choice is reported as not checkable: the hidden states that
+        decide it are not in an export."""
+        r = self.report
+        end = len(state) if facts_limit is None else facts_limit
+        shape_ok = isinstance(spans, list) and len(spans) <= 3 and all(_span_in(s, state, end) for s in spans)
+        r.check("evidence spans", shape_ok, w, f"{json.dumps(spans, ensure_ascii=False)[:300]}")
+        if not isinstance(inputs, dict) or not all(k in inputs for k in ("rel", "ls", "le")):
+            r.skip("evidence span choice: not checkable (the record carries no pointer-head scores)")
+            return
+        limit = inputs.get("limit", facts_limit)
+        rel = [tuple(x) for x in inputs["rel"]]
+        ls, le = np.asarray(inputs["ls"], dtype=np.float32), np.asarray(inputs["le"], dtype=np.float32)
+        have = best_spans(state, rel, ls, le, limit)
+        same = (
+            isinstance(spans, list)
+            and len(have) == len(spans)
+            and all(
+                (h["text"], h["start"], h["end"]) == (s.get("text"), s.get("start"), s.get("end"))
+                and abs(float(h["probability"]) - float(s.get("probability", -1))) <= 1e-6
+                for h, s in zip(have, spans, strict=False)
+            )
+        )
+        r.check("evidence span choice", same, w, f"basal {have} vs upstream {spans}"[:400])
 
     def _check_item_fields(self, item: Item, it: dict[str, Any], w: str) -> None:
         r = self.report
@@ -279,13 +316,23 @@ class ReferenceChecker:
         )
 
     def _check_any_answer(
-        self, q: Question, dists: list, want: dict[str, Any], items: list, w: str, answer: Callable
+        self,
+        q: Question,
+        dists: list,
+        want: dict[str, Any],
+        items: list,
+        w: str,
+        answer: Callable,
+        facts_limit: int | None = None,
     ) -> None:
-        """One upstream answer of any type: decisions exact, numbers to float32 precision; evidence skipped."""
+        """One upstream answer of any type: decisions exact, numbers to float32 precision; evidence spans as far
+        as the record allows (`check_evidence`)."""
         r = self.report
         want = dict(want)
-        if want.pop("evidence", None) is not None:
-            r.skip("evidence spans (basal computes no evidence)")
+        spans = want.pop("evidence", None)
+        if spans is not None:
+            item = next((it for it in items if it.get("name") == q.name), {})
+            self.check_evidence(q.item.state_text, spans, item.get("evidence"), facts_limit, w)
         if q.kind == "multi":
             have = msgspec.to_builtins(answer_multi(q, dists))
         elif q.kind == "act":
@@ -491,6 +538,14 @@ def _check_large_choice_fit(
             and abs(have["confidence"] - want["confidence"]) <= tol
         )
         r.check("large-choice answer", ok, where, f"{json.dumps(have)[:300]} vs {json.dumps(want)[:300]}")
+
+
+def _span_in(span: Any, state: str, end: int) -> bool:
+    """An upstream span: the text at its offsets, inside the state before `end`."""
+    if not isinstance(span, dict) or not all(isinstance(span.get(k), int) for k in ("start", "end")):
+        return False
+    start, stop = span["start"], span["end"]  # start > stop is possible (a masked pair: text "")
+    return 0 <= start < end and stop <= end and state[start:stop] == span.get("text")
 
 
 def _first_difference(a: str, b: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from basal.core.contract import DecisionRequest
+from basal.core.evidence import StateTokens
 from basal.core.large_choice import DEFAULT_STRATEGY, LargeChoice, Strategy, is_large
 from basal.core.prompt import Item
 from basal.core.tree import TokenizedQuestion
@@ -32,10 +33,14 @@ class Rounds:
     plain_logits: dict[str, Logits] = field(default_factory=dict)  # ordinary questions, by name
     input_tokens: int = 0  # tokens of every prompt asked so far (usage.input_tokens)
     round: int = 0  # rounds already taken
+    evidence: frozenset[str] = field(init=False)  # questions whose state tokens' hidden states are read
+    state_tokens: dict[str, StateTokens | None] = field(default_factory=dict)  # ... where the state lies (pipeline)
+    states: dict[str, np.ndarray] = field(default_factory=dict)  # ... their hidden states once run
 
     def __post_init__(self) -> None:
         run = [q for q in self.request.questions if q.needs_model]
         self.large = {q.name: LargeChoice(q.item, self.strategy) for q in run if is_large(q.item)}
+        self.evidence = frozenset(q.name for q in run if q.evidence and not q.branches and q.name not in self.large)
         self.asked = [item for q in run if q.name not in self.large for item in q.asked]  # a multi: its branches
         for lc in self.large.values():
             self.asked += lc.first_round()
@@ -54,7 +59,11 @@ class Rounds:
         if self.round == 0:
             for q in self.request.questions:
                 if q.needs_model and q.name not in self.large:  # a multi's branches, one after the other
-                    self.plain_logits[q.name] = [order for _ in q.asked for order in next(rest)]
+                    results = [next(rest) for _ in q.asked]
+                    self.plain_logits[q.name] = [order for result in results for order in result]
+                    states = getattr(results[0], "states", None)
+                    if q.name in self.evidence and states is not None:
+                        self.states[q.name] = states
             for lc in self.large.values():
                 following.append(lc.final_round([next(rest) for _ in lc.groups]))
         else:

@@ -306,10 +306,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "basal"
 
 
+DEMO_VERSION = 2  # v2: with a seeded evidence head. A new version is a new folder, so an old cache is not used
+
+
 def demo_model() -> ModelDir:
-    """The built-in demo model: synthesized on first use into the cache folder (a few MB, about a second)."""
-    path = cache_dir() / "models" / "demo-seed0-v1"
+    """The built-in demo model: synthesized on first use into the cache folder (a few MB, about a second), with a
+    seeded evidence head, so the demo serves every extension."""
+    path = cache_dir() / "models" / f"demo-seed0-v{DEMO_VERSION}"
     if not (path / "model.safetensors").is_file():
         with contextlib.suppress(FileExistsError):  # another process finished first
-            synth_model(path, "demo", seed=0)
+            synth_model(path, "demo", seed=0, evidence_head=True)
+    if not (path / HEAD_FILE).is_file():  # the head was removed by hand: the same seeded bytes again
+        partial = path / f".{HEAD_FILE}.{os.getpid()}"
+        EvidenceHead.random(preset_config("demo").hidden_size, HEAD_RANK, 0).save(partial)
+        os.replace(partial, path / HEAD_FILE)
     return ModelDir.load(path)

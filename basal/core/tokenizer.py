@@ -58,6 +58,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tk.encode(text, add_special_tokens=False).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and each token's (start, end) code-point offsets in `text` (evidence locates the state)."""
+        e = self._tk.encode(text, add_special_tokens=False)
+        return e.ids, [tuple(o) for o in e.offsets]
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tk.encode_batch(texts, add_special_tokens=False)]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,10 +44,19 @@ class PackedBatch:
     prefix_keys: tuple[str, ...]  # cached template prefixes used (language codes)
     readouts: np.ndarray  # [R] flat index of each readout token (the last token of a prompt)
     letter_ids: np.ndarray  # [L] letter token ids read at every readout
+    # [H] flat index of further tokens whose final-normed hidden states are read (evidence: a question's state
+    # tokens); distinct, none of them a readout. Empty for every batch without an evidence question.
+    hidden: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    def with_hidden_as_readouts(self) -> PackedBatch:
+        """The batch whose readouts are the readouts followed by the hidden rows: a backend runs its last layer at
+        these rows (rows are computed independently, so the first R rows keep their bits) and reads the states of
+        rows R.. as the hidden states."""
+        return replace(self, readouts=np.concatenate([self.readouts, self.hidden]).astype(np.int32), hidden=_NONE)
 
     def chain(self, block: int) -> list[int]:
         """Blocks from the row's root down to `block`."""
@@ -56,6 +65,9 @@ class PackedBatch:
             out.append(block)
             block = int(self.block_parent[block])
         return out[::-1]
+
+
+_NONE = np.zeros(0, dtype=np.int32)
 
 
 def single_prompt_batch(tokens: Sequence[int]) -> PackedBatch:
@@ -77,6 +89,14 @@ class TokenizedQuestion:
     lang: str
     state: str  # state text, to place questions on the same state next to each other
     prompts: tuple[tuple[int, ...], ...]
+    hidden: tuple[int, ...] = ()  # evidence: token indices of prompt 0 whose final hidden states are read
+
+
+class ItemLogits(list):
+    """The letter logits of one question, one array per option order; `states` (evidence questions only): the
+    final-normed hidden states of its `hidden` tokens, then of its order-0 readout token, float32 [n + 1, d]."""
+
+    states: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +105,7 @@ class Forward:
 
     batch: PackedBatch
     readout_of: dict[tuple[int, int], int]  # (question index, order index) -> readout row
+    hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `batch.hidden`
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -223,33 +244,37 @@ def plan_forwards(
     prefix, as upstream 1.0 packed): the baseline that shows what the tree saves.
     """
     prefixes = prefixes or {}
-    rows: list[tuple[str, list[int]]] = []  # (lang, question indices)
-    for lang in dict.fromkeys(q.lang for q in questions):
+
+    def cached(q: TokenizedQuestion) -> bool:  # a hidden row inside the cached prefix: that row computes it all
+        return q.lang in prefixes and (not q.hidden or q.hidden[0] >= len(prefixes[q.lang]))
+
+    rows: list[tuple[str, bool, list[int]]] = []  # (lang, uses the cached prefix, question indices)
+    for lang, use_prefix in dict.fromkeys((q.lang, cached(q)) for q in questions):
         state_rank: dict[str, int] = {}
         ordered = sorted(
-            (i for i, q in enumerate(questions) if q.lang == lang),
+            (i for i, q in enumerate(questions) if q.lang == lang and cached(q) == use_prefix),
             key=lambda i: state_rank.setdefault(questions[i].state, len(state_rank)),
         )
         size, current = TrieSize(), []
         for i in ordered:
             added = sum(size.added(p) for p in questions[i].prompts)
             if current and (size.tokens + added > tree_max_tokens or not share_across_questions):
-                rows.append((lang, current))
+                rows.append((lang, use_prefix, current))
                 size, current = TrieSize(), []
             for p in questions[i].prompts:
                 size.add(p)
             current.append(i)
         if current:
-            rows.append((lang, current))
+            rows.append((lang, use_prefix, current))
 
     forwards, group, group_tokens = [], [], 0
-    for lang, members in rows:
-        built = _build_row(questions, members, prefixes.get(lang, ()))
+    for lang, use_prefix, members in rows:
+        built = _build_row(questions, members, prefixes[lang] if use_prefix else ())
         n = len(built[0].tokens)
         if group and group_tokens + n > forward_max_tokens:
             forwards.append(_assemble(group, letter_ids))
             group, group_tokens = [], 0
-        group.append((lang if lang in prefixes else None, *built))
+        group.append((lang if use_prefix else None, *built))
         group_tokens += n
     if group:
         forwards.append(_assemble(group, letter_ids))
@@ -269,14 +294,43 @@ def _build_row(questions, members, prefix: tuple[int, ...]):
                 p = p[len(prefix) :]
             slots.append((i, order, unique.setdefault(p, len(unique))))
     row = pack_row(list(unique), offset=len(prefix))
-    return row, slots
+    wants = {
+        i: (unique[_cut(questions[i].prompts[0], prefix)], questions[i].hidden) for i in members if questions[i].hidden
+    }
+    return row, slots, wants
+
+
+def _cut(prompt: tuple[int, ...], prefix: tuple[int, ...]) -> tuple[int, ...]:
+    return prompt[len(prefix) :] if prefix else prompt
+
+
+def _flat_positions(row: _RowBuilder, end: int, positions: Sequence[int]) -> list[int]:
+    """Row-local flat indices of tokens at `positions` of the prompt whose last token is at `end`: each lies in
+    one block of that prompt's chain (the blocks cover its positions after the cached prefix contiguously)."""
+    chain = []
+    block = row.block_of[end]
+    while block >= 0:
+        chain.append(row.blocks[block])
+        block = row.blocks[block][2]
+    out = []
+    for p in positions:
+        for start, length, _parent in chain:
+            first = row.positions[start]
+            if first <= p < first + length:
+                out.append(start + p - first)
+                break
+        else:
+            raise ValueError(f"prompt position {p} is not computed in this batch (inside the cached prefix)")
+    return out
 
 
 def _assemble(group, letter_ids) -> Forward:
     tokens, positions, block_of, starts, lens, parents, prefix_of, readouts = [], [], [], [], [], [], [], []
     keys: list[str] = []
     readout_of: dict[tuple[int, int], int] = {}
-    for lang, row, slots in group:
+    hidden: dict[int, int] = {}  # flat index -> row of `hidden` (questions on one state share their rows)
+    hidden_of: dict[int, np.ndarray] = {}
+    for lang, row, slots, wants in group:
         base_token, base_block = len(tokens), len(starts)
         tokens += row.tokens
         positions += row.positions
@@ -297,6 +351,9 @@ def _assemble(group, letter_ids) -> Forward:
                 readout_row[u] = len(readouts)
                 readouts.append(row.ends[u] + base_token)
             readout_of[(question, order)] = readout_row[u]
+        for question, (u, wanted) in wants.items():
+            flat = [base_token + i for i in _flat_positions(row, row.ends[u], wanted)]
+            hidden_of[question] = np.asarray([hidden.setdefault(i, len(hidden)) for i in flat], dtype=np.int64)
 
     def i32(x):
         return np.asarray(x, dtype=np.int32)
@@ -312,5 +369,6 @@ def _assemble(group, letter_ids) -> Forward:
         tuple(keys),
         i32(readouts),
         i32(letter_ids),
+        i32(list(hidden)),
     )
-    return Forward(batch, readout_of)
+    return Forward(batch, readout_of, hidden_of)

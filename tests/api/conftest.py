@@ -24,3 +24,10 @@ def server(demo_model):
     engines = make_engines(demo_model)
     with live_server(engines, ApiSettings(metrics=True)) as url:
         yield url, engines
+
+
+@pytest.fixture(scope="module")
+def headless_client(headless_model):
+    """A server of the demo model without its evidence head."""
+    with TestClient(create_app(make_engines(headless_model))) as c:
+        yield c

@@ -125,3 +125,101 @@ def test_synth_model_writes_a_head_that_loads(tmp_path):
     assert load_head(plain, 64) is None
     head = load_head(with_head, 64)
     assert (head.d, head.k) == (64, 256)
+
+
+# -- the packed batch: which rows the backend reads -----------------------------------------------------------
+
+
+def _evidence_request(state: str, *names: str):
+    from basal.core.contract import parse_basal
+
+    questions = {n: {"type": "noul", "instructions": f"{n}?", "evidence": True} for n in names}
+    return parse_basal({"state": state, "questions": questions}, lambda _m: "m", serves_evidence=lambda _m: True)
+
+
+def test_hidden_rows_are_the_state_tokens_and_questions_on_one_state_share_them(demo_model):
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.pipeline import Pipeline
+
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    rounds = pipeline.plan(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b"))
+    (forward,) = pipeline.pack(rounds.tokenized)
+    batch = forward.batch
+    assert set(forward.hidden_of) == {0, 1} and len(batch.hidden) == len(rounds.tokenized[0].hidden)  # shared
+    assert not set(batch.hidden.tolist()) & set(batch.readouts.tolist())
+    for qi, tokenized in enumerate(rounds.tokenized):
+        rows = batch.hidden[forward.hidden_of[qi]]
+        assert batch.tokens[rows].tolist() == [tokenized.prompts[0][p] for p in tokenized.hidden]
+        assert batch.positions[rows].tolist() == list(tokenized.hidden)
+
+
+def test_a_state_found_inside_the_template_is_computed_without_the_prefix_cache(demo_model):
+    """The first "\\n" + state can lie in the cached template (a state that repeats the system prompt's start):
+    that question's row is packed without the cached prefix, and its spans equal an uncached pipeline's."""
+    import msgspec
+
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.pipeline import Pipeline
+    from basal.core.prompt import SYSTEM
+
+    backend = TorchBackend.load(demo_model)
+    cached, uncached = Pipeline(demo_model, backend), Pipeline(demo_model, backend, prefix_cache=False)
+    request = _evidence_request(SYSTEM["en"][:40], "q")  # English: no Polish letters
+    rounds = cached.plan(request)
+    assert rounds.tokenized[0].hidden[0] < len(cached.prefixes["en"])  # inside the cached prefix
+    (forward,) = cached.pack(rounds.tokenized)
+    assert forward.batch.prefix_keys == ()
+    answers = [msgspec.to_builtins(p.decide(request))["answers"]["q"] for p in (cached, uncached)]
+    assert answers[0] == answers[1] and answers[0]["evidence"]
+
+
+def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
+    """The answer's spans are best_spans of the head's scores over the rows the backend returned."""
+    import msgspec
+
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.pipeline import Pipeline
+
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    request = _evidence_request("Termin płatności faktury minął wczoraj. Klient prosi o przedłużenie.", "q")
+    rounds = pipeline.plan(request)
+    from basal.core.compute import run_to_end
+
+    pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
+    states, found = rounds.states["q"], rounds.state_tokens["q"]
+    assert states.shape == (found.t1 - found.t0 + 1, demo_model.config.hidden_size) and states.dtype == np.float32
+    ls, le = demo_model.evidence_head.log_scores(states[:-1], states[-1])
+    want = best_spans(request.questions[0].item.state_text, found.rel, ls, le)
+    got = msgspec.to_builtins(pipeline.respond(rounds, 0.0))["answers"]["q"]["evidence"]
+    assert got == want and 1 <= len(got) <= 3
+
+
+def _full_matrix_spans(state, rel, ls, le):
+    """The selection written directly over the whole n×n matrix (the band shortcut of best_spans must agree)."""
+    n = len(ls)
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    scores = np.where((j >= i) & (j - i < 80), (ls[:, None] + le[None, :]).astype(np.float32), np.float32(-1e9))
+    flat, kept = scores.ravel(), []
+    for index in np.argsort(-flat, kind="stable")[: min(20, n * n)]:
+        a, b = rel[int(index) // n][0], rel[int(index) % n][1]
+        if all(b <= k["start"] or a >= k["end"] for k in kept):
+            kept.append(
+                {"text": state[a:b], "start": a, "end": b, "probability": float(np.exp(np.float64(flat[index])))}
+            )
+        if len(kept) == 5:
+            break
+    return kept[:3]
+
+
+def test_the_band_of_valid_pairs_chooses_what_the_whole_matrix_does():
+    """Long states score only the i <= j < i + 80 band; ties (rounded scores) and tiny states included."""
+    rng = np.random.default_rng(1)
+    for t in range(300):
+        n = int(rng.integers(1, 8)) if t % 3 == 0 else int(rng.integers(8, 250))
+        x, y = rng.standard_normal(n), rng.standard_normal(n)
+        if t % 2:
+            x, y = np.round(x * 2) / 2, np.round(y * 2) / 2  # many exactly equal pair scores
+        ls, le = log_softmax(x.astype(np.float32)), log_softmax(y.astype(np.float32))
+        rel = [(k, k + 1) for k in range(n)]
+        state = "abcdefghij" * (n // 10 + 1)
+        assert best_spans(state, rel, ls, le) == _full_matrix_spans(state, rel, ls, le), t

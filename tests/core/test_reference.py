@@ -98,55 +98,92 @@ EXTENSION_CASES = ["m15-mixed", "m15-act-full", "m15-act-no-threshold"]
 
 
 @pytest.fixture(scope="module")
-def extension_records(demo_model) -> dict[str, dict]:
-    """Reference records of multi/act cases made with the demo model: one item per readout, as exported."""
-    import msgspec
-
+def reference_pipeline(demo_model):
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.compute import run_to_end
-    from basal.core.contract import parse_basal
     from basal.core.pipeline import Pipeline
 
-    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
-    records = {}
-    for case in golden_records("systemone_cases_1.5.jsonl"):
-        if case["id"] not in EXTENSION_CASES:
-            continue
-        request = {**case["request"], "model": demo_model.name}
-        plan = parse_basal(request, lambda _name: demo_model.name)
-        rounds = pipeline.plan(plan)
-        tokenized = rounds.tokenized
-        pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
-        logits = rounds.plain_logits
-        ids = iter(p for t in tokenized for p in t.prompts)
-        items = []
-        for q in plan.questions:
-            rows = iter(logits[q.name])
-            for item, dist in zip(q.asked, pipeline.distributions(q, logits[q.name]), strict=True):
-                orders = [
-                    {
-                        "perm": perm,
-                        "prompt": item.prompt(perm),
-                        "input_ids": list(next(ids)),
-                        "letter_ids": pipeline.letter_ids[: len(perm)],
-                        "letter_logits": next(rows)[: len(perm)].tolist(),
-                        "probs": p.tolist(),
-                    }
-                    for perm, p in zip(item.orders, dist.probs, strict=True)
-                ]
-                fields = ("name", "keys", "options", "lang", "state_text", "question_text")
-                items.append(
-                    {
-                        **{f: list(getattr(item, f)) if f in ("keys", "options") else getattr(item, f) for f in fields},
-                        "orders": orders,
-                        "temperature": demo_model.calibration.temperature(item.type),
-                        "p_avg": dist.p_avg.tolist(),
-                        "p_cal": dist.p_cal.tolist(),
-                    }
-                )
-        answer = msgspec.to_builtins(pipeline.respond(rounds, 0.0))
-        records[case["id"]] = {**case, "request": request, "items": items, "upstream_answer": answer}
-    return records
+    return Pipeline(demo_model, TorchBackend.load(demo_model))
+
+
+def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
+    """A reference record of one case made with the demo model (one item per readout, as exported), and its rounds."""
+    import msgspec
+
+    from basal.core.compute import run_to_end
+    from basal.core.contract import parse_basal
+
+    request = {**case["request"], "model": demo_model.name}
+    plan = parse_basal(request, lambda _name: demo_model.name, serves_evidence=lambda _name: True)
+    rounds = pipeline.plan(plan)
+    tokenized = rounds.tokenized
+    pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
+    logits = rounds.plain_logits
+    ids = iter(p for t in tokenized for p in t.prompts)
+    items = []
+    for q in plan.questions:
+        rows = iter(logits[q.name])
+        for item, dist in zip(q.asked, pipeline.distributions(q, logits[q.name]), strict=True):
+            orders = [
+                {
+                    "perm": perm,
+                    "prompt": item.prompt(perm),
+                    "input_ids": list(next(ids)),
+                    "letter_ids": pipeline.letter_ids[: len(perm)],
+                    "letter_logits": next(rows)[: len(perm)].tolist(),
+                    "probs": p.tolist(),
+                }
+                for perm, p in zip(item.orders, dist.probs, strict=True)
+            ]
+            fields = ("name", "keys", "options", "lang", "state_text", "question_text")
+            items.append(
+                {
+                    **{f: list(getattr(item, f)) if f in ("keys", "options") else getattr(item, f) for f in fields},
+                    "orders": orders,
+                    "temperature": demo_model.calibration.temperature(item.type),
+                    "p_avg": dist.p_avg.tolist(),
+                    "p_cal": dist.p_cal.tolist(),
+                }
+            )
+    answer = msgspec.to_builtins(pipeline.respond(rounds, 0.0))
+    return {**case, "request": request, "items": items, "upstream_answer": answer}, rounds
+
+
+@pytest.fixture(scope="module")
+def extension_records(demo_model, reference_pipeline) -> dict[str, dict]:
+    """Reference records of multi/act cases made with the demo model."""
+    cases = [c for c in golden_records("systemone_cases_1.5.jsonl") if c["id"] in EXTENSION_CASES]
+    return {c["id"]: _export_record(reference_pipeline, demo_model, c)[0] for c in cases}
+
+
+def test_evidence_records_are_checked_as_far_as_they_carry_what_is_needed(tmp_path, demo_model, reference_pipeline):
+    """Spans are always checked for shape (<= 3, the state's text at their offsets); their choice only where the
+    record carries the pointer head's scores, and reported as not checkable otherwise."""
+    (case,) = [c for c in golden_records("systemone_cases_1.5.jsonl") if c["id"] == "m15-evidence-noul"]
+    record, rounds = _export_record(reference_pipeline, demo_model, case)
+    (name,) = rounds.states
+    assert record["upstream_answer"]["answers"][name]["evidence"]  # the demo head found spans
+    checker = ReferenceChecker(demo_model)
+    checker.check_file(_write(tmp_path, [record]))
+    assert checker.report.ok and checker.report.passed["evidence spans"] == 1, checker.report.mismatches
+    assert "evidence span choice" not in checker.report.passed and any(
+        "not checkable" in reason for reason in checker.report.skipped
+    )
+    ls, le = demo_model.evidence_head.log_scores(rounds.states[name][:-1], rounds.states[name][-1])
+    rel = [list(x) for x in rounds.state_tokens[name].rel]
+    record["items"][0]["evidence"] = {"rel": rel, "ls": ls.tolist(), "le": le.tolist()}
+    scored = ReferenceChecker(demo_model)
+    scored.check_file(_write(tmp_path, [record]))
+    assert scored.report.ok and scored.report.passed["evidence span choice"] == 1, scored.report.mismatches
+    for tamper in ("text", "choice"):
+        bad = copy.deepcopy(record)
+        span = bad["upstream_answer"]["answers"][name]["evidence"][0]
+        if tamper == "text":
+            span["text"] += "x"
+        else:
+            bad["items"][0]["evidence"]["ls"][0] += 5.0  # another start scores best
+        wrong = ReferenceChecker(demo_model)
+        wrong.check_file(_write(tmp_path, [bad]))
+        assert not wrong.report.ok, tamper
 
 
 @pytest.mark.parametrize("case_id", EXTENSION_CASES)

@@ -24,7 +24,7 @@ def _digest(path) -> dict[str, str]:
 
 
 def test_same_seed_same_bytes_other_seed_other_weights(demo_dir, tmp_path):
-    again = synth_model(tmp_path / "again", "demo", seed=0)
+    again = synth_model(tmp_path / "again", "demo", seed=0, evidence_head=True)  # as the demo_dir fixture
     assert _digest(again) == _digest(demo_dir)
     other = synth_model(tmp_path / "other", "demo", seed=1)
     assert _digest(other)["model.safetensors"] != _digest(demo_dir)["model.safetensors"]
@@ -72,6 +72,18 @@ def test_demo_model_is_created_once_in_the_cache(tmp_path, monkeypatch):
     assert first.path.is_relative_to(tmp_path) and first.synthetic
     mtime = (first.path / "model.safetensors").stat().st_mtime_ns
     assert (demo_model().path / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_demo_model_has_an_evidence_head_and_an_old_cache_is_not_used(tmp_path, monkeypatch):
+    """v1 caches (no head) stay where they are, unused; a head removed by hand comes back with the same bytes."""
+    monkeypatch.setenv("BASAL_HOME", str(tmp_path))
+    old = tmp_path / "models" / "demo-seed0-v1"
+    synth_model(old, "demo", seed=0)
+    model = demo_model()
+    assert model.path != old and model.evidence_head is not None and not (old / "evidence_head.pt").exists()
+    head = (model.path / "evidence_head.pt").read_bytes()
+    (model.path / "evidence_head.pt").unlink()
+    assert demo_model().evidence_head is not None and (model.path / "evidence_head.pt").read_bytes() == head
 
 
 def test_layers_beyond_the_preset_are_refused_before_writing(tmp_path):

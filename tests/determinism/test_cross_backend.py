@@ -54,3 +54,23 @@ def test_16_bit_decisions_match_f32_where_f32_is_not_a_near_tie(demo_model, ques
         top2 = np.sort(p32)[-2:]
         if top2[1] - top2[0] > 0.02:
             assert _decisions([q16]) == _decisions([q32])
+
+
+@pytest.mark.parametrize("combo", F32, ids=combo_id)
+def test_f32_evidence_rows_agree_with_transformers_last_hidden_state(demo_model, combo):
+    """The rows the pointer head reads are Hugging Face's `last_hidden_state` (after the final RMSNorm) of the
+    order-1 prompt: its state tokens and its last token (docs: evidence)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tests.determinism.test_evidence_rows import _evidence_question, _run
+
+    h = Harness(demo_model, *combo)
+    rng = random.Random(8)
+    qs = [_evidence_question(h.cached, rng, lang, words=rng.randint(3, 40)) for lang in ("pl", "en")]
+    hf = LlamaForCausalLM.from_pretrained(demo_model.path, dtype=torch.float32, attn_implementation="eager").eval()
+    for q, ours in zip(qs, _run(h, qs), strict=True):
+        with torch.no_grad():
+            hidden = hf.model(torch.tensor([q.prompts[0]])).last_hidden_state[0].numpy()
+        theirs = hidden[[*q.hidden, len(q.prompts[0]) - 1]]
+        assert np.abs(ours.states - theirs).max() <= 1e-4 * max(1.0, float(np.abs(theirs).max()))

@@ -86,3 +86,15 @@ class TorchBackend:
             tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)
         letters = tuple(int(x) for x in batch.letter_ids)
         return (yield from self.net.forward(t, tokens, letters))
+
+    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+        last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
+        wide = batch.with_hidden_as_readouts()
+        with torch.inference_mode():
+            t = self.net.inputs(wide)
+            tokens = torch.from_numpy(wide.tokens.astype(np.int64)).to(self.net.w.device)
+        letters = tuple(int(x) for x in batch.letter_ids)
+        logits, states = yield from self.net.forward_with_states(t, tokens, letters)
+        with torch.inference_mode():
+            return logits[: len(batch.readouts)], states.cpu().numpy()

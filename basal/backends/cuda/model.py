@@ -214,6 +214,13 @@ class TreeLlama:
     ) -> Generator[None, None, np.ndarray]:
         """Yields after every layer and at the pause points inside one; every step runs in inference mode, every
         pause is outside it (so a paused pass leaks no torch state into whatever runs meanwhile)."""
+        logits, _ = yield from inference_steps(self._forward(t, tokens, letter_ids))
+        return logits
+
+    def forward_with_states(
+        self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]
+    ) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`forward`, and the final-normed hidden states (f32) of every last-layer row: the readouts of `t`."""
         return (yield from inference_steps(self._forward(t, tokens, letter_ids)))
 
     def _forward(self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]):
@@ -226,7 +233,7 @@ class TreeLlama:
         head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
         rows = K.READOUT_ROWS if self.chunks is None else self.chunks.plan(head)
         logits = K.linear(x, head, None, rows, self.fixed)
-        return logits.cpu().numpy()
+        return logits.cpu().numpy(), x
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
         """K/V of a template prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them."""

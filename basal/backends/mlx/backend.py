@@ -46,3 +46,12 @@ class MLXBackend:
         t = self.net.inputs(batch)
         letters = tuple(int(x) for x in batch.letter_ids)
         return (yield from self.net.forward(t, batch.tokens, letters))
+
+    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+        last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
+        wide = batch.with_hidden_as_readouts()
+        t = self.net.inputs(wide)
+        letters = tuple(int(x) for x in batch.letter_ids)
+        logits, states = yield from self.net.forward_with_states(t, wide.tokens, letters)
+        return logits[: len(batch.readouts)], np.array(states)

@@ -261,6 +261,13 @@ class MLXLlama:
     def forward(
         self, t: TreeInputs, tokens: np.ndarray, letter_ids: tuple[int, ...]
     ) -> Generator[None, None, np.ndarray]:
+        logits, _ = yield from self.forward_with_states(t, tokens, letter_ids)
+        return logits
+
+    def forward_with_states(
+        self, t: TreeInputs, tokens: np.ndarray, letter_ids: tuple[int, ...]
+    ) -> Generator[None, None, tuple[np.ndarray, mx.array]]:
+        """`forward`, and the final-normed hidden states (f32) of every last-layer row: the readouts of `t`."""
         h = self.embed[mx.array(tokens.astype(np.int32))]
         n_layers = self.cfg.num_hidden_layers
         previous = None
@@ -277,7 +284,7 @@ class MLXLlama:
         x = self._norm(h, self.norm, O.READOUT_ROWS).astype(mx.float32)
         head = self.letter_rows(letter_ids)
         logits = metal.letter_readout(x, head) if self.use_metal else self._linear(x, head.T, None, O.READOUT_ROWS)
-        return np.array(logits.astype(mx.float32))
+        return np.array(logits.astype(mx.float32)), x
 
     def compute_prefix(self, key: str, tokens: list[int]) -> None:
         t = self.inputs(single_prompt_batch(tokens))

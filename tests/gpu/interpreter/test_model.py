@@ -64,3 +64,21 @@ def test_close_to_the_torch_cpu_f32_backend(demo_model, cached, questions):
     for qa, qb in zip(ours, reference, strict=True):
         for a, b in zip(qa, qb, strict=True):
             assert np.abs(a - b).max() <= 1e-3 * max(1.0, float(np.abs(b).max()))
+
+
+def test_evidence_rows_keep_the_logits_and_match_the_torch_cpu_rows(demo_model, gpu, cached, questions):
+    """`run_with_hidden`: the readouts' bits are those of `run`; the extra rows are the torch CPU f32 backend's
+    final-normed hidden states, closely."""
+    from dataclasses import replace
+
+    (forward,) = plan_forwards(questions[:1], cached.letter_ids, cached.prefixes)
+    hidden = np.arange(3, dtype=np.int32)  # three tokens of the row that are not readouts
+    batch = replace(forward.batch, hidden=hidden)
+    logits, states = run_to_end(gpu.run_with_hidden(batch))
+    assert logits.tobytes() == run_to_end(gpu.run(forward.batch)).tobytes()
+    cpu = TorchBackend.load(demo_model, dtype="f32", device="cpu")
+    Pipeline(demo_model, cpu)  # the same template prefixes
+    cpu_logits, cpu_states = run_to_end(cpu.run_with_hidden(batch))
+    assert states.shape == cpu_states.shape == (len(batch.readouts) + 3, demo_model.config.hidden_size)
+    assert np.abs(states - cpu_states).max() <= 1e-3 * max(1.0, float(np.abs(cpu_states).max()))
+    assert np.abs(logits - cpu_logits).max() <= 1e-3 * max(1.0, float(np.abs(cpu_logits).max()))

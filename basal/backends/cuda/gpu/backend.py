@@ -144,9 +144,18 @@ class GpuBackend:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits)."""
         return (yield from self._forward(batch, pad_to=pad_to))
 
+    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+        last layer runs at those rows too, eagerly (evidence questions only; every row is computed on its own, so
+        the readouts keep their bits)."""
+        states: list[np.ndarray] = []
+        logits = yield from self._forward(batch.with_hidden_as_readouts(), eager=True, states=states)
+        return logits[: len(batch.readouts)], states[0]
+
     def _forward(
-        self, batch: PackedBatch, on_kv=None, eager: bool = False, pad_to: int = 0
+        self, batch: PackedBatch, on_kv=None, eager: bool = False, pad_to: int = 0, states: list | None = None
     ) -> Generator[None, None, np.ndarray]:
+        """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass."""
         layout = self._layout(batch, pad_to)
         while (slot := self.slots.acquire(layout.size)) is None:
             yield  # every slot is waiting for its copy: let the other lane finish
@@ -167,6 +176,9 @@ class GpuBackend:
             if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
                 buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
                 logits = yield from self._eager(buffers, meta, letter_rows, len(letters), on_kv)
+                if states is not None:
+                    with torch.inference_mode():
+                        states.append(buffers.xr[: len(batch.readouts)].float().cpu().numpy())
             else:  # captured or replayed as a whole, so the arena is never shared mid-pass
                 buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
                 with torch.inference_mode():
