@@ -19,6 +19,7 @@ SERVER_FLAGS: dict[str, tuple[type, str]] = {
     "addr": (str, "HOST:PORT to listen on; env BASAL_ADDR applies where neither this flag nor the file sets addr"),
     "max_inflight": (int, "waiting + running requests over all models before HTTP 529"),
     "long_slice_ms": (float, "ms the long lane may hold the device while a main lane waits, then it steps aside"),
+    "long_share": (float, "least share of device time the long lane gets while short requests keep coming; 0: none"),
     "release_date": (str, "release_date reported by /v1/models"),
     "max_body_mb": (float, "largest request body in MiB, compressed and decompressed (HTTP 413 beyond)"),
     "shutdown_grace_s": (float, "on SIGTERM, seconds requests in flight may finish before they get HTTP 503"),

@@ -17,6 +17,7 @@ import msgspec
 import yaml
 
 from basal.config_keys import problems
+from basal.core.gate import DEFAULT_LONG_SHARE
 from basal.core.limits import Limits
 
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
@@ -96,6 +97,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     default_model: str | None = None  # /v1/basal requests without "model" (default: the first model)
     max_inflight: int = 1024
     long_slice_ms: float = 100.0
+    long_share: float = DEFAULT_LONG_SHARE  # the long lane's floor on device time while it has work (0: none)
     release_date: str = "2026-10-05"
     metrics: bool = False
     api_keys: list[str] = msgspec.field(default_factory=list)
@@ -114,6 +116,8 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError(f"`addr` must be HOST:PORT, got {self.addr!r}")
         if self.max_inflight < 1:
             raise msgspec.ValidationError("`max_inflight` must be positive")
+        if not 0 <= self.long_share < 1:
+            raise msgspec.ValidationError("`long_share` must be at least 0 (no floor) and below 1")
         if self.shutdown_grace_s < 0:
             raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
         if self.threads is not None and self.threads < 1:

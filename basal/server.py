@@ -67,7 +67,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
     steps are shown on standard error (`basal.progress`: a bar on a terminal, a line per step otherwise).
     """
     metrics = Metrics(config.max_inflight)
-    gate = Gate(config.long_slice_ms)
+    gate = Gate(config.long_slice_ms, config.long_share)
     if config.threads is not None:
         from basal.backends.cuda.threads import configure_threads
 

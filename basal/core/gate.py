@@ -2,8 +2,15 @@
 
 Every lane of every model in the process shares one `Gate`. A main (urgent) lane waits only for the current
 holder. A long (preemptible) lane starts only when no main lane waits; while it runs it calls `checkpoint()`
-between layers, and once it has held the device for `slice_ms` while a main lane waits, it steps aside for one
-main-lane turn and then resumes the same layer with the same tensors — so its results do not change.
+at every pause point, and once it has held the device for `slice_ms` while a main lane waits, it steps aside for
+one main-lane turn and then resumes the same layer with the same tensors — so its results do not change.
+
+The long lane's floor (`long_share`, docs/architecture.md): main lanes that never stop arriving would otherwise
+keep a long pass from starting, or leave it one slice per main-lane turn. The gate keeps the long lane's balance
+in seconds: it earns (1 − share) of every second it holds the device and owes `share` of every second a main lane
+holds it while a long lane waits; it banks at most one slice. A long lane in debt does not step aside and goes
+before waiting main lanes, so while it has work it gets at least `long_share` of the device time. Only who goes
+next changes, never where a pass pauses, so the bits are the same. `long_share` 0 turns the floor off.
 """
 
 from __future__ import annotations
@@ -13,16 +20,34 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+DEFAULT_LONG_SHARE = 0.25  # README "Limits": the long lane's floor on the device time while it has work
+
 
 class Gate:
-    def __init__(self, slice_ms: float = 100.0):
+    def __init__(self, slice_ms: float = 100.0, long_share: float = DEFAULT_LONG_SHARE):
+        if not 0.0 <= long_share < 1.0:
+            raise ValueError(f"long_share must be at least 0 and below 1, got {long_share}")
         self.slice_s = slice_ms / 1000.0
+        self.long_share = long_share
         self._cv = threading.Condition()
         self._held = False
+        self._held_since = 0.0  # when the holder took the device (a long lane: or last settled its balance)
         self._urgent_waiting = 0
+        self._long_waiting = 0
+        self._long_waiting_since = 0.0  # since when some long lane has waited without a break
         self._owed = False  # a preempted long lane waits to resume after one main-lane turn
         self._turns_since_preempt = 0
+        self._balance = self.slice_s  # the long lane's seconds ahead of its floor (< 0: in debt), at most one slice
         self.preemptions = 0
+        self.floor_turns = 0  # times a long lane in debt took the device while main lanes waited
+        self.long_seconds = 0.0  # device time of long lanes
+        self.main_seconds_over_long = 0.0  # device time of main lanes while a long lane waited
+
+    def long_share_seen(self) -> float:
+        """Long lanes' device time over itself plus main lanes' time while a long lane waited (1.0 before any)."""
+        with self._cv:
+            total = self.long_seconds + self.main_seconds_over_long
+            return self.long_seconds / total if total else 1.0
 
     @contextmanager
     def hold(self, urgent: bool) -> Iterator[Holder]:
@@ -33,28 +58,59 @@ class Gate:
         finally:
             self._release(urgent)
 
+    def _in_debt(self) -> bool:
+        return self._balance < 0.0
+
     def _acquire(self, urgent: bool, resuming: bool = False) -> None:
         with self._cv:
             if urgent:
                 self._urgent_waiting += 1
-                while self._held or (self._owed and self._turns_since_preempt >= 1):
+                while (
+                    self._held
+                    or (self._owed and self._turns_since_preempt >= 1)
+                    or (self._long_waiting and self._in_debt())
+                ):
                     self._cv.wait()
                 self._urgent_waiting -= 1
-            elif resuming:
-                while self._held or (self._turns_since_preempt < 1 and self._urgent_waiting > 0):
-                    self._cv.wait()
-                self._owed = False
             else:
-                while self._held or self._urgent_waiting > 0 or self._owed:
-                    self._cv.wait()
+                if not self._long_waiting:
+                    self._long_waiting_since = time.perf_counter()
+                self._long_waiting += 1
+                if resuming:
+                    while self._held or (
+                        self._turns_since_preempt < 1 and self._urgent_waiting > 0 and not self._in_debt()
+                    ):
+                        self._cv.wait()
+                    self._owed = False
+                else:
+                    while self._held or self._owed or (self._urgent_waiting > 0 and not self._in_debt()):
+                        self._cv.wait()
+                if self._urgent_waiting > 0 and self._in_debt():
+                    self.floor_turns += 1
+                self._long_waiting -= 1
             self._held = True
+            self._held_since = time.perf_counter()
 
     def _release(self, urgent: bool) -> None:
         with self._cv:
+            now = time.perf_counter()
+            if urgent:
+                if self._long_waiting:  # main-lane time while a long lane waited counts against its floor
+                    over = now - max(self._held_since, self._long_waiting_since)
+                    self._balance -= self.long_share * over
+                    self.main_seconds_over_long += over
+                if self._owed:
+                    self._turns_since_preempt += 1
+            else:
+                self._settle_long(now)
             self._held = False
-            if urgent and self._owed:
-                self._turns_since_preempt += 1
             self._cv.notify_all()
+
+    def _settle_long(self, now: float) -> None:
+        """Credit the long lane for the device time since `_held_since` (caller holds `_cv`)."""
+        self.long_seconds += now - self._held_since
+        self._balance = min(self.slice_s, self._balance + (1.0 - self.long_share) * (now - self._held_since))
+        self._held_since = now
 
     def urgent_waiting(self) -> bool:
         with self._cv:
@@ -62,7 +118,7 @@ class Gate:
 
 
 class Holder:
-    """What a lane holds while it computes; a long lane calls `checkpoint()` between layers."""
+    """What a lane holds while it computes; a long lane calls `checkpoint()` at every pause point."""
 
     def __init__(self, gate: Gate, urgent: bool):
         self.gate = gate
@@ -70,11 +126,15 @@ class Holder:
         self.since = time.perf_counter()
 
     def checkpoint(self) -> bool:
-        """Step aside for one main-lane turn if one waits and this lane has had its slice. True if it yielded."""
+        """Step aside for one main-lane turn if one waits, this lane has had its slice and it is not below its
+        floor. True if it yielded."""
         gate = self.gate
         if self.urgent or time.perf_counter() - self.since < gate.slice_s or not gate.urgent_waiting():
             return False
         with gate._cv:
+            gate._settle_long(time.perf_counter())
+            if gate._in_debt():  # below its floor: keep the device until the balance is back at zero
+                return False
             gate._owed = True
             gate._turns_since_preempt = 0
             gate.preemptions += 1

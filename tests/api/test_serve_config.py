@@ -96,3 +96,18 @@ def test_limit_flags_reach_the_config(monkeypatch):
     main(["serve", "--max-questions", "7", "--body-timeout-s", "1.5", "--cors-origin", "https://a.example"])
     assert (seen[0].limits.max_questions, seen[0].limits.body_timeout_s) == (7, 1.5)
     assert seen[0].cors_origins == ["https://a.example"]
+
+
+def test_the_long_lane_floor_in_yaml_and_flags(demo_dir, monkeypatch):
+    import basal.server
+    from basal.cli import main
+
+    config = parse_config({"models": [{"path": str(demo_dir)}], "long_share": 0.4})
+    assert build_engines(config).engines["basal-synthetic-demo"].gate.long_share == 0.4
+    assert parse_config({}).long_share == 0.25
+    with pytest.raises(ConfigError, match="long_share"):
+        parse_config({"long_share": 1.0})
+    seen = []
+    monkeypatch.setattr(basal.server, "serve", seen.append)
+    main(["serve", "--long-share", "0"])
+    assert seen[0].long_share == 0.0
