@@ -1,4 +1,4 @@
-"""One script that proves the GPU path's invariance and measures its speed on an NVIDIA GPU (cuda-path.md §8.2).
+"""One script that proves the GPU path's invariance and measures its speed on an NVIDIA GPU (docs/gpu-path.md §8.2).
 
     PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/log.txt
 
@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (hidden, intermediate, layers, heads, kv heads) per model shape (cuda-path.md §1)
+# (hidden, intermediate, layers, heads, kv heads) per model shape (docs/gpu-path.md §1)
 SHAPES = {"mini": (1536, 8960, 32, 12, 2), "4.5B": (2048, 11008, 60, 16, 2), "max": (4096, 14336, 50, 32, 8)}
 TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
-# H100 single decision, ms: upstream / basal-rs (cuda-path.md §1), and the H200 targets of issue 10
+# H100 single decision, ms: upstream / basal-rs (docs/gpu-path.md §1), and the H200 targets of issue 10
 ANCHORS = {"mini": (4.8, 6.2, 2.5), "4.5B": (9.8, 13.2, 6.0), "max": (14.5, 17.5, 11.0)}
 DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 110, "P4": 5}
 

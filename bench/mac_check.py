@@ -19,7 +19,7 @@ report (--json) and the exports (--exports), and prints a table.
 
 Nobody on the project has a Mac: none of this has run on Apple hardware yet. Please send the JSON report and
 the exports directory.
-Reference points (basal-contract.md §5.9, M2 Max, single mini decision): 80 ms basal-rs, 130 ms plain MLX f16.
+Reference points (docs/benchmarks.md §4, M2 Max, single mini decision): 80 ms basal-rs, 130 ms plain MLX f16.
 """
 
 from __future__ import annotations

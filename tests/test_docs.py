@@ -133,3 +133,25 @@ def test_nothing_points_outside_the_repository():
         if path.is_file() and "../shared" in path.read_text(encoding="utf-8", errors="ignore"):
             offenders.append(name)
     assert offenders == []
+
+
+# The research notes the first sessions worked from; a clone has none of them, so nothing may cite them by name.
+RESEARCH_NOTE = re.compile(
+    r"(?<![\w/\[])(basal-contract|backends-determinism|systemone-api|cuda-path|peers-conventions|extensions)\.md"
+)
+
+
+def test_citations_name_the_projects_own_docs():
+    """Docstrings cite `docs/extensions.md §5.9`, never the research note `extensions.md §5.9`."""
+    assert RESEARCH_NOTE.search("see extensions.md §5") and RESEARCH_NOTE.search("(cuda-path.md §3.1)")
+    assert not RESEARCH_NOTE.search("see docs/extensions.md §5")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if path.suffix not in (".py", ".md") or path.name == "test_docs.py" or not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="ignore").splitlines():
+            if RESEARCH_NOTE.search(line.replace("](extensions.md)", "]()")):  # docs/README links its sibling
+                offenders.append(f"{name}: {line.strip()[:80]}")
+    assert offenders == []

@@ -1,4 +1,4 @@
-"""`act` questions (extensions.md §4): a readout, then the action of minimum expected cost.
+"""`act` questions (docs/extensions.md §4): a readout, then the action of minimum expected cost.
 
     E[a]   = Σ_z p(z) · C[a][z]          summed from 0 in the row's own key order (upstream's order)
     action = argmin E (first row wins a tie);  expected_costs = round(E, 6) (Python's correctly rounded round)

@@ -4,7 +4,7 @@ Records are matched by id (bench items without one by index), items within a rec
 Reported: prompts / token ids / letter ids / packing identical, letter logits bitwise identical (orders and
 values), max and p99 |Δ letter logit|, max total variation of ``p_cal``, decisions (argmax of ``p_cal``) with
 every flip and its margins, answers identical (``usage.latency_ms`` aside), and requests that fail in one
-export only. Works on basal exports and upstream exports alike (one format, basal-contract.md §6).
+export only. Works on basal exports and upstream exports alike (one format, docs/contract.md §5).
 
 Policies (the exit status): ``decisions`` (default) — same records, same inputs, same errors, same decisions;
 ``tolerance`` (``max_logit_diff``) — and every |Δ letter logit| ≤ the tolerance; ``bitwise`` — and every letter

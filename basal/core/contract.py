@@ -1,10 +1,10 @@
 """Request contracts of the two HTTP dialects and the answers they return.
 
-* ``/v1/systemone`` — the TypeSafe System One API (systemone-api.md §2–§7): strict. Shape errors are
+* ``/v1/systemone`` — the TypeSafe System One API (docs/http-api.md): strict. Shape errors are
   FastAPI-style 422 lists (``{"detail": [{"type", "loc", "msg", ...}]}``, every error at once, the question
   type inside ``loc``); semantic limits are 400 with Jev's exact bodies; valid requests that basal does not
   support yet are 422 ``{"error": "unsupported", "detail": [...]}``.
-* ``/v1/basal`` — the upstream basal-serve dialect (basal-contract.md §1.5, §2.3): lenient ``to_items``,
+* ``/v1/basal`` — the upstream basal-serve dialect (docs/contract.md §1.5, §2.3): lenient ``to_items``,
   every error 422 ``{"error": "..."}``.
 
 Both produce the same plan, a `DecisionRequest` of `Question`s; nothing past this module sees raw JSON.

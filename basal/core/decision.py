@@ -1,4 +1,4 @@
-"""Decision math (basal-contract.md §2): letter logits of every option order -> calibrated distribution -> answer.
+"""Decision math (docs/contract.md §2): letter logits of every option order -> calibrated distribution -> answer.
 
 Host math is float64 throughout; probabilities are returned at full precision (no rounding).
 
@@ -111,7 +111,7 @@ def expected_level(p: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Answers in each dialect (systemone-api.md §5–§6, basal-contract.md §2.3)
+# Answers in each dialect (docs/contract.md §2.3)
 
 
 def answer_systemone(question: Question, dist: Distribution) -> NoulAnswer | ChoiceAnswer | ScoreAnswer:
@@ -142,7 +142,7 @@ def answer_basal(question: Question, dist: Distribution) -> BasalNoulAnswer | Ba
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Extension answers (extensions.md §3–§4): the same in both dialects
+# Extension answers (docs/extensions.md §3–§4): the same in both dialects
 
 
 def answer_multi(question: Question, dists: Sequence[Distribution]) -> MultiAnswer:

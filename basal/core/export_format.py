@@ -1,4 +1,4 @@
-"""The reference export format (basal-contract.md §6), written by `basal export` and read by `basal compare`.
+"""The reference export format (docs/contract.md §5), written by `basal export` and read by `basal compare`.
 
 An export is JSONL. basal writes a manifest as its first line (``{"manifest": {...}}``); upstream exports keep it
 in a ``manifest.json`` beside the file. Then one record per input line, in input order:

@@ -1,4 +1,4 @@
-"""Choices with 11–255 options (extensions.md §7, the Rust engine's TypeSafe extension).
+"""Choices with 11–255 options (docs/extensions.md §7, the Rust engine's TypeSafe extension).
 
 The letter readout reads at most 10 options, so a larger choice is asked in rounds:
 

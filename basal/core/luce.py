@@ -1,4 +1,4 @@
-"""The Luce-model fit of a grouped choice (extensions.md §7.3): one distribution over n options from the
+"""The Luce-model fit of a grouped choice (docs/extensions.md §7.3): one distribution over n options from the
 distributions the model gave over overlapping groups of at most 10.
 
 Model: p = softmax(θ); a group sees the softmax of θ restricted to its members. The fit maximises the soft-target

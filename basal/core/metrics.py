@@ -1,6 +1,6 @@
 """A small Prometheus registry (text exposition format 0.0.4): counters, gauges, histograms with labels.
 
-Series of basal-contract.md §5.10. Thread-safe: lanes record from their threads, HTTP handlers from the loop.
+Series of docs/http-api.md §8. Thread-safe: lanes record from their threads, HTTP handlers from the loop.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A Basal model directory: load it, check it against the contract, open its weights lazily.
 
-Files (basal-contract.md §4.2): ``config.json`` (Llama), ``basal.json`` (readout contract), ``chat_template.jinja``,
+Files (docs/contract.md §4): ``config.json`` (Llama), ``basal.json`` (readout contract), ``chat_template.jinja``,
 ``tokenizer.json`` + ``tokenizer_config.json``, ``CALIBRATION.json`` (optional: without it T = 1),
 ``model.safetensors`` or ``model.safetensors.index.json`` with shards. Anything else is refused with a message
 that says what is wrong.

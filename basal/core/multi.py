@@ -1,4 +1,4 @@
-"""`multi` questions (extensions.md §3): one yes/no branch per label, then the labels whose P(yes) passes.
+"""`multi` questions (docs/extensions.md §3): one yes/no branch per label, then the labels whose P(yes) passes.
 
 Every label is asked as its own yes/no readout about the same state (so all branches share the state in the prefix
 tree), calibrated with the noul temperature. Selection is pure host math, float64, in criteria order.

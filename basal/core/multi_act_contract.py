@@ -1,4 +1,4 @@
-"""Request fields of `multi`, `act` and `evidence` in both dialects (extensions.md §1.2–§1.3, §3.1, §4.1–§4.2).
+"""Request fields of `multi`, `act` and `evidence` in both dialects (docs/extensions.md §1.2–§1.3, §3.1, §4.1–§4.2).
 
 * ``/v1/basal`` follows upstream basal-serve 1.5: Python ``float()``/``int()``/``str()`` semantics, the first
   error wins, messages prefixed ``question 'NAME': `` where upstream has the prefix.

@@ -1,4 +1,4 @@
-"""The Basal prompt contract (basal-contract.md §1): templates, language, option letters, option orders.
+"""The Basal prompt contract (docs/contract.md §1): templates, language, option letters, option orders.
 
 One question becomes one prompt per option order. The model reads its decision from the next-token logits of
 the option letters right after the prefill ``{"answer": "``; no text is generated.
@@ -33,7 +33,7 @@ USER = {
     "pl": 'Stan:\n{state}\n\nPytanie: {q}\nOpcje:\n{opts}\n\nOdpowiedz w formacie {{"answer": "<litera>"}}.',
     "en": 'State:\n{state}\n\nQuestion: {q}\nOptions:\n{opts}\n\nAnswer in the format {{"answer": "<letter>"}}.',
 }
-# The checkpoint's chat template must equal this byte for byte (basal-contract.md §1.1).
+# The checkpoint's chat template must equal this byte for byte (docs/contract.md §1.1).
 CHAT_TEMPLATE = (
     "{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"

@@ -1,4 +1,4 @@
-"""`basal check-reference`: rebuild an upstream reference export and compare (basal-contract.md §6).
+"""`basal check-reference`: rebuild an upstream reference export and compare (docs/contract.md §5).
 
 Two record kinds (one JSON object per line):
 
@@ -475,7 +475,7 @@ def is_large_choice_record(rec: dict[str, Any]) -> bool:
 
 
 def check_large_choice(checker: ReferenceChecker, rec: dict[str, Any], where: str) -> None:
-    """A large-choice record (extensions.md §7): the plan, groups and prompt count from the request; with the
+    """A large-choice record (docs/extensions.md §7): the plan, groups and prompt count from the request; with the
     recorded group and final-round distributions also the fit, the finalists and the TypeSafe answer."""
     r = checker.report
     strategy = rec.get("strategy", DEFAULT_STRATEGY)

@@ -4,7 +4,7 @@ Upstream renders every non-string value with Python's ``json.dumps(x, ensure_asc
 ``", "`` and ``": "``, request key order, float ``repr`` (``-3e-07``), non-ASCII kept, control characters
 escaped. Requests are decoded with msgspec, which yields the same Python values as ``json.loads``
 (ints of any size, floats, dicts in key order), so the stdlib encoder reproduces the reference byte for byte
-(basal-contract.md §1.4).
+(docs/contract.md §1.4).
 """
 
 from __future__ import annotations

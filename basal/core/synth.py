@@ -30,13 +30,13 @@ from basal.core.safetensors_io import TensorSpec, to_bf16_bits, write_safetensor
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 TOKENIZER_VOCAB = 3000  # trained pieces; the model's vocab_size may be larger (unused rows, as padded vocabularies)
-# Temperatures of basal-1.5-mini (basal-contract.md §2.2), so calibration paths run with realistic values.
+# Temperatures of basal-1.5-mini (docs/contract.md §2.2), so calibration paths run with realistic values.
 TEMPERATURES = {"choice": 1.1387886347566916, "noul": 1.3939382634489992, "score": 1.5422108254079405}
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Shapes of a Basal size. [I] marks values not confirmed for the real checkpoints (basal-contract.md §4.2)."""
+    """Shapes of a Basal size. [I] marks values not confirmed for the real checkpoints (docs/contract.md §4)."""
 
     config: LlamaConfig
     description: str

@@ -1,4 +1,4 @@
-"""Query tiles and block chain ranges of a packed tree, for GPU tree attention (cuda-path.md §3.2, §4; numpy only).
+"""Query tiles and block chain ranges of a packed tree, for GPU tree attention (docs/gpu-path.md §3.2, §4; numpy only).
 
 A sibling of `attention_plan`: instead of per-query key index lists it emits, per batch,
 - a **tile table** `(q0, nq, pos0, block)`: `nq` consecutive tokens of one block (at most NT per tile), starting at

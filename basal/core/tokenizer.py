@@ -1,4 +1,4 @@
-"""The model's tokenizer with upstream semantics (basal-contract.md §1.6).
+"""The model's tokenizer with upstream semantics (docs/contract.md §1.6).
 
 * ``add_special_tokens=False``: ``<s>``, ``<|im_start|>``, ``<|im_end|>`` written in the prompt text are matched
   as special tokens; nothing is added around the text.

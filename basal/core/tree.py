@@ -1,4 +1,4 @@
-"""Prefix-tree packing (basal-contract.md §3): prompts that share a prefix are computed once.
+"""Prefix-tree packing (docs/contract.md §3): prompts that share a prefix are computed once.
 
 All option-order prompts of a batch — both orders of a question, every question of a request, questions of
 different requests — go into a compressed prefix trie, flattened depth first into one token list without

@@ -24,7 +24,7 @@ def test_the_library_gemm_passes_the_check():
 
 def test_the_check_catches_a_shape_dependent_call():
     """Negative control: a call that skips the zero padding runs the lone anchor as a 1-row GEMM (its own class
-    on torch CPU f32, backends-determinism.md §6), so the anchor's bits depend on the other rows."""
+    on torch CPU f32, docs/determinism.md §1), so the anchor's bits depend on the other rows."""
 
     def skips_padding(c: torch.Tensor) -> torch.Tensor:
         real = max(1, int((c.abs().sum(1) > 0).sum()))

@@ -1,4 +1,4 @@
-"""Decision math against the worked numbers of basal-contract.md §2.4 and TypeSafe's confidence formulas."""
+"""Decision math against the worked numbers of docs/contract.md §2.4 and TypeSafe's confidence formulas."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_structured_state_answer_upstream():
     assert answer_systemone(typesafe, d).confidence == pytest.approx(0.99250, abs=1e-5)
 
 
-# systemone-api.md §6.5: Jev's published confidences, from displayed (rounded) probabilities, so ±0.011.
+# docs/contract.md §2.3: Jev's published confidences, from displayed (rounded) probabilities, so ±0.011.
 @pytest.mark.parametrize(
     ("kind", "p", "confidence"),
     [

@@ -1,4 +1,4 @@
-"""Choices with 11–255 options (extensions.md §7): every visible large_choice vector that runs without the real
+"""Choices with 11–255 options (docs/extensions.md §7): every visible large_choice vector that runs without the real
 weights (groups, prompt counts, finalists, the Luce fit, the whole pipeline through a stub backend), and the
 property that the fit reproduces exact Luce targets."""
 

@@ -31,7 +31,7 @@ def test_golden_samples_all_match():
     assert report.passed["p_cal"] == 12 and report.passed["temperature"] == 12 and report.passed["packing"] == 12
 
 
-UPSTREAM_ERRORS = [  # basal-contract.md §2.4: upstream's own messages for out-of-range option counts
+UPSTREAM_ERRORS = [  # docs/contract.md §2.4: upstream's own messages for out-of-range option counts
     ("so-score-one-level", "ValueError: question 'alarm': 1 options (supported: 2..10)"),
     ("so-eleven-options", "ValueError: question 'cat': 11 options (supported: 2..10)"),
 ]

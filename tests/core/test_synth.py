@@ -43,7 +43,7 @@ def test_real_shapes(preset):
     cfg = PRESETS[preset].config
     d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd
-    # GEMM shapes of the reference engines' tables (basal-contract.md §4.2)
+    # GEMM shapes of the reference engines' tables (docs/contract.md §4)
     expected = {
         "mini": (2048, 1536, 1536, 17920, 8960),
         "4.5B": (2560, 2048, 2048, 22016, 11008),

@@ -14,7 +14,7 @@ LETTERS = list(range(100, 110))
 
 
 def test_reference_packer_example():
-    """basal-contract.md §3.1: [1,2,3,4,5] and [1,2,3,7,8,9]."""
+    """docs/contract.md §3: [1,2,3,4,5] and [1,2,3,7,8,9]."""
     row = pack_row([(1, 2, 3, 4, 5), (1, 2, 3, 7, 8, 9)])
     assert row.tokens == [1, 2, 3, 4, 5, 7, 8, 9]
     assert row.positions == [0, 1, 2, 3, 4, 3, 4, 5]

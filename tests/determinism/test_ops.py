@@ -1,4 +1,4 @@
-"""Op-level invariance of the torch kernels (backends-determinism.md §7.1): an anchor row's bits do not depend
+"""Op-level invariance of the torch kernels (docs/determinism.md §2): an anchor row's bits do not depend
 on how many rows run with it or where it sits; the library ops they replace do (negative control)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rules of extensions.md §5 one by one, and the property that the state is never changed, only extended."""
+"""The rules of docs/extensions.md §5 one by one, and the property that the state is never changed, only extended."""
 
 from __future__ import annotations
 

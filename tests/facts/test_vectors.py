@@ -1,4 +1,4 @@
-"""Every facts vector: the injected state byte for byte, the asserted lines, the error texts (extensions.md §5)."""
+"""Every facts vector: the injected state byte for byte, the asserted lines, the error texts (docs/extensions.md §5)."""
 
 from __future__ import annotations
 

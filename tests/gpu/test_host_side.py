@@ -1,5 +1,5 @@
 """The GPU path's host side, in plain Python (runs everywhere, no Triton): buckets, the tile plan and its blob,
-staging slots, the graph policy and the GEMM engine table (cuda-path.md §8.1 c)."""
+staging slots, the graph policy and the GEMM engine table (docs/gpu-path.md §8.1 c)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Runs the Triton kernel tests in `interpreter/` in a process of their own, with TRITON_INTERPRET=1 set before
-triton is imported and the order-fixed dot installed (cuda-path.md §8.1 a)."""
+triton is imported and the order-fixed dot installed (docs/gpu-path.md §8.1 a)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Offline sm_90 compilation of the kernels with the pinned Triton (cuda-path.md §8.1 b): no GEMM spills, shared
+"""Offline sm_90 compilation of the kernels with the pinned Triton (docs/gpu-path.md §8.1 b): no GEMM spills, shared
 memory within the limit, wgmma where BM >= 64. `make test` compiles every shipped GEMM config and one of each other
 kernel at 4.5B shapes; the whole matrix (every kernel × config × model shape) is marked slow. Triton caches
 compiled kernels (~/.triton/cache), so reruns on the same machine take seconds."""

@@ -69,7 +69,7 @@ class TorchBackend:
         if dev.type == "cpu":
             configure_threads()  # physical cores, unless the config or OMP_NUM_THREADS chose (threads.py)
         if dev.type == "cuda":
-            # no TF32, no reduced-precision split reductions (backends-determinism.md §2)
+            # no TF32, no reduced-precision split reductions (docs/determinism.md §1)
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

@@ -1,4 +1,4 @@
-"""GEMM row-chunk sizes per weight shape, chosen by a short probe at load (issue 16, backends-determinism.md §6).
+"""GEMM row-chunk sizes per weight shape, chosen by a short probe at load (issue 16, docs/determinism.md §1).
 
 Batch invariance needs every GEMM call to have a shape whose per-row arithmetic does not depend on the other rows
 (§0, §6a). The 64-row chunk of the first version is such a shape, but it runs at half to two-thirds of the rate

@@ -1,4 +1,4 @@
-"""Batch-invariant building blocks for the torch backend (backends-determinism.md §0, §6).
+"""Batch-invariant building blocks for the torch backend (docs/determinism.md §1).
 
 Library kernels pick their reduction strategy from the shape (torch CPU f32 GEMM has row-count classes {1},
 {2,3}, {≥4}), so every op that reduces runs on **fixed-shape row chunks**: the rows are zero-padded to a

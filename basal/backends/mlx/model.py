@@ -176,7 +176,7 @@ class MLXLlama:
             return O.linear(x, w_t, b, rows)
         # the negative control only: a GEMM whose arithmetic changes with the row count. MLX's Metal GEMM does that
         # by itself; mlx-cpu's (reference BLAS) does not, so there it splits K into 1-3 parts by the row count, as
-        # a shape-driven dispatcher picks split-K (steel_gemm_splitk, backends-determinism.md §5.1)
+        # a shape-driven dispatcher picks split-K (steel_gemm_splitk, docs/determinism.md §1)
         splits = 1 if self.use_metal else 1 + (x.shape[0] // O.ROWS) % 3
         edges = [w_t.shape[0] * i // splits for i in range(splits + 1)]
         parts = [x[:, lo:hi] @ w_t[lo:hi] for lo, hi in itertools.pairwise(edges)]

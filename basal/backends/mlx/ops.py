@@ -4,7 +4,7 @@ operations, RoPE from a per-position table, and tree attention over keys in posi
 `KEY_TILE` anchored at position 0 with an f32 online softmax.
 
 MLX's own `mx.matmul` on Metal switches kernels with the row count, so fixed chunks matter there; mlx-cpu was
-measured row-invariant, and runs the same code (backends-determinism.md §5).
+measured row-invariant, and runs the same code (docs/determinism.md §1).
 """
 
 from __future__ import annotations

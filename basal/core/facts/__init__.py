@@ -1,4 +1,4 @@
-"""``facts: "auto"``: computed calendar and money facts appended to a Polish state (extensions.md §5).
+"""``facts: "auto"``: computed calendar and money facts appended to a Polish state (docs/extensions.md §5).
 
 Modules, in the order the block is built: `patterns` (data), `scan` (linear-time matching), `sentences`,
 `amounts` (Decimal formats), `calendar` (part A), `vat` (part B), `stated`, `exchange`, `money`, `compare`

@@ -1,4 +1,4 @@
-"""Decimal amounts as upstream reads and prints them (extensions.md §5.3, §5.6: dec, q, zl, num, kk).
+"""Decimal amounts as upstream reads and prints them (docs/extensions.md §5.3, §5.6: dec, q, zl, num, kk).
 
 All arithmetic runs in `CONTEXT`, Python's default decimal context (28 significant digits, ROUND_HALF_EVEN after
 every operation, InvalidOperation trapped), whatever the calling thread's context is. ``q`` rounds to cents

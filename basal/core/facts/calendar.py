@@ -1,4 +1,4 @@
-"""Part A of the facts block — calendar lines (extensions.md §5.4, §5.4.1, §5.6, §5.7).
+"""Part A of the facts block — calendar lines (docs/extensions.md §5.4, §5.4.1, §5.6, §5.7).
 
 Dates are ``datetime.date`` (proleptic Gregorian, years 1..9999). Impossible dates in the text are skipped;
 arithmetic past the range raises Python's own errors, which upstream returns as the request's error (§5.11):

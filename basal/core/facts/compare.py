@@ -1,4 +1,4 @@
-"""Net/gross lines and comparisons (extensions.md §5.9 C7, C8).
+"""Net/gross lines and comparisons (docs/extensions.md §5.9 C7, C8).
 
 The pool holds every value worth comparing: each subject and its net/gross counterpart (kind 0), the refs
 of C2/C3 (kind 2) and the amounts no step used (kind 1, "plain"). The comparison lines are the first 6 pairs

@@ -1,4 +1,4 @@
-"""Exchange rates and euro amounts in złoty (extensions.md §5.9 C1, C2).
+"""Exchange rates and euro amounts in złoty (docs/extensions.md §5.9 C1, C2).
 
 C1 collects rates written after ``kurs…``, as ``4,31 zł za 1 euro`` / ``zł/EUR``, as ``1 EUR = 4,31 zł`` and
 inside ``100 euro × 4,31 zł``; only 1 < rate < 10 is kept. C2 converts the first three distinct euro amounts

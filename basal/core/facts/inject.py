@@ -1,4 +1,4 @@
-"""The facts block: assembly, limits and errors (extensions.md §5.2, §5.10, §5.11).
+"""The facts block: assembly, limits and errors (docs/extensions.md §5.2, §5.10, §5.11).
 
 ``inject(state)`` is what ``facts: "auto"`` does to a state: the state unchanged when no fact is found, else
 the state, a blank line, the header and one ``- `` line per fact. Calendar and VAT lines are never cut;

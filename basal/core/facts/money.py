@@ -1,4 +1,4 @@
-"""Part C of the facts block — money arithmetic (extensions.md §5.9 C3–C6; C0–C2 and C7–C8 in their modules).
+"""Part C of the facts block — money arithmetic (docs/extensions.md §5.9 C3–C6; C0–C2 and C7–C8 in their modules).
 
 Every step claims the stated amounts it uses (see `stated`), so an amount is an operand of at most one line.
 Steps add *subjects* (value, label, source amount) — the totals that the net/gross and comparison lines

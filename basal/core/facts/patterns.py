@@ -1,4 +1,4 @@
-"""The data of the facts block: constants (extensions.md §5.4) and regular expressions (§5.5), exactly as upstream.
+"""The data of the facts block: constants (docs/extensions.md §5.4) and regular expressions (§5.5), exactly as upstream.
 
 Patterns are Python ``re`` on ``str`` with no flags (§5.3): ``\\d``, ``\\w``, ``\\s`` and ``\\b`` are Unicode-aware.
 Group numbers used elsewhere refer to these patterns. Patterns that end in a space end in one U+0020.

@@ -1,7 +1,7 @@
-"""The ``facts`` request field on both dialects (extensions.md §1.2, §1.3, §5.1, §11).
+"""The ``facts`` request field on both dialects (docs/extensions.md §1.2, §1.3, §5.1, §11).
 
 Runs right after the state is read and before any question: the state text (a string as is, other JSON as
-``_text`` renders it, basal-contract.md §1.4) becomes the injected text that every question reads — prompts
+``_text`` renders it, docs/contract.md §1.4) becomes the injected text that every question reads — prompts
 and language detection alike. A failure of the computation is the request's error in the dialect's shape.
 
 * ``/v1/basal`` follows upstream: the field must be exactly ``"off"`` or ``"auto"`` when present (``null``

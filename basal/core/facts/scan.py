@@ -1,4 +1,4 @@
-"""``finditer`` for the amount patterns in linear time, with exactly Python's matches (extensions.md §5.3, §5.5).
+"""``finditer`` for the amount patterns in linear time, with exactly Python's matches (docs/extensions.md §5.3, §5.5).
 
 AMOUNT, STATED, EURO, EURO_X_RATE and TIER read a number as ``\\d{1,3}`` followed by thousands groups
 ``SEP\\d{3}``. Python's ``finditer`` retries at every group of a long chain of groups that is not followed

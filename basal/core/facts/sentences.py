@@ -1,4 +1,4 @@
-"""Sentence bounds and windows of a state (extensions.md §5.6).
+"""Sentence bounds and windows of a state (docs/extensions.md §5.6).
 
 A bound is a BOUND match (``.``, ``;``, ``!``, ``?`` before whitespace and a capital, or a newline); the
 sentence index of a position is the number of bounds strictly before it. Windows are new strings, so a

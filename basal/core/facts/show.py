@@ -1,4 +1,4 @@
-"""``basal facts``: what the model will read once ``facts: "auto"`` has run (extensions.md §5.1, §5.2).
+"""``basal facts``: what the model will read once ``facts: "auto"`` has run (docs/extensions.md §5.1, §5.2).
 
 One state: a file's text is the state (one final newline dropped, as editors and ``echo`` add it); a file
 holding a JSON object or array is a structured state, rendered as the request's ``_text`` would render it.

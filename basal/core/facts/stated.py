@@ -1,4 +1,4 @@
-"""The stated amounts of part C (extensions.md §5.9 C0): every STATED match, what it was used for, lookups.
+"""The stated amounts of part C (docs/extensions.md §5.9 C0): every STATED match, what it was used for, lookups.
 
 Each amount starts ``free`` and is claimed at most once by a later step: ``rate`` (an exchange rate, C1),
 ``alias`` (the złoty value of a euro amount, C2), ``op`` (an operand of a calc line, C3–C6) or ``subj`` (a

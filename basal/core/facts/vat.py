@@ -1,4 +1,4 @@
-"""Part B of the facts block — VAT lines (extensions.md §5.6 vat_rates, §5.8).
+"""Part B of the facts block — VAT lines (docs/extensions.md §5.6 vat_rates, §5.8).
 
 A percentage is a VAT rate only when its own sentence says "VAT" or "podat… od towarów"; the first three
 AMOUNT matches that are not exchange rates get ``× 1,23`` and ``÷ 1,23`` lines for every such rate.

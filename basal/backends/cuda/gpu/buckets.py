@@ -1,4 +1,4 @@
-"""Token and readout buckets (cuda-path.md §6): a forward is padded to a bucket, so CUDA graphs, grids and the GEMM
+"""Token and readout buckets (docs/gpu-path.md §6): a forward is padded to a bucket, so CUDA graphs, grids and the GEMM
 probe see a finite set of shapes. Padding changes only M, which every kernel is invariant to."""
 
 from __future__ import annotations

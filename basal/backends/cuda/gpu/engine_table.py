@@ -1,4 +1,4 @@
-"""Which GEMM engine each weight shape uses, decided by an on-device bitwise probe (cuda-path.md §3.1, R5, R6, R10).
+"""Which GEMM engine each weight shape uses, decided by an on-device bitwise probe (docs/gpu-path.md §3.1, R5, R6, R10).
 
 Candidates: `lt` (cuBLASLt through torch under the R7 settings: split-K off, 1 KiB workspace) and `tri` (our
 fixed-order Triton GEMM). A shape may use an engine only after the probe showed, on this device, that an anchor

@@ -1,4 +1,4 @@
-"""The CUDA settings the invariant path needs (cuda-path.md R7), applied before CUDA initialises its libraries."""
+"""The CUDA settings the invariant path needs (docs/gpu-path.md R7), applied before CUDA initialises its libraries."""
 
 from __future__ import annotations
 

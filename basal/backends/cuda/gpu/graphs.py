@@ -1,4 +1,4 @@
-"""CUDA graphs per (token bucket, readout bucket), captured lazily on a key's second use (cuda-path.md §6).
+"""CUDA graphs per (token bucket, readout bucket), captured lazily on a key's second use (docs/gpu-path.md §6).
 
 The first use of a bucket runs eagerly (it compiles the Triton kernels and creates the cuBLAS handle); the second
 captures the same code path over the same arena buffers and replays it; later uses replay. Graphs share one

@@ -1,4 +1,4 @@
-"""Four patches that make the Triton interpreter fit for bitwise kernel tests on the CPU (cuda-path.md §8.1 a).
+"""Four patches that make the Triton interpreter fit for bitwise kernel tests on the CPU (docs/gpu-path.md §8.1 a).
 
 1. **An order-fixed `tl.dot`** (that also reads bf16 operands: the stock one multiplies their raw bits). The stock
    interpreter computes a dot as `np.matmul(a, b) + acc`; numpy hands it to

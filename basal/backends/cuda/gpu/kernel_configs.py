@@ -1,4 +1,4 @@
-"""Fixed kernel configurations per model shape (cuda-path.md §3). Plain Python: read by the kernels' launchers,
+"""Fixed kernel configurations per model shape (docs/gpu-path.md §3). Plain Python: read by the kernels' launchers,
 the offline compile check and gpu_check.py.
 
 A configuration is part of the numerics: Triton's `tl.sum` order follows the register layout, which follows the

@@ -1,4 +1,4 @@
-"""Pinned staging slots and async readback (cuda-path.md §7).
+"""Pinned staging slots and async readback (docs/gpu-path.md §7).
 
 Each slot holds a host metadata blob and a host output [R_cap, 16] f32, pinned on CUDA and allocated once. A
 forward takes a free slot, copies the blob to the device, runs, copies the logits back without blocking and

@@ -1,4 +1,4 @@
-"""Offline sm_90 (H100/H200) compilation of every kernel × shipped config, without a GPU (cuda-path.md §8.1 b).
+"""Offline sm_90 (H100/H200) compilation of every kernel × shipped config, without a GPU (docs/gpu-path.md §8.1 b).
 
 `triton.compile` with a `GPUTarget("cuda", 90, 32)` runs the whole pipeline down to a cubin using the ptxas Triton
 bundles; the bundled `cuobjdump --dump-resource-usage` then reads registers, stack (spills) and shared memory. A

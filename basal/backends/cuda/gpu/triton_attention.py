@@ -1,4 +1,4 @@
-"""Tree attention with key tiles anchored at position 0 (cuda-path.md §3.2, rule R3).
+"""Tree attention with key tiles anchored at position 0 (docs/gpu-path.md §3.2, rule R3).
 
 Grid `(tile capacity, KV heads)`: a program takes one query tile of `basal.core.tile_plan` — up to NT tokens of one
 block, × the G query heads that share this KV head = BM rows — and walks its keys in logical tiles

@@ -1,5 +1,5 @@
 """Row-wise Triton kernels: RMSNorm with the residual add, RoPE with the K/V write, SwiGLU, the letter readout
-(cuda-path.md §3.3-§3.4, rules R2 and R4).
+(docs/gpu-path.md §3.3-§3.4, rules R2 and R4).
 
 Every reduction is one program per row with a block size and warp count fixed per model shape, never derived from
 the batch, so a row's bits do not depend on how many rows run with it. The rounding points follow the torch CPU
