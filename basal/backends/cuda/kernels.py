@@ -120,7 +120,7 @@ _LN2_HI = 0.693359375
 _LN2_LO = -2.1219444005469057e-04
 _EXP_TAYLOR = [1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]
 _EXP_MIN, _EXP_MAX = -87.33654, 88.72284  # below: 0 (no subnormals); above: inf
-EXP_BLOCK = 1 << 16  # elements per pass of `det_exp`: its temporaries stay in cache (speed only, not numerics)
+EXP_BLOCK = 1 << 20  # elements per pass of `det_exp`: its temporaries stay in cache (speed only, not numerics)
 
 
 def det_exp(x: torch.Tensor, fixed: bool = True) -> torch.Tensor:
@@ -201,7 +201,7 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
         e.add_(1.0)  # = 1.0 + e
         torch.mul(torch.div(g32, e, out=e).to(gu.dtype), gu[:, width:], out=out)
 
-    return run_to_end(_chunk_steps(into, gate_up, max(1, EXP_BLOCK // width), width))
+    return run_to_end(_chunk_steps(into, gate_up, max(1, min(len(gate_up), EXP_BLOCK // width)), width))
 
 
 def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
