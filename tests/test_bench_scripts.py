@@ -72,3 +72,12 @@ def test_multi_speed_smoke(demo_dir, tmp_path):
     (row,) = rows
     assert row["labels"] == 3 and row["packed_tokens"] < row["prompt_tokens"]  # the state is computed once
     assert row["packed_tokens"] < row["separate_packed_tokens"]
+
+
+@pytest.mark.slow
+def test_evidence_speed_smoke(demo_dir, tmp_path):
+    from bench import evidence_speed
+
+    args = ["--model", str(demo_dir), "--state-tokens", "64", "--questions", "1", "--reps", "1"]
+    (row,) = evidence_speed.main([*args, "--out", str(tmp_path / "e.json")])
+    assert row["state_tokens"] == 64 and row["on_ms"] > 0 and row["off_ms"] > 0

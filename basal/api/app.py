@@ -18,7 +18,8 @@ from litestar.openapi.spec import Components, SecurityScheme
 from basal import __version__
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.handling import ApiSettings, check_auth, decide
-from basal.api.openapi import BEARER, decision_responses, documented, request_schema
+from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
+from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
 from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
 METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAML: metrics: true)."
 
 
 def compute_info(engines: Engines, name: str) -> dict[str, object]:
@@ -42,16 +44,16 @@ def compute_info(engines: Engines, name: str) -> dict[str, object]:
 def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
     settings = settings or ApiSettings()
     names = list(engines.engines)
-    resolve = model_resolver(names, engines.default)
+    resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
     limits, keys = settings.limits, bool(settings.api_keys)
-
-    def systemone_model(name: str | None) -> str | None:
-        return resolve(name) if name is not None else None  # TypeSafe: "model" is required
 
     @post(
         "/v1/systemone",
         operation_class=documented(
-            decision_responses("systemone", SystemOneResponse, keys), request_schema(SystemOneRequest, limits), keys
+            decision_responses("systemone", SystemOneResponse, keys),
+            request_schema(SystemOneRequest, limits),
+            keys,
+            REQUEST_EXAMPLES["systemone"],
         ),
         status_code=200,
         summary="TypeSafe System One decisions",
@@ -59,13 +61,16 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
         return await decide(
-            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, systemone_model, limits=limits)
+            request, "systemone", engines, settings, lambda raw: parse_systemone(raw, resolve, limits=limits)
         )
 
     @post(
         "/v1/basal",
         operation_class=documented(
-            decision_responses("basal", BasalResponse, keys), request_schema(BasalRequest, limits), keys
+            decision_responses("basal", BasalResponse, keys),
+            request_schema(BasalRequest, limits),
+            keys,
+            REQUEST_EXAMPLES["basal"],
         ),
         status_code=200,
         summary="Decisions in the upstream basal-serve dialect",
@@ -158,7 +163,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
     )
     async def metrics() -> Response:
         if not settings.metrics:
-            return Response({"detail": "Not Found"}, status_code=404, media_type="application/json")
+            return Response({"detail": METRICS_OFF}, status_code=404, media_type="application/json")
         return Response(engines.metrics.render(), media_type=METRICS_MEDIA_TYPE)
 
     async def shutdown() -> None:
@@ -173,7 +178,8 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         openapi_config=OpenAPIConfig(
             title="basal",
             version=__version__,
-            path="/schema",
+            path=SCHEMA_PATH,
+            render_plugins=schema_pages(),
             components=Components(
                 security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
                 if keys

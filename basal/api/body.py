@@ -53,7 +53,7 @@ async def read_body(
             return b"".join(chunks)
 
 
-def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
+def decompress(body: bytes, encoding: str | None, limit: int, dialect: str = "systemone") -> bytes:
     """Decode gzip / deflate / zstd bodies, refusing anything that inflates past `limit` bytes (413)."""
     encoding = (encoding or "identity").strip().lower()
     if encoding == "identity":
@@ -73,11 +73,10 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
                     size += len(part)
             out = b"".join(parts)
         else:
-            raise RequestError(
-                415, {"detail": f"Unsupported Content-Encoding: {encoding}. Send identity, gzip, deflate or zstd."}
-            )
+            shown = encoding[:100]
+            raise _error(415, f"Unsupported Content-Encoding: {shown}. Send identity, gzip, deflate or zstd.", dialect)
     except (zlib.error, zstandard.ZstdError) as e:
-        raise RequestError(400, {"detail": f"The body is not valid {encoding} data: {e}"}) from e
+        raise _error(400, f"The body is not valid {encoding} data: {e}", dialect) from e
     if len(out) > limit:
-        raise RequestError(413, {"detail": f"The decompressed body is larger than {limit} bytes."})
+        raise _error(413, f"The decompressed body is larger than {limit} bytes.", dialect)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -25,6 +26,9 @@ from basal.core.engine import Cancelled, Engines, Result
 from basal.core.limits import DEFAULT_LIMITS, Limits
 
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
+MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +85,12 @@ def timing_headers(result: Result, rid: str) -> dict[str, str]:
     return headers
 
 
+def warnings_header(messages: tuple[str, ...]) -> str:
+    """The ``x-basal-warnings`` value: the plan's warnings joined, ASCII only (escaped), at most 1 KiB."""
+    value = "; ".join(messages).encode("ascii", "backslashreplace").decode("ascii")
+    return value if len(value) <= MAX_WARNINGS_HEADER else value[: MAX_WARNINGS_HEADER - 3] + "..."
+
+
 async def _plan(
     request: Request, dialect: str, settings: ApiSettings, parse: Callable[[Any], DecisionRequest]
 ) -> DecisionRequest:
@@ -90,7 +100,7 @@ async def _plan(
     encoding = request.headers.get("content-encoding")
 
     def decode() -> Any:
-        return decode_body(decompress(body, encoding, settings.max_body_bytes), dialect)
+        return decode_body(decompress(body, encoding, settings.max_body_bytes, dialect), dialect)
 
     if len(body) > INLINE_BODY_BYTES or (encoding or "identity").strip().lower() != "identity":
         return await asyncio.to_thread(lambda: parse(decode()))
@@ -123,6 +133,9 @@ async def decide(
             result = await engines.run(plan, gone.is_set, has_slot=True)
         status, content, headers = 200, msgspec.json.encode(result.response), timing_headers(result, rid)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
+        if plan.warnings:
+            headers["x-basal-warnings"] = warnings_header(plan.warnings)
+            log.warning("%s %s answered with warnings: %s", endpoint, rid, headers["x-basal-warnings"])
         metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
     except Exception as exc:

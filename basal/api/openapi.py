@@ -29,6 +29,68 @@ ANSWER_HEADERS = {
     )
 }
 
+WARNINGS_HEADER = {
+    "x-basal-warnings": {
+        "description": "what the request sent that was ignored (misspelled fields, unknown types); at most 1 KiB",
+        "schema": {"type": "string"},
+    }
+}
+README_QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Does this convey urgency?"},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {"billing": "Payments, invoicing, refunds", "technical": "Bugs, outages"},
+    },
+}
+REQUEST_EXAMPLES = {  # every example is answered 200 (tests/api/test_openapi_docs.py posts each one)
+    "systemone": {
+        "noul-and-choice": {
+            "summary": "a yes/no question and a choice (the README's request)",
+            "value": {
+                "model": "jev-latest",
+                "state": "Help! My payouts have been failing for 3 days.",
+                "questions": README_QUESTIONS,
+            },
+        },
+        "score-on-a-json-state": {
+            "summary": "a score over levels, the state a JSON object",
+            "value": {
+                "model": "jev-latest",
+                "state": {"ticket": "Paczka dotarła uszkodzona", "amount": 129.99},
+                "questions": {
+                    "urgency": {
+                        "type": "score",
+                        "instructions": "Jak pilne?",
+                        "criteria": ["niska", "średnia", "wysoka"],
+                    }
+                },
+            },
+        },
+    },
+    "basal": {
+        "noul-and-choice": {
+            "summary": "the default model; a choice's type may be left out",
+            "value": {
+                "state": "Help! My payouts have been failing for 3 days.",
+                "questions": {
+                    "urgent": README_QUESTIONS["urgent"],
+                    "team": {"instructions": "Which team?", "criteria": ["billing", "technical"]},
+                },
+            },
+        },
+        "score-with-levels": {
+            "summary": "a score over levels",
+            "value": {
+                "state": "Server room temperature is 41 C and rising.",
+                "questions": {
+                    "alarm": {"type": "score", "instructions": "How severe?", "criteria": ["minor", "critical"]}
+                },
+            },
+        },
+    },
+}
+
 
 def _json(description: str, tp: Any, headers: dict[str, Any] | None = None) -> dict[str, Any]:
     response: dict[str, Any] = {
@@ -44,7 +106,7 @@ def decision_responses(dialect: str, answer: type, keys: bool) -> dict[str, Any]
     """Every status a decision route sends (499 goes to logs and metrics only: its client has left)."""
     error: Any = BasalError if dialect == "basal" else SystemOneError
     responses = {
-        "200": _json("the answers", answer, ANSWER_HEADERS),
+        "200": _json("the answers", answer, ANSWER_HEADERS | (WARNINGS_HEADER if dialect == "basal" else {})),
         "400": _json("a semantic limit (Jev's 400 bodies) or a body that does not decompress", error),
         "413": _json("the body (or its decompressed form) is over the size limit", error),
         "415": _json("Content-Type is not application/json, or Content-Encoding is unknown", error),
@@ -69,11 +131,19 @@ def request_schema(tp: type, limits: Limits) -> dict[str, Any]:
     return schema
 
 
-def documented(responses: dict[str, Any], body: dict[str, Any] | None = None, secured: bool = False) -> type[Operation]:
-    """An OpenAPI operation with exactly these responses (and request body, and Bearer security)."""
+def documented(
+    responses: dict[str, Any],
+    body: dict[str, Any] | None = None,
+    secured: bool = False,
+    examples: dict[str, Any] | None = None,
+) -> type[Operation]:
+    """An OpenAPI operation with exactly these responses (and request body with examples, and Bearer security)."""
     extra: dict[str, Any] = {"responses": responses}
     if body is not None:
-        extra["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        media: dict[str, Any] = {"schema": body}
+        if examples:
+            media["examples"] = examples
+        extra["requestBody"] = {"required": True, "content": {"application/json": media}}
     if secured:
         extra["security"] = [{BEARER: []}]
 

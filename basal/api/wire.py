@@ -137,10 +137,15 @@ class BasalError(msgspec.Struct):
 
 
 def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    """`schema` with every ``$ref`` to its ``$defs`` replaced by the definition. A tagged union keeps its
+    discriminator's property but not its ``mapping``, whose targets (``#/$defs/...``) are inlined now."""
     if isinstance(schema, dict):
         if "$ref" in schema:
             return _inline(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
-        return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
+        inlined = {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
+        if isinstance(inlined.get("discriminator"), dict) and ("anyOf" in inlined or "oneOf" in inlined):
+            inlined["discriminator"] = {k: v for k, v in inlined["discriminator"].items() if k != "mapping"}
+        return inlined
     if isinstance(schema, list):
         return [_inline(v, defs) for v in schema]
     return schema

@@ -12,6 +12,7 @@ Both produce the same plan, a `DecisionRequest` of `Question`s; nothing past thi
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections.abc import Callable
@@ -24,7 +25,9 @@ from basal.core import multi_act_contract as ext
 from basal.core.act import ActAnswer, ActSpec
 from basal.core.errors import RequestError
 from basal.core.facts.request import basal_state_text, systemone_state_text
+from basal.core.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
 from basal.core.limits import DEFAULT_LIMITS, Limits, echo
+from basal.core.model_names import ServedModels
 from basal.core.multi import MultiAnswer, MultiSpec
 from basal.core.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, Item, named_options
 from basal.core.render import MAX_DEPTH, depth_of, text_of
@@ -84,6 +87,7 @@ class DecisionRequest:
     dialect: Dialect
     model: str
     questions: tuple[Question, ...]
+    warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -157,6 +161,17 @@ class BasalResponse(msgspec.Struct):
 # JSON bodies
 
 _BYTE_AT = re.compile(r"\(byte (\d+)\)")
+_COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _why_not_json(body: bytes) -> str | None:
+    """A body that fails to decode for a reason the user can fix at once: none at all, or compressed data."""
+    if not body.strip():
+        return "empty body"
+    for magic, encoding in _COMPRESSED_MAGIC.items():
+        if body.startswith(magic):
+            return f"the body is {encoding} data: set Content-Encoding: {encoding}"
+    return None
 
 
 def decode_body(body: bytes, dialect: Dialect) -> Any:
@@ -165,10 +180,10 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
         return msgspec.json.decode(body)
     except (msgspec.DecodeError, RecursionError) as e:
         message = str(e) if isinstance(e, msgspec.DecodeError) else "JSON nested too deeply"
+        reason = _why_not_json(body)
         if dialect == "basal":
-            raise RequestError(
-                422, {"error": f"invalid JSON: {message}"}, upstream=f"JSONDecodeError: {message}"
-            ) from e
+            shown = message if reason is None else reason
+            raise RequestError(422, {"error": f"invalid JSON: {shown}"}, upstream=f"JSONDecodeError: {message}") from e
         m = _BYTE_AT.search(message)
         offset = len(body[: int(m.group(1))].decode("utf-8", errors="ignore")) if m else 0
         raise RequestError(
@@ -178,9 +193,9 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
                     {
                         "type": "json_invalid",
                         "loc": ["body", offset],
-                        "msg": "JSON decode error",
+                        "msg": "JSON decode error" if reason is None else f"JSON decode error: {reason}",
                         "input": {},
-                        "ctx": {"error": message},
+                        "ctx": {"error": message if reason is None else reason},
                     }
                 ]
             },
@@ -189,6 +204,11 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
 
 # ---------------------------------------------------------------------------------------------------------------
 # /v1/systemone — TypeSafe System One
+
+
+def _served_hint(resolve_model: Callable[..., str | None]) -> str:
+    """`` (served: ...; GET /v1/models lists them)`` after an unknown model name, where the served names are known."""
+    return f" ({resolve_model.hint()})" if isinstance(resolve_model, ServedModels) else ""
 
 
 def _usage_error(message: str) -> RequestError:
@@ -227,8 +247,13 @@ class _ShapeErrors:
             err["ctx"] = ctx
         self.items.append(err)
 
-    def missing(self, loc: list[Any]) -> None:
-        self.add("missing", loc, "Field required")
+    def missing(self, loc: list[Any], hint: str = "") -> None:
+        self.add("missing", loc, "Field required" + hint)
+
+    def extra(self, loc: list[Any], value: Any, allowed: frozenset[str] | tuple[str, ...]) -> None:
+        """An unknown field, with the nearest valid name (computed only while the list has room)."""
+        hint = "" if self.full else did_you_mean(str(loc[-1]), allowed)
+        self.add("extra_forbidden", loc, "Extra inputs are not permitted" + hint, value)
 
     def entry(self, value: Any, loc: list[Any], nullable: bool) -> bool:
         """A content value (state, instructions, criterion): string, object or array (or null where allowed)."""
@@ -242,6 +267,17 @@ class _ShapeErrors:
             self.add("too_deep", loc, f"Value is nested deeper than {MAX_DEPTH} levels", None, max_depth=MAX_DEPTH)
             return False
         return True
+
+
+SYSTEMONE_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+MAX_KEYS_COMPARED = 64  # a missing field is compared with the body's first keys only (a body may have thousands)
+
+
+def _misspelled_as(field: str, raw: dict[str, Any]) -> str:
+    """`` (the body has 'questons'; did you mean 'questions'?)`` for a missing top-level field, if a key is close."""
+    unknown = [k[:MAX_KEY_CHARS] for k in itertools.islice(raw, MAX_KEYS_COMPARED) if k not in SYSTEMONE_BODY_KEYS]
+    match = nearest(field, unknown)
+    return f" (the body has {echo(match)!r}; did you mean {field!r}?)" if match else ""
 
 
 def _preview(value: Any, max_chars: int = DEFAULT_LIMITS.max_echo_chars) -> Any:
@@ -316,7 +352,7 @@ def parse_systemone(
         raise _too_many_questions("systemone", len(raw["questions"]), limits)  # before any per-question work
     for key in ("model", "state", "questions"):
         if key not in raw:
-            errors.missing([key])
+            errors.missing([key], _misspelled_as(key, raw))
     if "model" in raw and not isinstance(raw["model"], str):
         errors.add("string_type", ["model"], "Input should be a valid string", raw["model"])
     state_ok = "state" in raw and errors.entry(raw["state"], ["state"], nullable=False)
@@ -347,7 +383,7 @@ def parse_systemone(
 
     model = resolve_model(raw["model"])
     if model is None:
-        raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}")
+        raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
     unsupported: list[dict[str, Any]] = []
     planned = []
     for qid, q in questions.items():
@@ -389,7 +425,7 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
     loc = ["questions", qid, qtype]
     for key in q:
         if key not in _ALLOWED_KEYS[qtype]:
-            errors.add("extra_forbidden", [*loc, key], "Extra inputs are not permitted", q[key])
+            errors.extra([*loc, key], q[key], _ALLOWED_KEYS[qtype])
     if "instructions" in q:
         errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
     criteria = q.get("criteria")
@@ -407,7 +443,7 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
             if side in ("true", "false"):
                 errors.entry(value, [*loc, "criteria", side], nullable=True)
             else:
-                errors.add("extra_forbidden", [*loc, "criteria", side], "Extra inputs are not permitted", value)
+                errors.extra([*loc, "criteria", side], value, ("true", "false"))
     elif qtype == "choice":
         if "option_keys" in q and q["option_keys"] not in ("show", "hide"):
             errors.add(
@@ -451,7 +487,10 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
         unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
         return None
     if qtype not in _ALLOWED_KEYS:
-        raise _usage_error("Invalid request.")
+        raise _usage_error(
+            f"Invalid request: question {echo(qid)!r} has unknown type {echo(qtype)!r}; "
+            f"allowed types: {', '.join(_ALLOWED_KEYS)}."
+        )
     instructions = q.get("instructions")
     question_text = "" if instructions is None else text_of(instructions)
     evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
@@ -496,8 +535,20 @@ def _plan_systemone(qid: str, q: dict[str, Any], state_text: str, unsupported: l
 # /v1/basal — the upstream basal-serve dialect (lenient; upstream messages where upstream has them)
 
 
-def _basal_error(message: str, kind: str = "ValueError") -> RequestError:
-    return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
+BASAL_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+_BASAL_COMMON = frozenset({"type", "instructions", "criteria", "evidence"})
+BASAL_QUESTION_KEYS = {  # the fields upstream reads, by question type (an unknown type is read as a choice)
+    "choice": _BASAL_COMMON | {"option_keys"},
+    "noul": _BASAL_COMMON,
+    "score": _BASAL_COMMON | {"levels", "option_keys"},
+    "multi": ext.MULTI_KEYS,
+    "act": ext.ACT_KEYS,
+}
+
+
+def _basal_error(message: str, kind: str = "ValueError", upstream: str | None = None) -> RequestError:
+    """422 ``{"error": message}``; `upstream` is upstream's own message where basal's says more (the default)."""
+    return RequestError(422, {"error": message}, upstream=f"{kind}: {message if upstream is None else upstream}")
 
 
 def parse_basal(
@@ -511,6 +562,8 @@ def parse_basal(
     `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference)."""
     if not isinstance(raw, dict):
         raise _basal_error("the request body must be a JSON object", "TypeError")
+    warnings = Warnings()
+    warnings.ignored(raw, BASAL_BODY_KEYS)
     for key in ("state", "questions"):
         if key not in raw:
             raise _basal_error(f'the request has no "{key}"', "KeyError")
@@ -519,7 +572,8 @@ def parse_basal(
         raise _basal_error('"model" must be a string', "TypeError")
     model = resolve_model(requested)
     if model is None:
-        raise _basal_error(f"unknown model: {echo(requested, limits)}")
+        shown = f"unknown model: {echo(requested, limits)}"
+        raise _basal_error(shown + _served_hint(resolve_model), upstream=shown)
     questions = raw["questions"]
     if not isinstance(questions, dict):
         raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
@@ -528,12 +582,12 @@ def parse_basal(
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
-    planned = tuple(_plan_basal(name, q, state_text) for name, q in questions.items())
+    planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
     if check_evidence:
         _fail_before_the_run(planned)
     else:
         planned = tuple(replace(q, evidence=False) for q in planned)
-    return DecisionRequest("basal", model, planned)
+    return DecisionRequest("basal", model, planned, warnings.messages())
 
 
 def _fail_before_the_run(questions: tuple[Question, ...]) -> None:
@@ -552,13 +606,14 @@ def _fail_before_the_run(questions: tuple[Question, ...]) -> None:
         raise ext.evidence_refusal_basal()
 
 
-def _plan_basal(name: str, q: Any, state_text: str) -> Question:
+def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Question:
     shown = echo(name)  # the name as quoted in errors
     if not isinstance(q, dict):
         raise _basal_error(f"question {shown!r} must be an object", "AttributeError")
     qtype = q.get("type", "choice")
     if not isinstance(qtype, str):
         raise _basal_error(f"question {shown!r}: type must be a string", "TypeError")
+    warnings.ignored(q, BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"]), name)
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
         raise _basal_error(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
     question_text = text_of(q.get("instructions", ""))
@@ -580,7 +635,7 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
     elif qtype == "score":
         kind = "score"
         levels = q.get("criteria") or q.get("levels") or []
-        _check_option_count(shown, levels)
+        _check_option_count(shown, levels, qtype)
         if isinstance(levels, dict):
             keys, options = named_options(levels, _basal_option_keys(q))
         elif isinstance(levels, list):
@@ -596,18 +651,37 @@ def _plan_basal(name: str, q: Any, state_text: str) -> Question:
             criteria = dict.fromkeys(criteria)
         if not isinstance(criteria, dict):
             raise _basal_error(f"question {shown!r}: choice criteria must be an object or a list", "TypeError")
-        _check_option_count(shown, criteria)
+        _check_option_count(shown, criteria, qtype)
         keys, options = named_options(criteria, _basal_option_keys(q))
     if not 2 <= len(options) <= MAX_OPTIONS:
-        raise _basal_error(f"question {shown!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
+        raise _option_count_error(shown, len(options), qtype, q)
+    if qtype not in BASAL_QUESTION_KEYS:
+        warnings.add(f"question {shown!r}: {_unknown_type(qtype)}")
     item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
     return Question(kind, item, tuple(options) if kind == "score" else (), evidence=evidence)
 
 
-def _check_option_count(shown: str, criteria: Any) -> None:
+def _check_option_count(shown: str, criteria: Any, qtype: str) -> None:
     """The option limit, checked before any option is rendered (a request may send thousands)."""
     if isinstance(criteria, dict | list) and len(criteria) > MAX_OPTIONS:
-        raise _basal_error(f"question {shown!r}: {len(criteria)} options (supported: 2..{MAX_OPTIONS})")
+        raise _option_count_error(shown, len(criteria), qtype)
+
+
+def _option_count_error(shown: str, n: int, qtype: str, q: dict[str, Any] | None = None) -> RequestError:
+    """Upstream's message, and why where basal can tell: an unknown type was asked as a choice, a misspelled
+    field (``critera``) left the question without options."""
+    message = f"question {shown!r}: {n} options (supported: 2..{MAX_OPTIONS})"
+    hints = [] if qtype in BASAL_QUESTION_KEYS else [_unknown_type(qtype)]
+    allowed = BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"])
+    for key in itertools.islice(q or {}, MAX_KEYS_COMPARED) if n < 2 else ():
+        if key not in allowed and (match := nearest(key, allowed)):
+            hints.append(f"ignored field {echo(key[:MAX_KEY_CHARS])!r} (did you mean {match!r}?)")
+            break
+    return _basal_error("; ".join([message, *hints]), upstream=message)
+
+
+def _unknown_type(qtype: str) -> str:
+    return f"type {echo(qtype)!r} is not one of {', '.join(BASAL_QUESTION_KEYS)}, so it was asked as a choice"
 
 
 def _basal_option_keys(q: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the pla
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,7 @@ from basal.core.decision import (
 )
 from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.model_dir import ModelDir
+from basal.core.model_names import ServedModels
 from basal.core.multi_act_contract import evidence_refusal_basal
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
@@ -45,18 +46,10 @@ from basal.core.tree import (
     plan_forwards,
 )
 
-JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
 
-
-def model_resolver(served: Sequence[str], default: str) -> Callable[[str | None], str | None]:
+def model_resolver(served: Sequence[str], default: str) -> ServedModels:
     """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
-
-    def resolve(name: str | None) -> str | None:
-        if name is None or name in JEV_ALIASES:
-            return default
-        return name if name in served else None
-
-    return resolve
+    return ServedModels(tuple(served), default)
 
 
 @dataclass

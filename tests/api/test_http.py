@@ -30,6 +30,9 @@ REQUEST = {
         "urgency": {"type": "score", "instructions": "Jak pilne?", "criteria": ["niska", "wysoka"]},
     },
 }
+SERVED = (
+    "(served: basal-synthetic-demo; aliases jev-latest, jev-preview -> basal-synthetic-demo; GET /v1/models lists them)"
+)
 
 
 def post(client, body, path="/v1/systemone", **headers):
@@ -67,7 +70,7 @@ def test_basal_dialect_defaults_model_and_answers_upstream_shape(client):
         (
             {**REQUEST, "model": "gpt-9"},
             400,
-            lambda b: b == {"detail": {"error_type": "api_usage_error", "message": "Unknown model: gpt-9"}},
+            lambda b: b == {"detail": {"error_type": "api_usage_error", "message": f"Unknown model: gpt-9 {SERVED}"}},
         ),
         (
             {**REQUEST, "questions": {"q": {"type": "noul", "instructions": "?", "typo": 1}}},
@@ -107,7 +110,7 @@ def test_systemone_errors(client, body, status, check):
             {"state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}},
             "question 'q': 1 options (supported: 2..10)",
         ),
-        ({"model": "nope", "state": "x", "questions": {}}, "unknown model: nope"),
+        ({"model": "nope", "state": "x", "questions": {}}, f"unknown model: nope {SERVED}"),
     ],
 )
 def test_basal_dialect_errors_are_422_error(client, body, message):
@@ -169,7 +172,8 @@ def test_metrics_are_opt_in(client, demo_model):
         assert series in text
     assert 'status="200"' in text and 'lane="main"' in text
     with TestClient(create_app(make_engines(demo_model), ApiSettings(metrics=False))) as off:
-        assert off.get("/metrics").status_code == 404
+        r = off.get("/metrics")
+        assert r.status_code == 404 and "start the server with basal serve --metrics" in r.json()["detail"]
 
 
 def test_api_keys(demo_model):

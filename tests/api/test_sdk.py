@@ -57,12 +57,14 @@ def test_compressed_requests_from_the_sdk(server):
 def test_error_classes_400_and_422(server):
     url, _ = server
     with sdk(url) as client:
-        with pytest.raises(TypeSafeBadRequestError, match="Unknown model"):
+        with pytest.raises(TypeSafeBadRequestError, match=r"Unknown model: gpt-9 \(served: .*GET /v1/models"):
             client.system_one(state="x", questions={"q": Noul(instructions="?")}, model="gpt-9")
+        with pytest.raises(TypeSafeBadRequestError, match="question 'q' has unknown type 'yesno'; allowed types"):
+            client.system_one(state="x", questions={"q": {"type": "yesno", "instructions": "?"}})
         with pytest.raises(TypeSafeBadRequestError, match="Too many score levels"):
             client.system_one(state="x", questions={"q": Score(instructions="?", criteria=[str(i) for i in range(11)])})
-        with pytest.raises(TypeSafeUnprocessableEntityError):
-            client.system_one(state="x", questions={"q": {"type": "noul", "instructions": "?", "typo": True}})
+        with pytest.raises(TypeSafeUnprocessableEntityError, match=r"q\.noul\.critera: .*did you mean 'criteria'"):
+            client.system_one(state="x", questions={"q": {"type": "noul", "instructions": "?", "critera": {}}})
 
 
 def test_error_class_529_when_overloaded(demo_model):

@@ -92,7 +92,8 @@ def test_score_limits():
 
 def test_unknown_and_missing_type():
     e = error_of(systemone, req(q={"type": "banana", "criteria": ["a", "b"]}))
-    assert (e.status, e.body) == (400, {"detail": {"error_type": "api_usage_error", "message": "Invalid request."}})
+    message = "Invalid request: question 'q' has unknown type 'banana'; allowed types: noul, choice, score, multi, act."
+    assert (e.status, e.body) == (400, {"detail": {"error_type": "api_usage_error", "message": message}})
     e = error_of(systemone, req(q={"instructions": "?", "criteria": ["a", "b"]}))
     assert e.status == 422
     assert e.body["detail"] == [{"type": "missing", "loc": ["body", "questions", "q", "type"], "msg": "Field required"}]
