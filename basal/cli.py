@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from basal import __version__
-from basal.core.limits import DEFAULT_LIMITS, Limits
 
 
 def _synth_model(a: argparse.Namespace) -> int:
@@ -27,16 +26,27 @@ def _synth_model(a: argparse.Namespace) -> int:
     # SIGTERM becomes SystemExit, so synth_model removes its temporary folder exactly as on Ctrl-C
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=a.quiet) as bar:
-
-        def on_total(n: int) -> None:
-            bar.total = n
-            bar.refresh()
-
         synth_model(
-            a.out, a.preset, a.layers, a.seed, on_bytes=bar.update, on_total=on_total, evidence_head=a.evidence_head
+            a.out,
+            a.preset,
+            a.layers,
+            a.seed,
+            on_bytes=bar.update,
+            on_total=_total_of(bar),
+            evidence_head=a.evidence_head,
         )
     print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
     return 0
+
+
+def _total_of(bar):
+    """synth_model's `on_total`: the bar learns the size once the weights are planned."""
+
+    def on_total(n: int) -> None:
+        bar.total = n
+        bar.refresh()
+
+    return on_total
 
 
 def _check_reference(a: argparse.Namespace) -> int:
@@ -61,10 +71,11 @@ def _check_reference(a: argparse.Namespace) -> int:
 
 def _open_model(path: str | None):
     """A model directory, or the built-in demo model (with a plain warning that its answers mean nothing)."""
+    from basal.config import DEMO_PATH
     from basal.core.model_dir import ModelDir
     from basal.core.synth import demo_model
 
-    model = ModelDir.load(path) if path else demo_model()
+    model = ModelDir.load(path) if path and path != DEMO_PATH else demo_model()
     if model.synthetic:
         print(
             f"basal: {model.name} is a synthetic model with random weights: its answers carry no meaning",
@@ -155,45 +166,10 @@ def _serve(a: argparse.Namespace) -> int:
     from basal.backends.cuda.threads import prepare_server_environment
 
     prepare_server_environment()  # before torch loads: OpenMP workers sleep between ops (threads.py)
-    from basal.config import load_config, parse_config
+    from basal.cli_serve import serve_config
     from basal.server import serve
 
-    if a.config:
-        config = load_config(a.config)
-    else:
-        models = []
-        if a.model:
-            models = [
-                {
-                    "path": a.model,
-                    "dtype": a.dtype,
-                    "backend": a.backend,
-                    "max_batch_tokens": a.max_batch_tokens,
-                    "schedule": a.schedule,
-                    "long_tokens": a.long_tokens,
-                    "tree_max_tokens": a.tree_max_tokens,
-                    "no_prefix_cache": a.no_prefix_cache,
-                    "large_choice": a.large_choice,
-                }
-            ]
-        config = parse_config(
-            {
-                "models": models,
-                "addr": a.addr,
-                "max_inflight": a.max_inflight,
-                "long_slice_ms": a.long_slice_ms,
-                "release_date": a.release_date,
-                "metrics": a.metrics,
-                "api_keys": a.api_key or [],
-                "max_body_mb": a.max_body_mb,
-                "access_log": a.access_log,
-                "limits": {name: getattr(a, name) for name in Limits.__struct_fields__ if getattr(a, name) is not None},
-                "cors_origins": a.cors_origin or [],
-                "shutdown_grace_s": a.shutdown_grace_s,
-                "threads": a.threads,
-            },
-            "flags",
-        )
+    config = serve_config(a)
     if a.ray is not None or a.replicas is not None:
         import msgspec
 
@@ -234,6 +210,7 @@ def _bench(a: argparse.Namespace) -> int:
     from basal.benchsuite.suites import SUITES, Bench, model_shape
     from basal.core.model_dir import ModelDir
     from basal.core.synth import synth_model
+    from basal.progress import Progress
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     names = a.suites or list(SUITES)
@@ -242,10 +219,16 @@ def _bench(a: argparse.Namespace) -> int:
         raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     with tempfile.TemporaryDirectory() as tmp:
         if a.model:
-            model = ModelDir.load(a.model)
+            model = _open_model(a.model)
         else:
             print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
-            model = ModelDir.load(synth_model(Path(tmp) / "model", a.preset, layers=a.layers))
+            quiet = True if a.quiet else None  # None: tqdm's own choice, a bar on a terminal only
+            with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=quiet) as bar:
+                written = synth_model(
+                    Path(tmp) / "model", a.preset, layers=a.layers, on_bytes=bar.update, on_total=_total_of(bar)
+                )
+            model = ModelDir.load(written)
+        print(f"loading {model.name} on the {a.backend} backend and measuring the GEMM limit", file=sys.stderr)
         bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
         if bench.limit:
             rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
@@ -263,20 +246,29 @@ def _bench(a: argparse.Namespace) -> int:
             "gemm_limit": bench.limit.as_dict() if bench.limit else None,
         }
         out = Path(a.out)
-        for name in tqdm(names, desc="suites", disable=a.quiet):
+        for i, name in enumerate(names):
             before = machine_load.measure()
-            if warning := before.warning():
-                tqdm.write(f"warning before {name}: {warning}")
-            result = SUITES[name](bench)
+            with Progress(f"bench {name} ({i + 1}/{len(names)} suites)", min_interval_s=10, enabled=not a.quiet) as p:
+                if warning := before.warning():
+                    p.write(f"warning before {name}: {warning}")
+                bench.progress = p
+                result = SUITES[name](bench)
             after = machine_load.measure()
             load = {"before": before.to_json(), "after": after.to_json()}
             files = write(result, out, context, a.plot, load)
-            tqdm.write(result.markdown())
-            tqdm.write("wrote " + ", ".join(str(f) for f in files))
+            print(result.markdown(), flush=True)
+            print("wrote " + ", ".join(str(f) for f in files), flush=True)
     return 0
 
 
 LARGE_CHOICE_HELP = "choices with 11..255 options: group rounds in one option order (luce2-1o, default) or both"
+DTYPE_HELP = "weights and activations (default: f16 on CUDA and Metal, f32 on the CPU)"
+BACKEND_HELP = "auto (default): CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU"
+
+
+def _backend_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help=BACKEND_HELP)
+    parser.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"], help=DTYPE_HELP)
 
 
 def _export(a: argparse.Namespace) -> int:
@@ -331,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
     s.add_argument("--preset", default="demo", choices=list(PRESETS), help=_preset_help())
     s.add_argument(
-        "--layers", type=int, default=None, help="cut the preset to N layers, at most its own (fast tests, benchmarks)"
+        "--layers",
+        type=int,
+        default=None,
+        help="cut the preset to N layers, at most its own (fast tests, benchmarks; default: all of them)",
     )
     s.add_argument("--seed", type=int, default=0, help="random seed of the weights and tokenizer (default 0)")
     s.add_argument(
@@ -342,7 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check-reference", help="rebuild an upstream reference export and compare everything")
     c.add_argument("export", nargs="+", help="reference export JSONL file(s) (systemone.jsonl, bench.jsonl)")
-    c.add_argument("--model", default=None, help="model directory: also compare token ids and letter ids")
+    c.add_argument(
+        "--model", default=None, help="model directory: also compare token ids and letter ids (default: none)"
+    )
     c.add_argument("--show", type=int, default=20, help="mismatches to print (default 20)")
     c.set_defaults(run=_check_reference)
 
@@ -355,10 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["systemone", "basal"],
         help="systemone: TypeSafe System One (default); basal: the upstream basal-serve dialect",
     )
-    d.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
-    d.add_argument(
-        "--dtype", default=None, choices=["f32", "f16", "bf16"], help="default: f16 on CUDA and Metal, f32 on the CPU"
-    )
+    _backend_flags(d)
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     d.add_argument("--timing", action="store_true", help="print packed vs unpacked tokens and time per stage")
     d.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
@@ -372,44 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--jsonl",
         metavar="FILE",
         default=None,
-        help='many states: lines {"id", "state"} in, lines {"id", "output"} or {"id", "error"} out (- = stdin)',
+        help='many states: lines {"id", "state"} in, lines {"id", "output"} or {"id", "error"} out (- = stdin; '
+        "default: one state)",
     )
     f.set_defaults(run=_facts)
 
-    v = sub.add_parser("serve", help="serve models over HTTP (System One and basal dialects)")
-    v.add_argument("--config", default=None, help="YAML configuration (several models); replaces the flags below")
-    v.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
-    v.add_argument("--addr", default="127.0.0.1:8000", help="HOST:PORT (env BASAL_ADDR overrides)")
-    v.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
-    v.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
-    v.add_argument("--max-batch-tokens", type=int, default=8192)
-    v.add_argument("--max-inflight", type=int, default=1024, help="waiting + running requests before HTTP 529")
-    v.add_argument("--schedule", default="hrrn", choices=["hrrn", "fifo"])
-    v.add_argument("--long-tokens", type=int, default=4096, help="long-lane threshold in packed tokens (0: none)")
-    v.add_argument("--long-slice-ms", type=float, default=100.0)
-    v.add_argument("--tree-max-tokens", type=int, default=32768)
-    v.add_argument("--no-prefix-cache", action="store_true")
-    v.add_argument("--large-choice", default="luce2-1o", choices=["luce2-1o", "luce2"], help=LARGE_CHOICE_HELP)
-    v.add_argument("--release-date", default="2026-10-05")
-    v.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-    v.add_argument("--api-key", action="append", help="require this bearer key (repeatable; env BASAL_API_KEYS)")
-    v.add_argument("--max-body-mb", type=float, default=16.0)
-    v.add_argument("--access-log", action="store_true")
-    v.add_argument("--cors-origin", action="append", help="allow this browser origin (repeatable; default: CORS off)")
-    v.add_argument("--shutdown-grace-s", type=float, default=30.0, help="on SIGTERM, time for requests in flight")
-    for name in Limits.__struct_fields__:  # every limit of the README's "Limits" table
-        default = getattr(DEFAULT_LIMITS, name)
-        v.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=None, help=f"(default {default})")
-    v.add_argument("--threads", type=int, default=None, help="CPU forward threads (default: the physical cores)")
-    v.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        default=None,
-        metavar="ADDRESS",
-        help="scale out on Ray Serve: start a local Ray, or join the cluster at ADDRESS (auto, ray://HOST:10001)",
+    v = sub.add_parser(
+        "serve",
+        help="serve models over HTTP (System One and basal dialects)",
+        description="Serve models over HTTP. Each setting comes from, first to last: a flag given here, the "
+        "--config file, the environment (BASAL_ADDR), the default shown below.",
     )
-    v.add_argument("--replicas", type=int, default=None, help="with --ray: engine replicas per model (default 2)")
+    from basal.cli_serve import add_serve_flags
+
+    add_serve_flags(v)
     v.set_defaults(run=_serve)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
@@ -421,16 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("requests", help="JSONL: requests ({id, request, dialect?}) or bench items (state, question, ...)")
     e.add_argument("-o", "--out", required=True, help="output JSONL (an interrupted export there is continued)")
     e.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
-    e.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
-    e.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    _backend_flags(e)
     e.add_argument(
         "--batching",
         default="single",
         choices=["single", "batch", "tree"],
-        help="single: each question alone; batch: through the engine as a server; tree: questions packed together",
+        help="single (default): each question alone; batch: through the engine as a server; tree: questions "
+        "packed together",
     )
-    e.add_argument("--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one")
-    e.add_argument("--no-prefix-cache", action="store_true")
+    e.add_argument(
+        "--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one (default basal)"
+    )
+    e.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(run=_export)
@@ -439,7 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("a", help="export JSONL (basal or upstream)")
     m.add_argument("b", help="export JSONL (basal or upstream)")
     m.add_argument("--bitwise", action="store_true", help="require bitwise-identical letter logits and answers")
-    m.add_argument("--max-logit-diff", type=float, default=None, help="require every |Δ letter logit| <= X")
+    m.add_argument(
+        "--max-logit-diff",
+        type=float,
+        default=None,
+        help="require every |Δ letter logit| <= X (default: no bound; decisions must agree)",
+    )
     m.add_argument("--json", action="store_true", help="print the report as JSON")
     m.add_argument("--allow-different-models", action="store_true", help="compare exports of different models")
     m.set_defaults(run=_compare)
@@ -452,15 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers",
         type=int,
         default=2,
-        help="layers of the synthesized preset (2: the last layer runs at readouts only, so 1 would flatter basal)",
+        help="layers of the synthesized preset (default 2: the last layer runs at readouts only, so 1 would "
+        "flatter basal)",
     )
-    b.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
-    b.add_argument("--dtype", default=None, choices=["f32", "f16", "bf16"])
+    _backend_flags(b)
     b.add_argument("--full", action="store_true", help="the full sizes of the suites (for a GPU or a big CPU)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers baseline")
-    b.add_argument("--out", default="bench/results")
+    b.add_argument("--out", default="bench/results", help="folder for the results (default bench/results)")
     b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
-    b.add_argument("--quiet", action="store_true")
+    b.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     b.set_defaults(run=_bench)
     return p
 

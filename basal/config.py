@@ -1,11 +1,14 @@
-"""Server configuration: one YAML file (`basal serve --config FILE`) or flags for a single model.
+"""Server configuration: one YAML file (`basal serve --config FILE`), flags, or both.
 
-Keys of basal-contract.md §5.5 plus ``backend``; unknown keys are an error that names the key. Validated once
-here, at the edge; nothing deeper reads the environment or a raw dict.
+Precedence, key by key (README "Serving"): explicit flags > the configuration file > environment (`BASAL_ADDR`)
+> the defaults declared below. Every unknown key and bad enum value is reported at once, each with the nearest
+valid one (`config_keys.problems`). Validated once here, at the edge; nothing deeper reads the environment or a
+raw dict.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Literal
@@ -13,13 +16,17 @@ from typing import Literal
 import msgspec
 import yaml
 
+from basal.config_keys import problems
 from basal.core.limits import Limits
+
+DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
-    path: str | None = None  # a local model directory
+    path: str | None = None  # a local model directory, or "demo": the built-in demo model
     repo: str | None = None  # a Hugging Face repository (downloaded at start; needs the network)
     revision: str | None = None
+    name: str | None = None  # the served name (default: basal.json's name); serves one directory twice
     dtype: Literal["f32", "f16", "bf16"] | None = None  # default: f16 on CUDA and Metal, f32 on the CPU
     backend: Literal["auto", "torch", "mlx"] = "auto"
     max_batch_tokens: int = 8192
@@ -45,6 +52,12 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
                 raise msgspec.ValidationError(f"`{key}` must be positive")
         if self.long_tokens < 0:
             raise msgspec.ValidationError("`long_tokens` must be 0 (no long lane) or positive")
+        if self.name is not None and not self.name.strip():
+            raise msgspec.ValidationError("`name` must not be empty (leave it out to use basal.json's name)")
+
+    @property
+    def is_demo(self) -> bool:
+        return self.path == DEMO_PATH
 
 
 class AutoscalingConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -105,6 +118,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
         if self.threads is not None and self.threads < 1:
             raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
+        _check_unique_names(self.models)
 
     @property
     def host(self) -> str:
@@ -119,26 +133,45 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the key and says what to change."""
 
 
-def load_config(path: str | Path) -> ServeConfig:
+def _check_unique_names(models: list[ModelConfig]) -> None:
+    """Names given with `name:`, and one source given twice without one, must not collide (the rest is checked
+    when the directories are read, before any weights load: `server.build_engines`)."""
+    seen: dict[str, int] = {}
+    for i, m in enumerate(models):
+        key = f"name {m.name!r}" if m.name else f"{'path' if m.path else 'repo'} {m.path or m.repo!r}"
+        if key in seen:
+            raise msgspec.ValidationError(
+                f"`models[{seen[key]}]` and `models[{i}]` would both be served as {key}; "
+                "each served model needs its own name: give one of them a different `name:`"
+            )
+        seen[key] = i
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The YAML file as a dict (not validated yet: flags may still be laid over it)."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e})") from e
-    return parse_config(data, str(path))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the configuration must be a YAML mapping of keys (see the README's example)")
+    return data
+
+
+def load_config(path: str | Path) -> ServeConfig:
+    return parse_config(read_config_file(path), str(path))
 
 
 def parse_config(data: object, where: str = "configuration") -> ServeConfig:
+    """Validate a raw tree; `BASAL_ADDR` applies only where neither the file nor a flag gave `addr`."""
+    if found := problems(data, ServeConfig):
+        listed = found[0] if len(found) == 1 else f"{len(found)} problems:" + "".join(f"\n  - {p}" for p in found)
+        raise ConfigError(f"{where}: {listed}\n(the keys: the README's configuration section)")
+    if isinstance(data, dict) and "addr" not in data and (env_addr := os.environ.get("BASAL_ADDR")):
+        data = {**data, "addr": env_addr}
+    if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # YAML reads 2026-10-05 so
+        data = {**data, "release_date": data["release_date"].isoformat()}
     try:
-        config = msgspec.convert(data, ServeConfig)
+        return msgspec.convert(data, ServeConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{where}: {_explain(str(e))}") from e
-    if env_addr := os.environ.get("BASAL_ADDR"):
-        config = msgspec.structs.replace(config, addr=env_addr)
-    return config
-
-
-def _explain(message: str) -> str:
-    """msgspec says "Object contains unknown field `x` - at `$.models[0]`": keep it, add what to do."""
-    if "unknown field" in message:
-        return message + " (unknown key; see the README's configuration section for the keys)"
-    return message
+        raise ConfigError(f"{where}: {e}") from e

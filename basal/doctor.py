@@ -16,6 +16,7 @@ from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline
 from basal.core.prompt import option_orders, render_prompt
 from basal.core.tree import TokenizedQuestion
+from basal.progress import Progress
 
 PACKAGES = ("torch", "mlx", "numpy", "tokenizers", "safetensors", "msgspec", "litestar", "uvicorn")
 
@@ -117,7 +118,8 @@ def gpu_engine_tables() -> list[str]:
     return lines or ["  GEMM engine tables: none yet (the GPU path writes one at its first start on a GPU)"]
 
 
-def report(model: ModelDir | None, run_checks: bool) -> str:
+def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True) -> str:
+    """The whole report (stdout's); while the checks run, `basal.progress` shows which one on standard error."""
     lines = ["versions:"] + [f"  {k:<12} {v}" for k, v in versions().items()]
     lines.append("backends:")
     for backend, device in paths():
@@ -135,9 +137,11 @@ def report(model: ModelDir | None, run_checks: bool) -> str:
     lines += gpu_engine_tables()
     if run_checks and model is not None:
         lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
-        for backend, device in paths():
-            for dtype in DTYPES:
-                ok, seconds, facts = check(model, backend, device, dtype)
+        checks = [(backend, device, dtype) for backend, device in paths() for dtype in DTYPES]
+        with Progress("doctor: checking", len(checks), enabled=show_progress) as shown:
+            for backend, device, dtype in checks:
+                with shown.step(f"{backend}-{device}-{dtype} (load, alone, batched, no prefix cache)"):
+                    ok, seconds, facts = check(model, backend, device, dtype)
                 verdict = "verified" if ok else "NOT INVARIANT"
                 lines.append(f"  {f'{backend}-{device}-{dtype}':<16} {verdict} ({seconds:.1f} s)")
                 lines += chunk_lines(facts)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 
 from basal.api.app import create_app
 from basal.api.handling import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.base import load_backend
-from basal.config import ConfigError, ModelConfig, ServeConfig
+from basal.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
 from basal.core.engine import Engine, Engines, EngineSettings
 from basal.core.errors import ModelDirError
 from basal.core.gate import Gate
@@ -19,6 +21,8 @@ from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline
 from basal.core.scheduler import Policy
 from basal.core.synth import demo_model
+from basal.port_check import check_port
+from basal.progress import Progress
 
 log = logging.getLogger("basal")
 
@@ -29,6 +33,14 @@ DEMO_WARNING = (
 
 
 def model_directory(cfg: ModelConfig) -> ModelDir:
+    """The model a `models:` entry names (its directory, the download of its repo, or the demo), under its `name`."""
+    model = _source_directory(cfg)
+    return dataclasses.replace(model, name=cfg.name) if cfg.name else model
+
+
+def _source_directory(cfg: ModelConfig) -> ModelDir:
+    if cfg.is_demo:
+        return demo_model()
     if cfg.path is not None:
         return ModelDir.load(cfg.path)
     try:
@@ -48,43 +60,67 @@ def model_directory(cfg: ModelConfig) -> ModelDir:
     return ModelDir.load(Path(local))
 
 
-def build_engines(config: ServeConfig, models: list[ModelDir] | None = None) -> Engines:
-    """Load every configured model (or the demo model) and wire its engine to the shared gate."""
+def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, progress: bool = False) -> Engines:
+    """Load every configured model (or the demo model) and wire its engine to the shared gate.
+
+    Every directory is read (and every name checked) before any weights load; with `progress`, each model's
+    steps are shown on standard error (`basal.progress`: a bar on a terminal, a line per step otherwise).
+    """
     metrics = Metrics(config.max_inflight)
     gate = Gate(config.long_slice_ms)
     if config.threads is not None:
         from basal.backends.cuda.threads import configure_threads
 
         configure_threads(config.threads)
-    specs = config.models or [ModelConfig(path="<demo>")]
+    specs = config.models or [ModelConfig(path=DEMO_PATH)]
+    dirs = models if models is not None else [model_directory(spec) for spec in specs]
+    _check_names(specs, dirs)
     engines: dict[str, Engine] = {}
-    for i, spec in enumerate(specs):
-        if models is not None:
-            model = models[i]
-        elif not config.models:
-            model = demo_model()
+    for spec, model in zip(specs, dirs, strict=True):  # said before the bar, which would tear them
+        if spec.is_demo:
             log.warning(DEMO_WARNING.format(name=model.name))
-        else:
-            model = model_directory(spec)
-        if model.name in engines:
-            raise ConfigError(f"two models are named {model.name!r}; each served model needs its own name")
-        if model.synthetic and config.models:
+        elif model.synthetic:
             log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
-        backend = load_backend(model, spec.backend, spec.dtype)
-        log.info("loaded %s on %s %s (%s)", model.name, backend.name, backend.device, backend.dtype)
-        pipeline = Pipeline(
-            model,
-            backend,
-            prefix_cache=not spec.no_prefix_cache,
-            tree_max_tokens=spec.tree_max_tokens,
-            large_choice=spec.large_choice,
-        )
-        settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
-        engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
+    with Progress("loading", 2 * len(specs), emit=log.info, enabled=progress) as shown:
+        for spec, model in zip(specs, dirs, strict=True):
+            started = time.perf_counter()
+            with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
+                backend = load_backend(model, spec.backend, spec.dtype)
+            with shown.step(f"{model.name}: template prefix on {backend.name} {backend.device}"):
+                pipeline = Pipeline(
+                    model,
+                    backend,
+                    prefix_cache=not spec.no_prefix_cache,
+                    tree_max_tokens=spec.tree_max_tokens,
+                    large_choice=spec.large_choice,
+                )
+            seconds = time.perf_counter() - started
+            shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
+            settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
+            engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
     default = config.default_model or next(iter(engines))
     if default not in engines:
         raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
     return Engines(engines, default, metrics, config.max_inflight)
+
+
+def _size_on_disk(model: ModelDir) -> str:
+    size = sum(f.stat().st_size for f in model.weight_files)
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{max(1, round(size / 2**20))} MiB"
+
+
+def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
+    """Served names are unique: two entries with the same name are refused before any weights load."""
+    first: dict[str, int] = {}
+    for i, model in enumerate(dirs):
+        if model.name in first:
+            j = first[model.name]
+            where = specs[i].path or specs[i].repo
+            raise ConfigError(
+                f"`models[{j}]` and `models[{i}]` are both named {model.name!r}; each served model needs its own "
+                f"name: add `name: {model.name}-2` (any unused name) to models[{i}] ({where})"
+            )
+        first[model.name] = i
 
 
 def api_settings(config: ServeConfig) -> ApiSettings:
@@ -102,7 +138,8 @@ def api_settings(config: ServeConfig) -> ApiSettings:
 
 
 def serve(config: ServeConfig) -> None:
-    listen(build_engines(config), config)
+    check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
+    listen(build_engines(config, progress=True), config)
 
 
 def listen(engines: Engines, config: ServeConfig, where: str = "") -> None:

@@ -39,9 +39,13 @@ def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
 
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
+    from basal.progress import Progress
 
-    bench = Bench(demo_model, transformers=False)
+    lines: list[str] = []
+    bench = Bench(demo_model, transformers=False, progress=Progress("bench scoring", tty=False, emit=lines.append))
     result = SUITES["scoring"](bench)
+    assert lines[0] == "bench scoring [1] scoring: basal (tree), 5 questions, warm-up"  # progress inside the suite
+    assert lines[-1] == "bench scoring [14] scoring: basal, tree off, 50 questions, run 1/1"  # 3 + 3, 3 + 1, 3 + 1
     files = write(result, tmp_path, {"model": model_shape(demo_model)}, plot=True)
     assert [f.suffix for f in files] == [".json", ".md", ".png"] and all(f.stat().st_size > 0 for f in files)
     data = json.loads(files[0].read_text())

@@ -59,7 +59,8 @@ def test_bad_model_directory_is_a_clear_error(tmp_path, capsys):
 
 def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
     assert main(["doctor", "--model", str(demo_dir)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "doctor: checking [1/6] torch-cpu-f32" in err and "doctor: checking [6/6] mlx-cpu-bf16" in err  # progress
     assert "torch  cpu" in out and "mlx    cpu" in out and "Metal:" in out and "CUDA:" in out
     assert "torch-cpu-f32    verified" in out and "mlx-cpu-f32      verified" in out
     assert "NOT INVARIANT" not in out

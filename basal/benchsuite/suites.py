@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from basal.core.metrics import Metrics
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline
 from basal.core.scheduler import Policy
+from basal.progress import Progress
 
 
 @dataclass
@@ -51,6 +53,10 @@ class Bench:
     dtype: str | None = None
     quick: bool = True
     transformers: bool = True
+    progress: Progress | None = None  # one step per measured run (or batch of runs) of the suite running now
+
+    def step(self, label: str) -> AbstractContextManager[None]:
+        return self.progress.step(label) if self.progress is not None else nullcontext()
 
     def __post_init__(self) -> None:
         self.backend = load_backend(self.model, self.backend_name, self.dtype)
@@ -130,9 +136,13 @@ def single(b: Bench) -> SuiteResult:
     items = [b.plan(x) for x in bench_items(44, seed=0)]
     rows, samples = [], {}
     for name, run in b.variants():
-        for r in items[:5]:
-            run(r)  # warm-ups, discarded
-        measured = [run(r) for r in items[5:]]
+        with b.step(f"single: {name}, 5 warm-ups"):
+            for r in items[:5]:
+                run(r)  # warm-ups, discarded
+        measured = []
+        for i, r in enumerate(items[5:]):
+            with b.step(f"single: {name}, item {i + 1}/{len(items) - 5}"):
+                measured.append(run(r))
         s = stats_ms(measured)
         samples[name] = measured
         frac = b.fraction(name, items[5:], sum(measured))
@@ -159,7 +169,10 @@ def latency(b: Bench) -> SuiteResult:
             if name.startswith("basal, tree off"):
                 continue  # one question: nothing to share across questions, identical to the tree
             run(request)
-            measured = [run(request) for _ in range(reps[tokens])]
+            measured = []
+            for i in range(reps[tokens]):
+                with b.step(f"latency: {name}, {tokens} tokens, run {i + 1}/{reps[tokens]}"):
+                    measured.append(run(request))
             s = stats_ms(measured)
             samples[f"{name}, {tokens} tokens"] = measured
             frac = b.fraction(name, [request], s["p50_ms"] / 1000)
@@ -183,8 +196,12 @@ def scoring(b: Bench) -> SuiteResult:
             # the baselines take tens of seconds per request on a CPU: the quick run times them once, no warm-up
             slow = b.quick and (name.startswith("transformers") or (name.endswith("tree off") and n >= 25))
             if not slow:
-                run(request)
-            measured = [run(request) for _ in range(1 if slow else reps)]
+                with b.step(f"scoring: {name}, {n} questions, warm-up"):
+                    run(request)
+            measured = []
+            for i in range(1 if slow else reps):
+                with b.step(f"scoring: {name}, {n} questions, run {i + 1}/{1 if slow else reps}"):
+                    measured.append(run(request))
             s = stats_ms(measured)
             samples[f"{name}, {n} questions"] = measured
             rate = n / (s["p50_ms"] / 1000)
@@ -243,12 +260,14 @@ def throughput(b: Bench) -> SuiteResult:
             for i in range(4)
         ]
         for name, tree in (("basal (tree)", True), ("basal, tree off", False)):
-            engines = b.engines(tree=tree)
-            _, wall = _clients(engines, reqs, 4)
-            engines.close()
+            with b.step(f"throughput: {name}, 4 clients x {n_q} questions on {tokens} tokens"):
+                engines = b.engines(tree=tree)
+                _, wall = _clients(engines, reqs, 4)
+                engines.close()
             rows.append([tokens, name, 4 * n_q / wall, b.fraction(name, reqs, wall)])
         if b.transformers and (tokens == sizes[0] or not b.quick):
-            wall = sum(b.hf(r) for r in reqs)
+            with b.step(f"throughput: transformers, 4 requests x {n_q} questions on {tokens} tokens"):
+                wall = sum(b.hf(r) for r in reqs)
             rows.append([tokens, "transformers, prompt by prompt", 4 * n_q / wall, "—"])
     base = {r[0]: r[2] for r in rows if r[1] == "basal, tree off"}
     for r in rows:
@@ -279,12 +298,13 @@ def concurrency(b: Bench) -> SuiteResult:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        with b.step("concurrency: starting basal serve"):
+            for _ in range(600):
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
         body = json.dumps(
             {
                 "model": b.model.name,
@@ -307,7 +327,7 @@ def concurrency(b: Bench) -> SuiteResult:
                 return out
 
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(clients) as pool:
+            with b.step(f"concurrency: {clients} client(s) x {per} requests"), ThreadPoolExecutor(clients) as pool:
                 lat = [x for part in pool.map(client, range(clients)) for x in part]
             wall = time.perf_counter() - t0
             s = stats_ms(lat)
@@ -380,9 +400,10 @@ def mixed(b: Bench) -> SuiteResult:
                 await asyncio.gather(*tasks)
                 return lat, time.perf_counter() - t0
 
-            lat, wall = asyncio.run(main(engines))
-            engines.close()
             name = f"{schedule.value}, long lane {'on' if long_tokens else 'off'}"
+            with b.step(f"mixed: {name}, {len(workload)} requests at {rate:g}/s"):
+                lat, wall = asyncio.run(main(engines))
+            engines.close()
             samples[f"{name} (short)"] = lat["short"]
             rows.append(
                 [

@@ -115,8 +115,10 @@ def serve_ray(config: ServeConfig) -> None:
     """`basal serve --ray`: the HTTP front here, the engines on Ray; a local Ray is shut down on exit."""
     from ray import serve
 
+    from basal.port_check import check_port
     from basal.server import listen
 
+    check_port(config.host, config.port)  # before Ray starts and the replicas load
     engines = start(config)
     try:
         listen(engines, config, "; replicas on Ray Serve")

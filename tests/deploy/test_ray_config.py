@@ -20,7 +20,7 @@ def test_the_example_configs_parse():
 
 def test_ray_keys_are_checked():
     assert parse_config({"ray": {}}).ray.replicas == 2
-    with pytest.raises(ConfigError, match="unknown field `replica`"):
+    with pytest.raises(ConfigError, match=r"unknown key `ray\.replica`; did you mean `replicas`"):
         parse_config({"ray": {"replica": 3}})
     with pytest.raises(ConfigError, match="min_replicas <= max_replicas"):
         parse_config({"ray": {"autoscaling": {"min_replicas": 5, "max_replicas": 2}}})

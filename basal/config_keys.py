@@ -1,0 +1,87 @@
+"""The configuration's keys as a tree read from the structs themselves: for "did you mean", enum values, the README.
+
+msgspec stops at the first unknown key or bad enum value. A user who mistyped three keys should hear about all
+three at once, each with the nearest valid key, and an enum error should list what is allowed — so the raw YAML
+is walked against the schema first (`problems`), and only a clean tree goes on to `msgspec.convert`.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import msgspec
+import msgspec.inspect as mi
+
+
+def _struct_of(t: mi.Type) -> mi.StructType | None:
+    """The struct inside a field's type (`X`, `X | None`), if any."""
+    if isinstance(t, mi.StructType):
+        return t
+    if isinstance(t, mi.UnionType):
+        return next((s for s in t.types if isinstance(s, mi.StructType)), None)
+    return None
+
+
+def _literal_of(t: mi.Type) -> tuple[object, ...] | None:
+    """The allowed values of an enum field (`Literal[...]`, optionally `| None`), in declaration order."""
+    if isinstance(t, mi.LiteralType):
+        return t.values
+    if isinstance(t, mi.UnionType):
+        return next((s.values for s in t.types if isinstance(s, mi.LiteralType)), None)
+    return None
+
+
+def fields(struct: type[msgspec.Struct]) -> dict[str, mi.Field]:
+    info = mi.type_info(struct)
+    assert isinstance(info, mi.StructType)
+    return {f.name: f for f in info.fields}
+
+
+def enum_values(struct: type[msgspec.Struct], key: str) -> list[str]:
+    """The valid values of one enum key, for argparse `choices` and error messages."""
+    values = _literal_of(fields(struct)[key].type)
+    assert values is not None, f"{struct.__name__}.{key} is not an enum"
+    return [str(v) for v in values]
+
+
+def default_of(struct: type[msgspec.Struct], key: str) -> object:
+    """A key's default as the schema declares it (what a flag that is not given means)."""
+    f = fields(struct)[key]
+    return f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+
+
+def key_tree(struct: type[msgspec.Struct]) -> dict[str, dict]:
+    """Every key, nested: {"addr": {}, "models": {"path": {}, ...}, "limits": {...}, ...} (lists of structs too)."""
+    out: dict[str, dict] = {}
+    for name, f in fields(struct).items():
+        t = f.type.item_type if isinstance(f.type, mi.ListType) else f.type
+        inner = _struct_of(t)
+        out[name] = key_tree(inner.cls) if inner else {}
+    return out
+
+
+def problems(data: object, struct: type[msgspec.Struct], where: str = "") -> list[str]:
+    """Every unknown key (with the nearest valid ones) and every enum value outside its choices, in `data`."""
+    if not isinstance(data, dict):
+        return []  # a wrong shape is msgspec's to report
+    known = fields(struct)
+    out = []
+    for key, value in data.items():
+        at = f"{where}.{key}" if where else str(key)
+        f = known.get(key) if isinstance(key, str) else None
+        if f is None:
+            near = difflib.get_close_matches(str(key), list(known), n=2, cutoff=0.6)
+            hint = f"did you mean {' or '.join(f'`{n}`' for n in near)}?" if near else f"valid here: {', '.join(known)}"
+            out.append(f"unknown key `{at}`; {hint}")
+            continue
+        choices = _literal_of(f.type)
+        if choices is not None and value is not None and value not in choices:
+            near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            out.append(f"`{at}` is {value!r}: choose one of {', '.join(map(str, choices))}{hint}")
+        if isinstance(f.type, mi.ListType) and (inner := _struct_of(f.type.item_type)) and isinstance(value, list):
+            for i, item in enumerate(value):
+                out += problems(item, inner.cls, f"{at}[{i}]")
+        elif inner := _struct_of(f.type):
+            out += problems(value, inner.cls, at)
+    return out

@@ -1,0 +1,54 @@
+"""The README's YAML examples hold every configuration key, and each of them is a valid configuration."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from basal.config import ServeConfig, parse_config
+from basal.config_keys import key_tree
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _keys(data: object, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    items = data if isinstance(data, list) else [data]
+    for item in items:
+        if isinstance(item, dict):
+            for k, v in item.items():
+                out.add(prefix + k)
+                out |= _keys(v, f"{prefix}{k}.")
+    return out
+
+
+def _schema_keys(tree: dict, prefix: str = "") -> set[str]:
+    return {prefix + k for k in tree} | {x for k, sub in tree.items() for x in _schema_keys(sub, f"{prefix}{k}.")}
+
+
+def _config_blocks() -> list[dict]:
+    """Every ```yaml block of the README whose keys are configuration keys (all of them, today)."""
+    blocks = [yaml.safe_load(b) for b in re.findall(r"^```yaml\n(.*?)^```", README.read_text(), re.S | re.M)]
+    top = set(key_tree(ServeConfig))
+    return [b for b in blocks if isinstance(b, dict) and set(b) <= top]
+
+
+def test_the_readme_yaml_holds_every_key_and_parses(monkeypatch):
+    monkeypatch.delenv("BASAL_ADDR", raising=False)
+    blocks = _config_blocks()
+    assert len(blocks) >= 3  # the Serving example, Limits, Ray
+    for block in blocks:
+        parse_config(block, "README")
+    schema = _schema_keys(key_tree(ServeConfig))
+    found = set().union(*(_keys(b) for b in blocks))
+    assert found == schema, f"missing in the README: {sorted(schema - found)}; unknown: {sorted(found - schema)}"
+    serving = blocks[0]  # the Serving section's example: every key but the ray: section
+    assert _keys(serving) == {k for k in schema if not k.startswith("ray")}
+
+
+def test_the_key_tree_follows_the_structs():
+    tree = key_tree(ServeConfig)
+    assert "name" in tree["models"] and "max_questions" in tree["limits"]
+    assert set(tree["ray"]["autoscaling"]) == {"min_replicas", "max_replicas", "target_ongoing_requests"}
