@@ -2,6 +2,7 @@
 
     python -m bench.http_speed                         # demo model, then mini shapes cut to 4 layers
     python -m bench.http_speed --models demo --requests 100
+    python -m bench.http_speed --models demo --no-mix     # the concurrency levels only; ends with p50 at 32 clients
 
 The server is `basal serve` in its own process (loopback); clients are threads, each with one keep-alive
 connection speaking minimal HTTP/1.1 over a socket (like wrk: a Python HTTP library would add more client time
@@ -145,6 +146,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="demo,mini4", help="comma list of demo, mini4 or model directories")
     ap.add_argument("--requests", type=int, default=64, help="requests per concurrency level (demo)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrency levels")
+    ap.add_argument("--no-mix", action="store_true", help="skip the one-at-a-time request mix")
     ap.add_argument("--out", default="bench/results/http_speed.json")
     a = ap.parse_args()
     results, mix_rows = [], []
@@ -168,7 +171,8 @@ def main() -> None:
             try:
                 over_http(url, body, 1, 3)  # warm-up
                 in_process(engines, body, 1, 3)
-                for label, n_q, state_tokens in MIX:  # the request mix of bench/tree_speed.py, one at a time
+                # the request mix of bench/tree_speed.py, one at a time
+                for label, n_q, state_tokens in [] if a.no_mix else MIX:
                     mixed = {
                         "model": model.name,
                         "state": state_of_tokens(model.tokenizer, state_tokens, "pl", 2),
@@ -181,7 +185,7 @@ def main() -> None:
                         f"{name} {label}: HTTP p50 {h['p50_ms']:.1f} ms | in-process p50 {p['p50_ms']:.1f} ms",
                         flush=True,
                     )
-                for clients in (1, 8, 32):
+                for clients in a.clients:
                     per = max(1, n // clients)
                     h = over_http(url, body, clients, per)
                     p = in_process(engines, body, clients, per)
@@ -218,6 +222,13 @@ def main() -> None:
             f"{h['outside_p50_ms']:.2f} / {p['outside_p50_ms']:.2f} ms | "
             f"{h['outside_p50_ms'] - p['outside_p50_ms']:+.2f} ms |"
         )
+    for r in results:
+        if r["clients"] == max(x["clients"] for x in results if x["model"] == r["model"]):
+            h, p = r["http"], r["in_process"]
+            print(
+                f"\n{r['model']}, {r['clients']} clients: p50 HTTP {h['p50_ms']:.1f} ms / in-process engine "
+                f"{p['p50_ms']:.1f} ms = {h['p50_ms'] / p['p50_ms']:.2f}x (+{h['p50_ms'] - p['p50_ms']:.1f} ms)"
+            )
 
 
 if __name__ == "__main__":

@@ -79,6 +79,48 @@ def test_det_exp_is_accurate():
     assert torch.isinf(K.det_exp(torch.tensor([100.0])))[0]
 
 
+def _exp_inputs() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    special = [0.0, -0.0, float("-inf"), float("inf"), K._EXP_MIN, K._EXP_MAX, -87.5, -87.3, 88.5, 88.72, 100.0]
+    edges = torch.arange(-127, 130).float() * 0.6931471805599453  # around every n = round(x / ln 2)
+    edges = torch.cat([edges + d for d in (-1e-3, -1e-6, 0.0, 1e-6, 1e-3)])
+    return torch.cat([torch.randn(300_000, generator=g) * 40, edges, torch.tensor(special)])
+
+
+def test_det_exp_keeps_main_bits_in_blocks_and_nonpositive(monkeypatch):
+    """The blocked, fewer-pass det_exp gives main's whole-tensor formulation's bits (bench/main_path.py) at any
+    block size, and det_exp_nonpositive gives det_exp's bits on x <= 0; torch.exp does not (control)."""
+    from bench import main_path
+
+    x = _exp_inputs()
+    reference = _bits(main_path.det_exp(x))
+    for block in (1000, K.EXP_BLOCK, 1 << 40):
+        monkeypatch.setattr(K, "EXP_BLOCK", block)
+        assert _bits(K.det_exp(x)) == reference, block
+    nonpositive = torch.cat([-x.abs(), torch.tensor([float("-inf")])])
+    assert _bits(K.det_exp_nonpositive(nonpositive)) == _bits(main_path.det_exp(nonpositive))
+    assert _bits(torch.exp(nonpositive)) != _bits(K.det_exp_nonpositive(nonpositive))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunk_outputs_keep_main_bits(dtype):
+    """GEMM, norm and swiglu chunks written into one output give the bits of main's chunks joined by cat."""
+    from basal.backends.cuda.gemm_chunks import ChunkPlan
+    from basal.core.compute import run_to_end
+    from bench import main_path
+
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(333, 2 * 176, generator=g) * 4).to(dtype)
+    w, bias = torch.randn(96, 2 * 176, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    for rows in (K.ROWS, ChunkPlan(128, (8, 32, 128), True)):
+        for b in (None, bias):
+            new, old = K.linear(x, w, b, rows), run_to_end(main_path.linear_steps(x, w, b, rows))
+            assert _bits(new) == _bits(old), (rows, b is None)
+    scale = torch.rand(2 * 176, generator=g).to(dtype)
+    assert _bits(K.rms_norm(x, scale, 1e-5, K.ROWS)) == _bits(main_path.rms_norm(x, scale, 1e-5, K.ROWS))
+    assert _bits(K.swiglu(x)) == _bits(main_path.swiglu(x))
+
+
 def test_rope_table_matches_direct_formula():
     cos, sin = K.rope_tables(512, 16, 10000.0)
     pos = torch.tensor([0, 1, 63, 64, 511])
