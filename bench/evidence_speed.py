@@ -12,14 +12,10 @@ read on a busy machine.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from basal.backends.cuda.backend import TorchBackend
@@ -28,6 +24,7 @@ from basal.core.contract import parse_basal
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.synth import synth_model
+from bench import report
 
 STATE_TOKENS = (128, 512, 2048)
 QUESTIONS = (1, 5)
@@ -91,13 +88,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 }
             )
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "model": {"preset": "mini" if a.model is None else str(a.model), "layers": model.config.num_hidden_layers},
+        "machine": report.machine(),
+        "model": report.model_info(a.model, model.config.num_hidden_layers),
         "reps": a.reps,
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2))
+    report.write_json(a.out, result)
     print(
         f"\n{result['model']['preset']} shapes, {model.config.num_hidden_layers} layers, f32, torch CPU, "
         f"median of {a.reps} alternating pairs\n"

@@ -11,14 +11,10 @@ Latencies are measured in the same run, alternating, so the ratio is what to rea
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from basal.backends.cuda.backend import TorchBackend
@@ -27,6 +23,7 @@ from basal.core.contract import parse_basal
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.synth import synth_model
+from bench import report
 
 LABELS = (4, 20, 50)
 WORDS = "delivery refund invoice damage login card address loan payment contract warranty complaint".split()
@@ -110,14 +107,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             }
         )
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "model": {"preset": "mini" if a.model is None else str(a.model), "layers": model.config.num_hidden_layers},
+        "machine": report.machine(),
+        "model": report.model_info(a.model, model.config.num_hidden_layers),
         "state_tokens": a.state_tokens,
         "reps": a.reps,
         "rows": rows,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=2))
+    report.write_json(a.out, result)
     print(
         f"\n{result['model']['preset']} shapes, {model.config.num_hidden_layers} layers, f32, torch CPU, "
         f"~{a.state_tokens}-token state, mean of {a.reps} runs\n"
