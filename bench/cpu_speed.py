@@ -1,14 +1,16 @@
-"""The torch CPU path before and after issue 16's second round, in one run, against the GEMM rate this machine
+"""The torch CPU path before and after a round of issue 16, in one run, against the GEMM rate this machine
 reaches.
 
     python -m bench.cpu_speed                     # mini shapes cut to 2 and 4 layers, f32: the full set
     python -m bench.cpu_speed --layers 2 --reps 1 # quicker
-    python -m bench.cpu_speed --baseline first    # against the first version instead of main
+    python -m bench.cpu_speed --baseline main     # against the kernels before the second round
 
-"before" (`--baseline main`, the default) is main's kernels before the second round (bench/main_path.py: the
-batched tile-span attention over every padded row and tile, whole-tensor det_exp, GEMM chunks joined by cat) with
-the same probed chunk plans; `--baseline first` is the first version's numerics and loops: 64-row GEMM chunks (16
-at the readouts) and the tile-by-tile attention loop (bench/tiled_attention.py). "after" is the current code.
+"before" is, by `--baseline`: `torch-ops` (the default) the current code with the compiled CPU kernels suspended
+(attention's tile work and SwiGLU as torch ops: the third round's starting point, and what runs without a C
+compiler); `main` the kernels before the second round (bench/main_path.py: the batched tile-span attention over
+every padded row and tile, whole-tensor det_exp, GEMM chunks joined by cat) with the same probed chunk plans;
+`first` the first version's numerics and loops: 64-row GEMM chunks (16 at the readouts) and the tile-by-tile
+attention loop (bench/tiled_attention.py). "after" is the current code, with the compiled kernels when they load.
 Both run on the same loaded weights, alternating, and give the same bits (checked here on every workload).
 Workloads: one question on a ~500-token state; 25 and 50 questions on one ~700-token state; throughput of 4
 concurrent clients (in-process engine) each sending 10 questions on its own ~512-token state. The achieved
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from basal.backends.cuda import cpu_kernels
 from basal.backends.cuda import kernels as K
 from basal.backends.cuda.backend import TorchBackend
 from basal.benchsuite import limits
@@ -72,12 +75,17 @@ def _attention_timed():
         K.tree_attention_steps = steps
 
 
-BASELINE = ["main"]  # set from --baseline
+BASELINE = ["torch-ops"]  # set from --baseline
 
 
 @contextmanager
 def before(backend: TorchBackend):
-    """main's kernels before the second round, or (--baseline first) fixed 64/16-row chunks and the tile loop."""
+    """The current code on torch ops only; main's kernels before the second round; or (--baseline first) fixed
+    64/16-row chunks and the tile loop."""
+    if BASELINE[0] == "torch-ops":
+        with cpu_kernels.suspended(), _attention_timed():
+            yield
+        return
     table = backend.net.chunks
     with main_path.installed():
         if BASELINE[0] == "first":
@@ -130,8 +138,8 @@ def run_model(path: Path, reps: int) -> dict:
     backend = TorchBackend.load(model, dtype="f32")
     load_s = time.perf_counter() - t
     pipeline = Pipeline(model, backend)
-    limit = limits.measure(model.config, "f32")
-    print(f"{path.name}: load {load_s:.1f} s, GEMM limit {limit.as_dict()}", flush=True)
+    measured = [limits.measure(model.config, "f32")]  # again before every workload; the fastest is the limit
+    print(f"{path.name}: load {load_s:.1f} s, GEMM rate {measured[0].combined_gflops:.0f} GFLOP/s", flush=True)
     tok = model.tokenizer
     single = _request(tok, 1, 500, 1)
     state = state_of_tokens(tok, 700, "pl", 7)
@@ -144,6 +152,7 @@ def run_model(path: Path, reps: int) -> dict:
         (f"{n} questions, one ~700-token state", r) for n, r in many.items()
     ]:
         flops = limits.request_flops(pipeline, request).total
+        measured.append(limits.measure(model.config, "f32"))
         with before(backend):
             old_bits = _logit_bits(pipeline, request)  # also the warm-up
         new_bits = _logit_bits(pipeline, request)
@@ -159,30 +168,37 @@ def run_model(path: Path, reps: int) -> dict:
                     times[label].append(time.perf_counter() - t)
                     cpu[label].append(time.process_time() - c)
                     attention[label].append(ATTENTION_S[0])
-        rows.append(_row(name, flops, times, limit, old_bits == new_bits))
+        rows.append(_row(name, flops, times, old_bits == new_bits))
         rows[-1]["attention_before_s"], rows[-1]["attention_after_s"] = attention["before"], attention["after"]
         rows[-1]["cpu_before_s"], rows[-1]["cpu_after_s"] = cpu["before"], cpu["after"]
         rows[-1]["cpu_speedup"] = min(cpu["before"]) / min(cpu["after"])
         print(json.dumps(rows[-1]), flush=True)
     clients = [_request(tok, 10, 512, 20 + i, "en" if i % 2 else "pl") for i in range(4)]
     flops = sum(limits.request_flops(pipeline, r).total for r in clients)
+    measured.append(limits.measure(model.config, "f32"))
     times = {"before": [], "after": []}
     for _ in range(reps):
         for label, mode in (("before", before), ("after", after)):
             with mode(backend):
                 times[label].append(_throughput(pipeline, clients))
-    rows.append(_row("throughput, 4 clients x 10 questions", flops, times, limit, None, decisions=40))
+    rows.append(_row("throughput, 4 clients x 10 questions", flops, times, None, decisions=40))
     print(json.dumps(rows[-1]), flush=True)
+    limit = limits.best(measured)
+    for row in rows:
+        for label in ("before", "after"):
+            row[f"fraction_{label}"] = limit.fraction(row["gflop"] * 1e9, statistics.median(row[f"{label}_s"]))
     return {
         "layers": model.config.num_hidden_layers,
         "load_s": load_s,
         "gemm_limit": limit.as_dict(),
+        "gemm_rates_measured": [lim.combined_gflops for lim in measured],
         "chunks": backend.describe()["gemm_chunks"],
         "rows": rows,
     }
 
 
-def _row(name, flops, times, limit, same_bits, decisions=None) -> dict:
+def _row(name, flops, times, same_bits, decisions=None) -> dict:
+    """One workload's times; its fractions are filled in at the end, against the fastest GEMM rate of the run."""
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "workload": name,
@@ -190,8 +206,6 @@ def _row(name, flops, times, limit, same_bits, decisions=None) -> dict:
         "before_s": times["before"],
         "after_s": times["after"],
         "speedup": med["before"] / med["after"],
-        "fraction_before": limit.fraction(flops, med["before"]),
-        "fraction_after": limit.fraction(flops, med["after"]),
         "same_bits": same_bits,
         "decisions_per_s_after": decisions / med["after"] if decisions else None,
     }
@@ -203,7 +217,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions of each mode (alternating)")
     ap.add_argument("--models", default=None, help="folder to keep the synthesized models in (default: temporary)")
     ap.add_argument("--out", default="bench/results/cpu_speed.json")
-    ap.add_argument("--baseline", choices=["main", "first"], default="main", help="what 'before' runs (see above)")
+    ap.add_argument(
+        "--baseline", choices=["torch-ops", "main", "first"], default="torch-ops", help="what 'before' runs (see above)"
+    )
     a = ap.parse_args()
     BASELINE[0] = a.baseline
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,6 +233,7 @@ def main() -> None:
     out = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads()},
         "torch": torch.__version__,
+        "cpu_kernels": cpu_kernels.status(),
         "reps": a.reps,
         "baseline": a.baseline,
         "models": results,
@@ -230,7 +247,7 @@ def main() -> None:
             f"GEMM limit "
             f"{lim['combined_gflops']:.0f} GFLOP/s (512-row F.linear: "
             + ", ".join(f"{k} {v:.0f}" for k, v in lim["gflops"].items())
-            + f"); load {m['load_s']:.1f} s\n"
+            + f"); load {m['load_s']:.1f} s; compiled CPU kernels: {cpu_kernels.status()}\n"
         )
         print(
             "| workload | GFLOP | before s | after s | speedup | CPU-seconds speedup | attention s before → after | "

@@ -37,20 +37,26 @@ class GemmLimit:
         return {"rows": self.rows, "gflops": self.gflops, "combined_gflops": self.combined_gflops, **self.extra}
 
 
-def _best_seconds(fn, reps: int, sync) -> float:
+def _best_seconds(fn, reps: int, sync, min_seconds: float = 0.0) -> float:
+    """The fastest of at least `reps` calls, calling on until `min_seconds` have passed: on a shared machine one
+    short sample may land in a slow moment, and the limit is what the machine *can* do."""
     fn()
     sync()
-    best = float("inf")
-    for _ in range(reps):
+    best, started, calls = float("inf"), time.perf_counter(), 0
+    while calls < reps or time.perf_counter() - started < min_seconds:
         t = time.perf_counter()
         fn()
         sync()
         best = min(best, time.perf_counter() - t)
+        calls += 1
     return best
 
 
-def measure(cfg: LlamaConfig, dtype: str, device: str = "cpu", rows: int = LIMIT_ROWS, reps: int = 3) -> GemmLimit:
-    """Best-of-`reps` rate of `F.linear([rows, K], [N, K])` for each weight shape of the model."""
+def measure(
+    cfg: LlamaConfig, dtype: str, device: str = "cpu", rows: int = LIMIT_ROWS, reps: int = 3, min_seconds: float = 0.3
+) -> GemmLimit:
+    """Best rate of `F.linear([rows, K], [N, K])` for each weight shape of the model, over at least `reps` calls
+    and `min_seconds` per shape."""
     dev = torch.device(device)
     dt = TORCH_DTYPE[dtype]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -60,12 +66,18 @@ def measure(cfg: LlamaConfig, dtype: str, device: str = "cpu", rows: int = LIMIT
         for name, (n, k) in gemm_shapes(cfg).items():
             w = torch.randn(n, k, device=dev).to(dt)
             x = torch.randn(rows, k, device=dev).to(dt)
-            seconds = _best_seconds(lambda x=x, w=w: torch.nn.functional.linear(x, w), reps, sync)
+            seconds = _best_seconds(lambda x=x, w=w: torch.nn.functional.linear(x, w), reps, sync, min_seconds)
             rates[name] = rows * per[name] / seconds / 1e9
             del w, x
         extra = _cuda_extra(dev, dt, sync) if dev.type == "cuda" else {}
     combined = sum(per.values()) / sum(per[n] / rates[n] for n in per)
     return GemmLimit(rows, rates, combined, extra)
+
+
+def best(measured: list[GemmLimit]) -> GemmLimit:
+    """The fastest of several measurements of one run (taken between its suites): the machine's limit during the
+    run, so that one slow moment does not inflate every fraction."""
+    return max(measured, key=lambda lim: lim.combined_gflops)
 
 
 def _cuda_extra(dev: torch.device, dt: torch.dtype, sync) -> dict[str, float]:

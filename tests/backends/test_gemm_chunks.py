@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from basal.backends.cuda import cpu_kernels
 from basal.backends.cuda import gemm_chunks as G
 from basal.backends.cuda import kernels as K
 from basal.backends.cuda.backend import TorchBackend
@@ -92,6 +93,11 @@ def test_disk_cache_is_reused_and_rechecked(tmp_path):
 def test_backend_reports_its_plans(demo_model):
     described = TorchBackend.load(demo_model).describe()
     assert described["device"] == "cpu" and described["threads"] == torch.get_num_threads()
+    assert described["cpu_kernels"] == cpu_kernels.kind() and described["cpu_kernels"] in {
+        "compiled",
+        "off",
+        "unavailable",
+    }
     cfg = demo_model.config
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
     assert f"{2 * inter}x{hidden} float32" in described["gemm_chunks"]

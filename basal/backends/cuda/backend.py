@@ -8,6 +8,7 @@ from collections.abc import Generator, Sequence
 import numpy as np
 import torch
 
+from basal.backends.cuda import cpu_kernels
 from basal.backends.cuda.gemm_chunks import process_table
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
 from basal.backends.cuda.threads import configure_threads
@@ -45,6 +46,7 @@ class TorchBackend:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "gemm_chunks": "fixed 64 rows (16 at readouts)" if chunks is None else chunks.describe(self.net._gemms()),
+            **({"cpu_kernels": cpu_kernels.kind()} if self.device == "cpu" else {}),
         }
 
     @classmethod

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from basal.backends.cuda import cpu_kernels
 from basal.backends.cuda.gemm_chunks import ChunkPlan
 from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionPlan  # noqa: F401  (re-exported)
 from basal.core.compute import run_to_end
@@ -184,6 +185,9 @@ def _exp_nonpositive_into(x: torch.Tensor, out: torch.Tensor) -> None:
     out.masked_fill_(x < _EXP_MIN, 0.0)
 
 
+_NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu_kernels.c's dtype codes
+
+
 def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
     """[N, 2F] = [gate | up] -> silu(gate) * up in the model dtype; silu in f32 with `det_exp`. Elementwise, so
     it runs in row blocks of about `EXP_BLOCK` gate elements that stay in cache, each writing its rows of the
@@ -192,6 +196,14 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
     if not fixed:
         g32 = gate_up[:, :width].float()
         return (g32 / (1.0 + torch.exp(-g32))).to(gate_up.dtype) * gate_up[:, width:]
+
+    native = cpu_kernels.load() if gate_up.device.type == "cpu" else None
+    code = _NATIVE_DTYPES.get(gate_up.dtype)
+    if native is not None and code is not None:  # the same ops, one pass per element (cpu_kernels.c)
+        gate_up = gate_up.contiguous()
+        out = gate_up.new_empty(len(gate_up), width)
+        cpu_kernels.run_rows(native.basal_swiglu, (gate_up.data_ptr(), out.data_ptr(), width, code), len(gate_up))
+        return out
 
     def into(gu: torch.Tensor, out: torch.Tensor) -> None:
         g32 = gu[:, :width].float()
@@ -296,6 +308,7 @@ def tree_attention_steps(
     group = heads // kv_heads
     scale = dim**-0.5
     exp = det_exp_nonpositive if fixed else torch.exp
+    native = cpu_kernels.load() if fixed and q.device.type == "cpu" else None
     out = q.new_zeros(n_q, heads, dim)
     q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
     for g in plan:
@@ -311,6 +324,10 @@ def tree_attention_steps(
         l_sum = q.new_zeros((chunks, kv_heads, group, used, 1))
         acc = q.new_zeros((chunks, kv_heads, group, used, dim))
         n_tiles = k_idx.shape[1] // KEY_TILE
+        if native is not None:  # the compiled path keeps m, l and acc in the same memory layout, [C, KVH, G, U]
+            m = m.view(chunks, kv_heads, group, used).contiguous()
+            q_pos_c = q_pos.to(torch.int64).contiguous()
+            p_zeros: dict[int, torch.Tensor] = {}
         tile_bytes = 4 * chunks * kv_heads * (KEY_TILE * (2 * gr + 4 * group * used + 2 * dim) + gr * dim)
         span = max(1, min(n_tiles, ATTENTION_SPAN_BYTES // tile_bytes))
         for t0 in range(0, n_tiles, span):
@@ -320,6 +337,13 @@ def tree_attention_steps(
             # run it as a transposed GEMM, whose bits differ from the copied layout every other group gets
             k = key_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 4, 2).contiguous()
             v = value_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 2, 4).contiguous()
+            if native is not None:
+                p_rows = p_zeros.get(n_span)
+                if p_rows is None:  # padding rows are never written: they stay zero for every span of the group
+                    p_rows = p_zeros[n_span] = q.new_zeros(chunks, kv_heads, n_span, group, rows, KEY_TILE)
+                _native_span(native, torch.matmul(qs, k), p_rows, v, q_pos_c, m, l_sum, acc, used, t0 * KEY_TILE)
+                yield
+                continue
             key_pos = torch.arange(t0 * KEY_TILE, (t0 + n_span) * KEY_TILE, device=q.device)
             visible = key_pos.view(n_span, 1, 1, KEY_TILE) <= pos  # [C, 1, S, 1, U, T]
             s = torch.matmul(qs, k).view(chunks, kv_heads, n_span, group, rows, KEY_TILE)[..., :used, :]
@@ -343,8 +367,39 @@ def tree_attention_steps(
                 acc = torch.where(a, acc * al + pv[:, :, j], acc)
             m = m_run[:, :, -1:]
             yield
+        l_sum = l_sum.view(chunks, kv_heads, group, used, 1)
         res = acc / torch.where(l_sum > 0, l_sum, 1.0)  # [C, KVH, G, U, D]
         res = res.permute(0, 3, 1, 2, 4).reshape(chunks, used, heads, dim)
         keep = q_pos[:, :used] >= 0
         out[query_rows[q_idx[:, :used][keep]]] = res[keep]
     return out
+
+
+def _native_span(
+    lib,
+    s: torch.Tensor,
+    p_rows: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    m: torch.Tensor,
+    l_sum: torch.Tensor,
+    acc: torch.Tensor,
+    used: int,
+    key0: int,
+) -> None:
+    """One span of `tree_attention_steps` with the compiled kernels: the same ops, with the mask, max, exps and
+    the tile-by-tile recurrence each one pass in C (cpu_kernels.c); updates m, l_sum and acc in place.
+    s [C, KVH, S, G*R, T] from the score GEMM; p_rows [C, KVH, S, G, R, T] with zero padding rows."""
+    chunks, kv_heads, n_span, group, rows, tile = p_rows.shape
+    dim = v.shape[-1]
+    alpha = s.new_empty(chunks, kv_heads, n_span, group, used)
+    active = torch.empty(alpha.shape, dtype=torch.uint8)
+    n_rows = chunks * kv_heads * group * used
+    ptr = cpu_kernels.ptr
+    shape = (chunks, kv_heads, n_span, group, rows, used)
+    args = (ptr(s), ptr(p_rows), ptr(alpha), ptr(active), ptr(m), ptr(q_pos), *shape, tile, key0)
+    cpu_kernels.run_rows(lib.basal_softmax_span, args, n_rows)
+    p_sum = p_rows[..., :used, :].sum(-1).contiguous()  # [C, KVH, S, G, U]: torch's row sum, as the torch path
+    pv = torch.matmul(p_rows.view(chunks, kv_heads, n_span, group * rows, tile), v)  # [C, KVH, S, G*R, D]
+    args = (ptr(alpha), ptr(active), ptr(p_sum), ptr(pv), ptr(l_sum), ptr(acc), *shape, dim)
+    cpu_kernels.run_rows(lib.basal_recurrence_span, args, n_rows)

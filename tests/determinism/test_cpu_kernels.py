@@ -1,0 +1,143 @@
+"""The compiled CPU kernels (basal/backends/cuda/cpu_kernels.c) give the bits of the torch ops they replace:
+det_exp and its non-positive variant, SwiGLU on every dtype, tree attention on the prefix-length and tree cases
+of test_attention_equality and across spans, and a model's logits. The negative control: the same comparisons
+see a build that contracts multiply-adds into FMAs (the compiler's default on many targets). Also: the switch,
+and a machine without a compiler falls back with a reason."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from basal.backends.cuda import cpu_kernels
+from basal.backends.cuda import kernels as K
+from tests.determinism.test_attention_equality import CASES, CPU, _tree_case
+
+LIB = cpu_kernels.load()
+pytestmark = pytest.mark.skipif(LIB is None, reason=f"compiled CPU kernels: {cpu_kernels.status()}")
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).numpy()
+
+
+def _exp_inputs() -> torch.Tensor:
+    """Random values over the whole range, every boundary of n = round(x log2 e), the clamps, specials."""
+    g = torch.Generator().manual_seed(0)
+    edges = torch.arange(-130, 131, dtype=torch.float32) * np.log(2) + 0.5 * np.log(2)
+    near = torch.cat([edges + d for d in (-1e-5, 0.0, 1e-5)])
+    special = torch.tensor([0.0, -0.0, -87.33654, -87.3365, -87.34, 88.72284, 88.7228, 88.73, -1e30, 1e30])
+    special = torch.cat([special, torch.tensor([float("-inf"), float("inf")])])
+    return torch.cat([torch.empty(300_000).uniform_(-100, 100, generator=g), near, special]).float()
+
+
+def _c_exp(fn, x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    fn(x.data_ptr(), out.data_ptr(), x.numel())
+    return out
+
+
+def test_exp_matches_det_exp_bit_for_bit():
+    x = _exp_inputs()
+    assert np.array_equal(_bits(_c_exp(LIB.basal_exp, x)), _bits(K.det_exp(x)))
+    neg = -x.abs()
+    assert np.array_equal(_bits(_c_exp(LIB.basal_exp_nonpositive, neg)), _bits(K.det_exp_nonpositive(neg)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_swiglu_matches_the_torch_ops(dtype):
+    g = torch.Generator().manual_seed(1)
+    gate_up = (torch.randn(37, 2 * 300, generator=g) * 6).to(dtype)
+    gate_up[0, :8] = torch.tensor([-100.0, -90.0, -87.0, 0.0, 87.0, 89.0, 100.0, -0.0]).to(dtype)
+    native = K.swiglu(gate_up)
+    with cpu_kernels.suspended():
+        ops = K.swiglu(gate_up)
+    assert native.dtype == ops.dtype == dtype
+    assert np.array_equal(_bits(native), _bits(ops))
+
+
+def _attention(q, k, v, plan, rows_of) -> torch.Tensor:
+    return K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("rows", [K.QUERY_ROWS, 1])
+def test_attention_matches_the_torch_ops(case, rows):
+    block_len, parents = CASES[case]
+    readouts = np.cumsum(block_len) - 1
+    q, k, v, plan, rows_of = _tree_case(case, block_len, parents, rows, None if rows > 1 else readouts)
+    native = _attention(q, k, v, plan, rows_of)
+    with cpu_kernels.suspended():
+        ops = _attention(q, k, v, plan, rows_of)
+    assert np.array_equal(_bits(native), _bits(ops))
+
+
+def test_attention_matches_across_spans(monkeypatch):
+    q, k, v, plan, rows_of = _tree_case(9, [3 * K.KEY_TILE + 3, 20], [-1, 0], K.QUERY_ROWS)
+    with cpu_kernels.suspended():
+        ops = _attention(q, k, v, plan, rows_of)
+    for budget in (1, 1_700_000, 1 << 40):  # spans of 1, a few and all 4 tiles
+        monkeypatch.setattr(K, "ATTENTION_SPAN_BYTES", budget)
+        assert np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops)), budget
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_model_logits_match(demo_model, dtype):
+    from tests.determinism.harness import Harness, same_bits
+
+    h = Harness(demo_model, "torch", "cpu", dtype)
+    import random
+
+    rng = random.Random(11)
+    qs = [h.question(rng, "pl", state_words=40, k=3)]
+    qs += [h.question(rng, "pl", state=qs[0].state, k=k) for k in (2, 7)]
+    native = h.logits(qs)
+    with cpu_kernels.suspended():
+        ops = h.logits(qs)
+    assert all(same_bits(a, b) for a, b in zip(native, ops, strict=True))
+
+
+def _fma_build(tmp_path: Path) -> ctypes.CDLL:
+    if "fma" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no FMA instructions to contract into")
+    return cpu_kernels.open_library(cpu_kernels.build(("-ffp-contract=fast",), out_dir=tmp_path))
+
+
+def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
+    """-ffp-contract=fast (with -march=native) fuses p * r + c in the polynomial: the comparisons above must see
+    it, in exp and in attention."""
+    lib = _fma_build(tmp_path)
+    x = _exp_inputs()
+    assert not np.array_equal(_bits(_c_exp(lib.basal_exp, x)), _bits(K.det_exp(x)))
+    block_len, parents = CASES[3]
+    q, k, v, plan, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
+    with cpu_kernels.suspended():
+        ops = _attention(q, k, v, plan, rows_of)
+    saved = cpu_kernels._loaded
+    try:
+        cpu_kernels._loaded = lib
+        assert not np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops))
+    finally:
+        cpu_kernels._loaded = saved
+
+
+def _status_in_subprocess(env: dict[str, str]) -> str:
+    code = "from basal.backends.cuda import cpu_kernels as c; print(c.load() is None); print(c.status())"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), **env}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_switch_off_and_no_compiler_fall_back_with_a_reason(tmp_path):
+    assert _status_in_subprocess({"BASAL_CPU_KERNELS": "0"}).startswith("True\noff (BASAL_CPU_KERNELS=0)")
+    missing = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "BASAL_HOME": str(tmp_path)})
+    assert missing.startswith("True\nunavailable (") and "no-such-cc" in missing
