@@ -148,4 +148,6 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
                 verdict = "verified" if ok else "NOT INVARIANT"
                 lines.append(f"  {f'{backend}-{device}-{dtype}':<16} {verdict} ({seconds:.1f} s)")
                 lines += chunk_lines(facts)
+                if "attention_gemm_rows" in facts:
+                    lines.append(f"    attention tile GEMMs: {facts['attention_gemm_rows']}")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from collections.abc import Generator, Sequence
 import numpy as np
 import torch
 
-from basal.backends.cuda import cpu_kernels
+from basal.backends.cuda import cpu_kernels, tile_rows
 from basal.backends.cuda.gemm_chunks import process_table
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
 from basal.backends.cuda.threads import configure_threads
@@ -46,6 +46,7 @@ class TorchBackend:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "gemm_chunks": "fixed 64 rows (16 at readouts)" if chunks is None else chunks.describe(self.net._gemms()),
+            "attention_gemm_rows": tile_rows.describe(self.net.cfg, self.device),
             **({"cpu_kernels": cpu_kernels.kind()} if self.device == "cpu" else {}),
         }
 
@@ -70,13 +71,16 @@ class TorchBackend:
             dtype = "f16" if dev.type == "cuda" else "f32"
         if dev.type == "cpu":
             configure_threads()  # physical cores, unless the config or OMP_NUM_THREADS chose (threads.py)
+            cpu_kernels.load()  # built (about a second, once per machine) at load, not at the first request
         if dev.type == "cuda":
             # no TF32, no reduced-precision split reductions (docs/determinism.md §1)
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         with torch.inference_mode():
-            return cls(model, dtype, dev, fixed_shapes, gemm_chunks)
+            backend = cls(model, dtype, dev, fixed_shapes, gemm_chunks)
+            tile_rows.for_model(model.config, dev)  # the tile GEMMs' row probe, once per shape (tile_rows.py)
+            return backend
 
     def prefix(self, key: str, tokens: Sequence[int]) -> None:
         with torch.inference_mode():

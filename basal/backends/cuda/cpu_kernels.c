@@ -11,7 +11,7 @@
  *   alpha, ps [C, KVH, S, G, U]     the rescale factor and the row sum of p of each tile
  *   active    [C, KVH, S, G, U]     the row sees a key in this tile
  *   m, l      [C, KVH, G, U]        running max / running sum, acc [C, KVH, G, U, D]
- *   q_pos     [C, R]                query positions (-1: padding)
+ *   q_pos     [C, q_rows]           the plan's query positions (-1: padding); R <= q_rows rows are in the GEMMs
  * A "row" is one (c, kvh, g, u); callers split [0, C*KVH*G*U) among threads.
  */
 #include <math.h>
@@ -147,13 +147,13 @@ void basal_swiglu(const void *gate_up, void *out, int64_t width, int64_t dtype, 
  * query's), the tile max, the running max, p = exp(s - max) into p's used rows, alpha = exp(old max - new max).
  * key0: the position of the span's first key. m is updated to the max after the span. */
 void basal_softmax_span(const float *s, float *p, float *alpha, uint8_t *active, float *m, const int64_t *q_pos,
-                        int64_t C, int64_t KVH, int64_t S, int64_t G, int64_t R, int64_t U, int64_t T, int64_t key0,
+                        int64_t q_rows, int64_t C, int64_t KVH, int64_t S, int64_t G, int64_t R, int64_t U, int64_t T, int64_t key0,
                         int64_t row_begin, int64_t row_end) {
     (void)C;
     for (int64_t row = row_begin; row < row_end; row++) {
         int64_t u = row % U, g = (row / U) % G, ch = row / (U * G); /* ch = c * KVH + kvh */
         int64_t c = ch / KVH;
-        int64_t pos = q_pos[c * R + u];
+        int64_t pos = q_pos[c * q_rows + u];
         float m_prev = m[row];
         for (int64_t j = 0; j < S; j++) {
             int64_t off = (((ch * S + j) * G + g) * R + u) * T;

@@ -47,7 +47,7 @@ _SIGNATURES = {
     "basal_exp_nonpositive": [_PTR, _PTR, _I64],
     "basal_exp": [_PTR, _PTR, _I64],
     "basal_swiglu": [_PTR, _PTR, _I64, _I64, _I64, _I64],
-    "basal_softmax_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 10],
+    "basal_softmax_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 11],
     "basal_recurrence_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 9],
 }
 
@@ -167,16 +167,19 @@ _pool_size = 0
 
 
 def run_rows(fn, args: tuple, rows: int) -> None:
-    """Call `fn(*args, begin, end)` on [0, rows) split among torch's intra-op thread count."""
+    """Call `fn(*args, begin, end)` on [0, rows) split among torch's intra-op thread count: the calling thread
+    takes the first part, pool threads the others."""
     global _pool, _pool_size
     n = max(1, min(torch.get_num_threads(), rows // 64 or 1))
     if n == 1:
         fn(*args, 0, rows)
         return
-    if _pool is None or _pool_size < n:
-        _pool, _pool_size = ThreadPoolExecutor(n, thread_name_prefix="basal-cpu-kernels"), n
+    with _lock:  # engines of several models may call at once; they share one pool
+        if _pool is None or _pool_size < n:
+            _pool, _pool_size = ThreadPoolExecutor(n - 1, thread_name_prefix="basal-cpu-kernels"), n
+        pool = _pool
     bounds = [rows * i // n for i in range(n + 1)]
-    futures = [_pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, n)]
+    futures = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, n)]
     fn(*args, bounds[0], bounds[1])
     for f in futures:
         f.result()

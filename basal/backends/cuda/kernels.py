@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from basal.backends.cuda import cpu_kernels
+from basal.backends.cuda import cpu_kernels, tile_rows
 from basal.backends.cuda.gemm_chunks import ChunkPlan
 from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionPlan  # noqa: F401  (re-exported)
 from basal.core.compute import run_to_end
@@ -314,11 +314,14 @@ def tree_attention_steps(
     for g in plan:
         q_idx, q_pos, k_idx, used = g.q_idx, g.q_pos, g.k_idx, g.rows_used
         chunks, rows = q_idx.shape
-        gr = group * rows
-        rows_in_q = torch.where(q_pos >= 0, query_rows[q_idx], n_q)
-        # [C, R, H, D] -> [C, KVH, G*R, D]: the G query heads that share a KV head are stacked along rows
-        qs = q_pad[rows_in_q].view(chunks, rows, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
-        qs = (qs.reshape(chunks, kv_heads, gr, dim) * scale)[:, :, None]  # [C, KVH, 1, G*R, D]
+        # the tile GEMMs' rows per chunk: the used ones where that keeps every row's bits (tile_rows.py), else all
+        probed = tile_rows.invariant_rows(group, dim, kv_heads, rows, KEY_TILE, str(q.device), torch.get_num_threads())
+        gemm_rows = used if used in probed else rows
+        gr = group * gemm_rows
+        rows_in_q = torch.where(q_pos >= 0, query_rows[q_idx], n_q)[:, :gemm_rows]
+        # [C, M, H, D] -> [C, KVH, G*M, D]: the G query heads that share a KV head are stacked along rows
+        qs = q_pad[rows_in_q].view(chunks, gemm_rows, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+        qs = (qs.reshape(chunks, kv_heads, gr, dim) * scale)[:, :, None]  # [C, KVH, 1, G*M, D]
         pos = q_pos[:, None, None, None, :used, None]  # [C, 1, 1, 1, U, 1]
         m = q.new_full((chunks, kv_heads, 1, group, used, 1), float("-inf"))
         l_sum = q.new_zeros((chunks, kv_heads, group, used, 1))
@@ -327,7 +330,7 @@ def tree_attention_steps(
         if native is not None:  # the compiled path keeps m, l and acc in the same memory layout, [C, KVH, G, U]
             m = m.view(chunks, kv_heads, group, used).contiguous()
             q_pos_c = q_pos.to(torch.int64).contiguous()
-            p_zeros: dict[int, torch.Tensor] = {}
+            p_buffers: dict[int, torch.Tensor] = {}
         tile_bytes = 4 * chunks * kv_heads * (KEY_TILE * (2 * gr + 4 * group * used + 2 * dim) + gr * dim)
         span = max(1, min(n_tiles, ATTENTION_SPAN_BYTES // tile_bytes))
         for t0 in range(0, n_tiles, span):
@@ -338,15 +341,17 @@ def tree_attention_steps(
             k = key_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 4, 2).contiguous()
             v = value_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 2, 4).contiguous()
             if native is not None:
-                p_rows = p_zeros.get(n_span)
+                p_rows = p_buffers.get(n_span)
                 if p_rows is None:  # padding rows are never written: they stay zero for every span of the group
-                    p_rows = p_zeros[n_span] = q.new_zeros(chunks, kv_heads, n_span, group, rows, KEY_TILE)
-                _native_span(native, torch.matmul(qs, k), p_rows, v, q_pos_c, m, l_sum, acc, used, t0 * KEY_TILE)
+                    new = q.new_zeros if used < gemm_rows else q.new_empty
+                    p_rows = p_buffers[n_span] = new(chunks, kv_heads, n_span, group, gemm_rows, KEY_TILE)
+                s = torch.matmul(qs, k)
+                _native_span(native, s, p_rows, v, q_pos_c, rows, m, l_sum, acc, used, t0 * KEY_TILE)
                 yield
                 continue
             key_pos = torch.arange(t0 * KEY_TILE, (t0 + n_span) * KEY_TILE, device=q.device)
             visible = key_pos.view(n_span, 1, 1, KEY_TILE) <= pos  # [C, 1, S, 1, U, T]
-            s = torch.matmul(qs, k).view(chunks, kv_heads, n_span, group, rows, KEY_TILE)[..., :used, :]
+            s = torch.matmul(qs, k).view(chunks, kv_heads, n_span, group, gemm_rows, KEY_TILE)[..., :used, :]
             s = torch.where(visible, s, float("-inf"))  # [C, KVH, S, G, U, T]
             m_tile = s.amax(-1, keepdim=True)
             active = m_tile > float("-inf")  # rows with a visible key in this tile; others keep their bits
@@ -355,12 +360,12 @@ def tree_attention_steps(
             p = exp(s.sub_(torch.where(active, m_new, 0.0)))
             alpha = exp(torch.where(active, m_run[:, :, :-1] - m_new, 0.0))
             p_sum = p.sum(-1, keepdim=True)
-            if used < rows:  # the GEMM's full row shape; padding rows of p stay zero
-                p_rows = p.new_zeros(chunks, kv_heads, n_span, group, rows, KEY_TILE)
+            if used < gemm_rows:  # the GEMM's full row shape; padding rows of p stay zero
+                p_rows = p.new_zeros(chunks, kv_heads, n_span, group, gemm_rows, KEY_TILE)
                 p_rows[..., :used, :] = p
                 p = p_rows
             pv = torch.matmul(p.view(chunks, kv_heads, n_span, gr, KEY_TILE), v)
-            pv = pv.view(chunks, kv_heads, n_span, group, rows, dim)[..., :used, :]  # [C, KVH, S, G, U, D]
+            pv = pv.view(chunks, kv_heads, n_span, group, gemm_rows, dim)[..., :used, :]  # [C, KVH, S, G, U, D]
             for j in range(n_span):
                 a, al = active[:, :, j], alpha[:, :, j]
                 l_sum = torch.where(a, l_sum * al + p_sum[:, :, j], l_sum)
@@ -381,6 +386,7 @@ def _native_span(
     p_rows: torch.Tensor,
     v: torch.Tensor,
     q_pos: torch.Tensor,
+    q_rows: int,
     m: torch.Tensor,
     l_sum: torch.Tensor,
     acc: torch.Tensor,
@@ -389,7 +395,8 @@ def _native_span(
 ) -> None:
     """One span of `tree_attention_steps` with the compiled kernels: the same ops, with the mask, max, exps and
     the tile-by-tile recurrence each one pass in C (cpu_kernels.c); updates m, l_sum and acc in place.
-    s [C, KVH, S, G*R, T] from the score GEMM; p_rows [C, KVH, S, G, R, T] with zero padding rows."""
+    s [C, KVH, S, G*M, T] from the score GEMM (M rows per chunk); p_rows [C, KVH, S, G, M, T] with zero padding
+    rows; q_pos [C, q_rows] the plan's positions."""
     chunks, kv_heads, n_span, group, rows, tile = p_rows.shape
     dim = v.shape[-1]
     alpha = s.new_empty(chunks, kv_heads, n_span, group, used)
@@ -397,7 +404,7 @@ def _native_span(
     n_rows = chunks * kv_heads * group * used
     ptr = cpu_kernels.ptr
     shape = (chunks, kv_heads, n_span, group, rows, used)
-    args = (ptr(s), ptr(p_rows), ptr(alpha), ptr(active), ptr(m), ptr(q_pos), *shape, tile, key0)
+    args = (ptr(s), ptr(p_rows), ptr(alpha), ptr(active), ptr(m), ptr(q_pos), q_rows, *shape, tile, key0)
     cpu_kernels.run_rows(lib.basal_softmax_span, args, n_rows)
     p_sum = p_rows[..., :used, :].sum(-1).contiguous()  # [C, KVH, S, G, U]: torch's row sum, as the torch path
     pv = torch.matmul(p_rows.view(chunks, kv_heads, n_span, group * rows, tile), v)  # [C, KVH, S, G*R, D]
