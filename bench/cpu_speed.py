@@ -138,7 +138,7 @@ def run_model(path: Path, reps: int) -> dict:
     backend = TorchBackend.load(model, dtype="f32")
     load_s = time.perf_counter() - t
     pipeline = Pipeline(model, backend)
-    measured = [limits.measure(model.config, "f32")]  # again before every workload; the fastest is the limit
+    measured = [limits.measure(model.config, "f32")]  # again before every workload; the median is the limit
     print(f"{path.name}: load {load_s:.1f} s, GEMM rate {measured[0].combined_gflops:.0f} GFLOP/s", flush=True)
     tok = model.tokenizer
     single = _request(tok, 1, 500, 1)
@@ -183,7 +183,7 @@ def run_model(path: Path, reps: int) -> dict:
                 times[label].append(_throughput(pipeline, clients))
     rows.append(_row("throughput, 4 clients x 10 questions", flops, times, None, decisions=40))
     print(json.dumps(rows[-1]), flush=True)
-    limit = limits.best(measured)
+    limit = limits.typical(measured)
     for row in rows:
         for label in ("before", "after"):
             row[f"fraction_{label}"] = limit.fraction(row["gflop"] * 1e9, statistics.median(row[f"{label}_s"]))
@@ -198,7 +198,7 @@ def run_model(path: Path, reps: int) -> dict:
 
 
 def _row(name, flops, times, same_bits, decisions=None) -> dict:
-    """One workload's times; its fractions are filled in at the end, against the fastest GEMM rate of the run."""
+    """One workload's times; its fractions are filled in at the end, against the median GEMM rate of the run."""
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "workload": name,

@@ -74,10 +74,11 @@ def measure(
     return GemmLimit(rows, rates, combined, extra)
 
 
-def best(measured: list[GemmLimit]) -> GemmLimit:
-    """The fastest of several measurements of one run (taken between its suites): the machine's limit during the
-    run, so that one slow moment does not inflate every fraction."""
-    return max(measured, key=lambda lim: lim.combined_gflops)
+def typical(measured: list[GemmLimit]) -> GemmLimit:
+    """The median of several measurements of one run (taken between its suites, by combined rate): on a shared
+    machine one measurement may land in a slow or a fast moment, and either would skew every fraction."""
+    ranked = sorted(measured, key=lambda lim: lim.combined_gflops)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _cuda_extra(dev: torch.device, dt: torch.dtype, sync) -> dict[str, float]:
