@@ -109,8 +109,10 @@ def test_sigterm_removes_the_half_written_directory(tmp_path):
     """The CLI turns SIGTERM into SystemExit; the temporary folder goes as it does on Ctrl-C.
 
     The writer is frozen (SIGSTOP) before the check that it is still half-way, and SIGTERM is sent while it is
-    frozen, so a fast disk or a slow test process cannot let it finish first: that race once failed CI. Should
-    the writer finish before it is frozen, the attempt is repeated in a fresh folder."""
+    frozen, so a fast disk or a slow test process cannot let it finish first. On a loaded machine the signal has
+    (rarely: 2 of some 60 runs) been acted on only after the writer had finished — a complete model and no
+    temporary folder, which keeps the promise that no half-written model is left behind; such an attempt, and
+    one where the writer finishes before it is frozen, is repeated in a fresh folder."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     for attempt in range(5):
         name = f"mini{attempt}"
@@ -128,11 +130,12 @@ def test_sigterm_removes_the_half_written_directory(tmp_path):
         proc.send_signal(signal.SIGSTOP)
         if proc.poll() is None and _half_written(tmp_path, name):
             proc.send_signal(signal.SIGTERM)
-            proc.send_signal(signal.SIGCONT)
-            assert proc.wait(30) == 128 + signal.SIGTERM
+        proc.send_signal(signal.SIGCONT)
+        rc = proc.wait(120)
+        if rc == 128 + signal.SIGTERM:
             assert list(tmp_path.iterdir()) == [], "the temporary folder was left behind"
             return
-        proc.send_signal(signal.SIGCONT)
-        assert proc.wait(30) == 0
+        assert rc == 0 and [p.name for p in tmp_path.iterdir()] == [name], "a half-written folder is left"
+        assert (tmp_path / name / "model.safetensors").is_file()
         shutil.rmtree(tmp_path / name)
-    pytest.fail("the writer always finished before it could be stopped")
+    pytest.fail("SIGTERM never stopped the writer")
