@@ -48,6 +48,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from basal.backends.cuda import cpu_kernels
 from basal.backends.mlx import native
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
@@ -115,6 +116,8 @@ def environment(device: str, model: ModelDir) -> dict:
         "MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32"),
         "device": device,
         "model": {"name": model.name, "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size},
+        # the torch CPU reference runs the compiled kernels where clang builds them (never tried on macOS yet)
+        "torch_cpu_kernels": cpu_kernels.status(),
     }
     if mx.metal.is_available():
         try:

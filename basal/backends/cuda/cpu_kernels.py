@@ -1,10 +1,11 @@
 """Compiled CPU kernels for tree attention's elementwise tile work (issue 16: attention without the Python tile
-loop), built from `cpu_kernels.c` on first use with the system C compiler and loaded with ctypes.
+loop) and for SwiGLU, built from `cpu_kernels.c` on first use with the system C compiler and loaded with ctypes.
 
 Between its two tile GEMMs, the torch code runs some forty small elementwise ops per span of key tiles (mask, max,
 `det_exp_nonpositive`, the f32 recurrence stepped tile by tile in Python); the C code does each row's part in one
 pass, with the same f32 operations in the same order, so the bits are the same — the tests compare both paths,
-and a build with fused multiply-adds as the negative control. The GEMMs and the row sums stay torch calls (their
+and a build with fused multiply-adds as the negative control. SwiGLU's dozen passes over the activation (det_exp,
+the division, the dtype rounding, the product) become one. The GEMMs and the row sums stay torch calls (their
 bits are the reference and depend on the library's blocking).
 
 No compiler, a failed build or ``BASAL_CPU_KERNELS=0``: `load()` returns None and attention runs the torch ops
@@ -37,7 +38,9 @@ from basal.core.synth import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# no -ffast-math, no contraction into fused multiply-adds: each f32 op rounds as torch's does
+# no -ffast-math, no contraction into fused multiply-adds: each f32 op rounds as torch's does. -fno-trapping-math
+# only lets the compiler evaluate both sides of a select (FP exception flags, which nothing reads), so loops with
+# clamps vectorise; it changes no result
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fPIC", "-shared", "-std=gnu11")
 NATIVE_FLAGS = ("-march=native",)  # tried first; a compiler without it builds for the baseline ISA
 ENV_SWITCH = "BASAL_CPU_KERNELS"

@@ -302,6 +302,10 @@ def tree_attention_steps(
     cummax: max is exact, so batching it changes no bit. Between the two GEMMs only the group's used rows are
     kept (rows past them are padding: masked everywhere, their results dropped), and exp is
     `det_exp_nonpositive`: the scores minus their running max are never positive.
+
+    On the CPU, with the compiled kernels (`cpu_kernels.py`), everything between the two GEMMs — the recurrence's
+    tile loop included — is one C pass per row with the same operations; the GEMMs run on the used rows only
+    where `tile_rows.py`'s probe shows that keeps their bits.
     """
     n_q, heads, dim = q.shape
     kv_heads = key_buf.shape[1]
