@@ -134,10 +134,10 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
 
     cuda = f"available: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "not available"
     lines.append(f"CUDA: {cuda}")
+    lines += gpu_engine_tables()
     from basal.backends.cuda import cpu_kernels
 
     lines.append(f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}")
-    lines += gpu_engine_tables()
     if run_checks and model is not None:
         lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
         checks = [(backend, device, dtype) for backend, device in paths() for dtype in DTYPES]
