@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,19 @@ def test_switch_off_and_no_compiler_fall_back_with_a_reason(tmp_path):
     assert _status_in_subprocess({"BASAL_CPU_KERNELS": "0"}).startswith("True\noff (BASAL_CPU_KERNELS=0)")
     missing = _status_in_subprocess({"CC": str(tmp_path / "no-such-cc"), "BASAL_HOME": str(tmp_path)})
     assert missing.startswith("True\nunavailable (") and "no-such-cc" in missing
+
+
+def test_a_forked_child_runs_the_kernels_on_its_own_threads():
+    """The pool's threads do not survive fork(); the child must not wait on them forever."""
+    gate_up = torch.randn(512, 2 * 64)
+    expected = K.swiglu(gate_up)  # creates the pool here (512 rows: more than one thread)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: same computation, report whether it matched, exit without pytest's teardown
+        signal.alarm(30)  # a child stuck on the parent's threads dies instead of hanging the suite
+        ok = np.array_equal(_bits(K.swiglu(gate_up)), _bits(expected))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0

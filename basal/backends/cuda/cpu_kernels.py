@@ -169,6 +169,16 @@ _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 
+def _forget_pool_after_fork() -> None:
+    """A forked child inherits the pool object but not its threads: work submitted there would never run."""
+    global _pool, _pool_size
+    _pool, _pool_size = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def run_rows(fn, args: tuple, rows: int) -> None:
     """Call `fn(*args, begin, end)` on [0, rows) split among torch's intra-op thread count: the calling thread
     takes the first part, pool threads the others."""
