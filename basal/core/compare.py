@@ -63,6 +63,7 @@ class Comparison:
     errors_differing: list[str] = field(default_factory=list)
     failed_one_side: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    compute_differences: list[str] = field(default_factory=list)  # what may explain differing bits
 
     @property
     def ok(self) -> bool:
@@ -73,6 +74,7 @@ class Comparison:
             "a": self.a,
             "b": self.b,
             "model": self.model,
+            "compute_differences": self.compute_differences,
             "records": {"in_both": self.in_both, "only_in_a": self.only_a, "only_in_b": self.only_b},
             "inputs": {
                 "items": self.items,
@@ -127,7 +129,13 @@ class Comparison:
             ("requests failing in both / one only", f"{self.errors_both} / {len(self.failed_one_side)}"),
         ]
         width = max(len(r[0]) for r in rows)
-        lines = [side("A", self.a), side("B", self.b), f"model: {self.model['note']}", ""]
+        lines = [side("A", self.a), side("B", self.b), f"model: {self.model['note']}"]
+        if self.compute_differences:
+            lines.append("how the two were computed differs (this can explain differing bits):")
+            lines += [f"  {d}" for d in self.compute_differences[:SHOW]]
+            if len(self.compute_differences) > SHOW:
+                lines.append(f"  ... and {len(self.compute_differences) - SHOW} more")
+        lines.append("")
         lines += [f"{name:<{width}}  {value}" for name, value in rows]
         for flip in self.flips[:SHOW]:
             lines.append(
@@ -165,6 +173,38 @@ def _describe(f: ExportFile) -> dict[str, Any]:
         "model": (m.get("model") or {}).get("name") or (m.get("model") or {}).get("repository"),
         "date": m.get("date"),
     }
+
+
+def compute_differences(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """Where the manifests' backends say they computed differently: name, device, dtype, device name, batching,
+    and the `compute` facts the torch backend records (threads, GEMM row chunks per shape, the attention tile
+    GEMMs' rows, compiled CPU kernels), plus the torch/MLX/Triton versions. One "key: A vs B" line each."""
+
+    def facts(m: dict[str, Any] | None) -> dict[str, Any]:
+        m = m or {}
+        backend = m.get("backend") if isinstance(m.get("backend"), dict) else {}
+        versions = m.get("versions") if isinstance(m.get("versions"), dict) else {}
+        flat = {k: v for k, v in backend.items() if k != "compute"}
+        flat["batching"] = m.get("batching")
+        flat |= {f"versions.{k}": versions.get(k) for k in ("torch", "mlx", "triton") if k in versions}
+        flat |= _flatten("compute", backend.get("compute") or {})
+        return flat
+
+    fa, fb = facts(a), facts(b)
+    return [
+        f"{k}: {fa.get(k, '(absent)')} vs {fb.get(k, '(absent)')}"
+        for k in sorted(fa.keys() | fb.keys())
+        if fa.get(k) != fb.get(k)
+    ]
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out |= _flatten(f"{prefix}.{k}", v)
+        return out
+    return {prefix: value}
 
 
 def model_identity(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
@@ -241,6 +281,7 @@ def compare_exports(
         )
     policy = "bitwise" if bitwise else ("tolerance" if max_logit_diff is not None else "decisions")
     c = Comparison(_describe(a), _describe(b), policy, max_logit_diff, identity)
+    c.compute_differences = compute_differences(a.manifest, b.manifest)
     c.only_a = [k for k in a.records if k not in b.records]
     c.only_b = [k for k in b.records if k not in a.records]
     diffs: list[np.ndarray] = []

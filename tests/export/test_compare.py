@@ -124,3 +124,26 @@ def test_duplicate_ids_and_records_without_one(export_a, tmp_path):
     nameless = {k: v for k, v in lines[1].items() if k != "id"}
     with pytest.raises(ExportFileError, match="neither an id nor an index"):
         compare_files(export_a, _write(tmp_path / "noid.jsonl", [lines[0], nameless]))
+
+
+def test_how_the_exports_were_computed_is_compared(export_a, tmp_path):
+    """The manifests record the torch backend's compute facts; compare names each one that differs, so a run on
+    another machine can see why bits differ (here: threads, one GEMM's chunk rows, the compiled kernels)."""
+    lines = _lines(export_a)
+    compute = lines[0]["manifest"]["backend"]["compute"]
+    assert {"threads", "gemm_chunks", "attention_gemm_rows", "cpu_kernels"} <= set(compute)
+    assert compare_files(export_a, export_a).compute_differences == []
+    shape = next(iter(compute["gemm_chunks"]))
+    rows, threads, kernels = compute["gemm_chunks"][shape]["rows"], compute["threads"], compute["cpu_kernels"]
+    compute["threads"] = threads + 14
+    compute["gemm_chunks"][shape]["rows"] = rows // 2
+    other = compute["cpu_kernels"] = "off" if kernels != "off" else "compiled"
+    result = compare_files(export_a, _write(tmp_path / "b.jsonl", lines))
+    assert result.ok  # the records are the same: only how they were computed differs
+    assert result.compute_differences == [
+        f"compute.cpu_kernels: {kernels} vs {other}",
+        f"compute.gemm_chunks.{shape}.rows: {rows} vs {rows // 2}",
+        f"compute.threads: {threads} vs {threads + 14}",
+    ]
+    assert "how the two were computed differs" in result.table()
+    assert result.to_json()["compute_differences"] == result.compute_differences
