@@ -37,7 +37,7 @@ test-all: $(STAMP)
 determinism: $(STAMP)
 	$(PY) -m pytest -q tests/determinism
 
-# every benchmark suite, CPU-sized (mini shapes cut to 2 layers; about 16 min on 2 cores), tables and plots in
+# every benchmark suite, CPU-sized (mini shapes cut to 2 layers; about 15 min on 2 cores), tables and plots in
 # bench/results; progress per suite on standard error
 bench: $(STAMP)
 	$(VENV)/bin/basal bench --plot
