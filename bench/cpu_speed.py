@@ -4,6 +4,8 @@ reaches.
     python -m bench.cpu_speed                     # mini shapes cut to 2 and 4 layers, f32: the full set
     python -m bench.cpu_speed --layers 2 --reps 1 # quicker
     python -m bench.cpu_speed --baseline main     # against the kernels before the second round
+    python -m bench.cpu_speed --plot bench/plots/cpu_fraction.png   # and the fractions as bars
+    python -m bench.cpu_speed --replot a.json b.json --plot out.png  # bars from saved runs, no new run
 
 "before" is, by `--baseline`: `torch-ops` (the default) the current code with the compiled CPU kernels suspended
 (attention's tile work and SwiGLU as torch ops: the third round's starting point, and what runs without a C
@@ -211,6 +213,44 @@ def _row(name, flops, times, same_bits, decisions=None) -> dict:
     }
 
 
+def refresh_fractions(model: dict) -> dict:
+    """A saved model result's fractions against the median of its measured GEMM rates (as `run_model` computes
+    them now; results saved before that used the fastest rate)."""
+    rates = sorted(model.get("gemm_rates_measured") or [model["gemm_limit"]["combined_gflops"]])
+    limit = rates[(len(rates) - 1) // 2] * 1e9
+    for row in model["rows"]:
+        for label in ("before", "after"):
+            row[f"fraction_{label}"] = row["gflop"] * 1e9 / statistics.median(row[f"{label}_s"]) / limit
+    return model
+
+
+def plot_fractions(models: list[dict], baseline: str, path: Path) -> Path:
+    """Bars of the fraction of the GEMM limit, before and after, per workload, one panel per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.2), dpi=110, sharey=True, squeeze=False)
+    for ax, m in zip(axes[0], sorted(models, key=lambda m: m["layers"]), strict=True):
+        names = [r["workload"].split(", ")[0 if "clients" not in r["workload"] else 1] for r in m["rows"]]
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [r["fraction_before"] for r in m["rows"]], 0.4, label=f"before ({baseline})")
+        ax.bar([x + 0.2 for x in xs], [r["fraction_after"] for r in m["rows"]], 0.4, label="after (current)")
+        ax.axhline(0.8, color="grey", linestyle="--", linewidth=1, label="goal 0.8")
+        ax.set_xticks(list(xs), [n.replace("throughput, ", "") for n in names], rotation=15, fontsize=8)
+        ax.set_title(f"mini cut to {m['layers']} layers, f32")
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("fraction of the measured GEMM limit")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
@@ -220,7 +260,16 @@ def main() -> None:
     ap.add_argument(
         "--baseline", choices=["torch-ops", "main", "first"], default="torch-ops", help="what 'before' runs (see above)"
     )
+    ap.add_argument("--plot", default=None, help="also draw the fractions as bars into this PNG")
+    ap.add_argument(
+        "--replot", nargs="+", default=None, metavar="JSON", help="no run: draw --plot from saved --out files"
+    )
     a = ap.parse_args()
+    if a.replot:
+        saved = [json.loads(Path(f).read_text()) for f in a.replot]
+        models = [refresh_fractions(m) for d in saved for m in d["models"]]
+        print(plot_fractions(models, saved[0]["baseline"], Path(a.plot or "bench/results/cpu_speed.png")))
+        return
     BASELINE[0] = a.baseline
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.models or tmp)
@@ -240,6 +289,8 @@ def main() -> None:
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2))
+    if a.plot:
+        print(f"wrote {plot_fractions(results, a.baseline, Path(a.plot))}")
     for m in results:
         lim = m["gemm_limit"]
         print(

@@ -85,3 +85,15 @@ def test_evidence_speed_smoke(demo_dir, tmp_path):
     args = ["--model", str(demo_dir), "--state-tokens", "64", "--questions", "1", "--reps", "1"]
     (row,) = evidence_speed.main([*args, "--out", str(tmp_path / "e.json")])
     assert row["state_tokens"] == 64 and row["on_ms"] > 0 and row["off_ms"] > 0
+
+
+def test_cpu_speed_plot_from_saved_results(tmp_path):
+    """`bench.cpu_speed --replot`: fractions recomputed against the median measured rate, then drawn."""
+    from bench import cpu_speed
+
+    row = {"workload": "25 questions, one ~700-token state", "gflop": 100.0, "before_s": [2.0], "after_s": [1.0]}
+    model = {"layers": 2, "gemm_limit": {"combined_gflops": 999.0}, "gemm_rates_measured": [50.0, 100.0, 200.0]}
+    model = cpu_speed.refresh_fractions({**model, "rows": [row]})
+    assert model["rows"][0]["fraction_before"] == 0.5 and model["rows"][0]["fraction_after"] == 1.0
+    out = cpu_speed.plot_fractions([model], "torch-ops", tmp_path / "f.png")
+    assert out.read_bytes().startswith(b"\x89PNG")
