@@ -246,6 +246,8 @@ def _bench(a: argparse.Namespace) -> int:
             "dtype": bench.backend.dtype,
             "quick": not a.full,
             "gemm_limit": bench.limit.as_dict() if bench.limit else None,
+            # threads, GEMM chunks, compiled CPU kernels: how the numbers were computed (torch backend)
+            "compute": bench.backend.describe() if hasattr(bench.backend, "describe") else None,
         }
         out = Path(a.out)
         for i, name in enumerate(names):

@@ -97,3 +97,18 @@ def test_cpu_speed_plot_from_saved_results(tmp_path):
     assert model["rows"][0]["fraction_before"] == 0.5 and model["rows"][0]["fraction_after"] == 1.0
     out = cpu_speed.plot_fractions([model], "torch-ops", tmp_path / "f.png")
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_basal_bench_records_how_it_computed(demo_dir, tmp_path):
+    """`basal bench` writes, with every suite's results, the backend's compute facts (threads, GEMM chunks,
+    compiled CPU kernels) next to the GEMM limit it measured."""
+    import json
+
+    from basal.backends.cuda import cpu_kernels
+    from basal.cli import main
+
+    argv = ["bench", "single", "--model", str(demo_dir), "--no-transformers", "--out", str(tmp_path), "--quiet"]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "single.json").read_text())
+    assert data["compute"]["cpu_kernels"] == cpu_kernels.kind() and data["compute"]["threads"] >= 1
+    assert data["gemm_limit"]["combined_gflops"] > 0 and data["compute"]["gemm_chunks"]
