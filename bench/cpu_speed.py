@@ -186,17 +186,16 @@ def run_model(path: Path, reps: int) -> dict:
     rows.append(_row("throughput, 4 clients x 10 questions", flops, times, None, decisions=40))
     print(json.dumps(rows[-1]), flush=True)
     limit = limits.typical(measured)
-    for row in rows:
-        for label in ("before", "after"):
-            row[f"fraction_{label}"] = limit.fraction(row["gflop"] * 1e9, statistics.median(row[f"{label}_s"]))
-    return {
-        "layers": model.config.num_hidden_layers,
-        "load_s": load_s,
-        "gemm_limit": limit.as_dict(),
-        "gemm_rates_measured": [lim.combined_gflops for lim in measured],
-        "chunks": backend.describe()["gemm_chunks"],
-        "rows": rows,
-    }
+    return refresh_fractions(
+        {
+            "layers": model.config.num_hidden_layers,
+            "load_s": load_s,
+            "gemm_limit": limit.as_dict(),
+            "gemm_rates_measured": [lim.combined_gflops for lim in measured],
+            "chunks": backend.describe()["gemm_chunks"],
+            "rows": rows,
+        }
+    )
 
 
 def _row(name, flops, times, same_bits, decisions=None) -> dict:
@@ -214,8 +213,8 @@ def _row(name, flops, times, same_bits, decisions=None) -> dict:
 
 
 def refresh_fractions(model: dict) -> dict:
-    """A saved model result's fractions against the median of its measured GEMM rates (as `run_model` computes
-    them now; results saved before that used the fastest rate)."""
+    """A model result's fractions against the median of its measured GEMM rates (`limits.typical`): for a run
+    here, and for saved results (those saved before the median was used had the fastest rate)."""
     rates = sorted(model.get("gemm_rates_measured") or [model["gemm_limit"]["combined_gflops"]])
     limit = rates[(len(rates) - 1) // 2] * 1e9
     for row in model["rows"]:

@@ -56,7 +56,8 @@ _SIGNATURES = {
 
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
-_status: str | None = None
+_status: str | None = None  # set once: the line `status()` returns
+_kind = ""  # set with it: compiled, off or unavailable
 _suspended = 0
 
 
@@ -121,19 +122,22 @@ def load() -> ctypes.CDLL | None:
 
 
 def _ensure() -> ctypes.CDLL | None:
-    global _loaded, _status
+    global _loaded, _status, _kind
+    if _status is not None:  # decided: every forward calls this, so no lock once it is
+        return _loaded
     with _lock:
         if _status is None:
             if os.environ.get(ENV_SWITCH, "1") == "0":
-                _status = f"off ({ENV_SWITCH}=0): attention and SwiGLU run torch ops"
+                _kind, detail = "off", f"({ENV_SWITCH}=0): attention and SwiGLU run torch ops"
             else:
                 try:
                     path = build()
                     _loaded = open_library(path)
-                    _status = f"compiled ({path})"
+                    _kind, detail = "compiled", f"({path})"
                 except (OSError, subprocess.SubprocessError) as e:
-                    _status = f"unavailable ({e}); attention and SwiGLU run torch ops (same bits, slower)"
-                    log.warning("compiled CPU kernels %s", _status)
+                    _kind, detail = "unavailable", f"({e}); attention and SwiGLU run torch ops (same bits, slower)"
+                    log.warning("compiled CPU kernels unavailable %s", detail)
+            _status = f"{_kind} {detail}"
         return _loaded
 
 
@@ -157,7 +161,8 @@ def status() -> str:
 
 def kind() -> str:
     """One word for /v1/models and exports: compiled, off or unavailable (same bits either way, other speed)."""
-    return status().split(" ", 1)[0]
+    _ensure()
+    return _kind
 
 
 def ptr(t: torch.Tensor) -> int:

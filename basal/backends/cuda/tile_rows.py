@@ -16,6 +16,9 @@ import functools
 
 import torch
 
+from basal.core.attention_plan import KEY_TILE, QUERY_ROWS
+from basal.core.model_dir import LlamaConfig
+
 PROBE_BATCHES = ((1, 1), (2, 3), (4, 2))  # (chunks, tiles per span) of the probe's calls
 
 
@@ -55,19 +58,15 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(a.contiguous().view(torch.int32).equal(b.contiguous().view(torch.int32)))
 
 
-def for_model(cfg, device: torch.device | str) -> frozenset:
+def for_model(cfg: LlamaConfig, device: torch.device | str) -> frozenset:
     """The probe for a model's attention shape and the plan's query chunk (run at load, so no request waits)."""
-    from basal.core.attention_plan import KEY_TILE, QUERY_ROWS
-
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     args = (group, cfg.head_dim, cfg.num_key_value_heads, QUERY_ROWS, KEY_TILE, str(device), torch.get_num_threads())
     return invariant_rows(*args)
 
 
-def describe(cfg, device: torch.device | str) -> str:
+def describe(cfg: LlamaConfig, device: torch.device | str) -> str:
     """One line for `basal doctor` and /v1/models."""
-    from basal.core.attention_plan import QUERY_ROWS
-
     ok = for_model(cfg, device)
     if len(ok) == QUERY_ROWS:
         return f"used rows only (every count 1..{QUERY_ROWS} keeps the full call's bits)"
