@@ -24,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from basal.core.evidence import HEAD_FILE, HEAD_RANK, EvidenceHead
+from basal.core.home import cache_dir
 from basal.core.model_dir import LlamaConfig, ModelDir
 from basal.core.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.safetensors_io import TensorSpec, to_bf16_bits, write_safetensors
@@ -297,13 +298,6 @@ def synth_model(
 
 def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def cache_dir() -> Path:
-    """Where basal keeps generated files: $BASAL_HOME, else $XDG_CACHE_HOME/basal, else ~/.cache/basal."""
-    if home := os.environ.get("BASAL_HOME"):
-        return Path(home).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "basal"
 
 
 DEMO_VERSION = 2  # v2: with a seeded evidence head. A new version is a new folder, so an old cache is not used

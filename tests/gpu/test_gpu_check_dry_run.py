@@ -1,5 +1,6 @@
 """bench/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are never
-spent on a script bug; the toy model must be bitwise eager = graph = bigger bucket = in a batch."""
+spent on a script bug. It runs under image_guard.py (only the imports the GPU machine's image can satisfy); the toy
+model must be bitwise eager = graph = bigger bucket = in a batch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+GUARD = ROOT / "tests" / "gpu" / "image_guard.py"  # imports only what the GPU machine's image has
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (Linux only)")
@@ -20,7 +22,7 @@ def test_gpu_check_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)  # the script sets it itself, before importing triton
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path)],
+        [sys.executable, str(GUARD), str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

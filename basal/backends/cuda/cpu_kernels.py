@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from basal.core.synth import cache_dir
+from basal.core.home import cache_dir
 
 log = logging.getLogger(__name__)
 

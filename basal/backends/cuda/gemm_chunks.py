@@ -228,7 +228,7 @@ def process_table() -> ChunkTable:
     """The process's table (disk cache in the basal cache folder, or $BASAL_GEMM_CACHE; "off": none)."""
     global _TABLE
     if _TABLE is None:
-        from basal.core.synth import cache_dir
+        from basal.core.home import cache_dir
 
         where = os.environ.get("BASAL_GEMM_CACHE")
         path = None if where == "off" else Path(where) if where else cache_dir() / "gemm_chunks.json"

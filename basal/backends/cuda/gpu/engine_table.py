@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from basal.core.synth import cache_dir
+from basal.core.home import cache_dir
 
 Engine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
 
@@ -134,22 +134,34 @@ def probe_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, row_counts: S
     return True, f"{len(row_counts)} row counts x 3 anchors equal"
 
 
+def weight_copies(w: torch.Tensor) -> list[torch.Tensor]:
+    """`w` and enough copies of it to cover twice the L2 cache (at most 32), so timings cycle through them and
+    small weights are read from memory, as in a forward, not from L2. On the CPU: `w` alone."""
+    if not w.is_cuda:
+        return [w]
+    l2 = getattr(torch.cuda.get_device_properties(w.device), "L2_cache_size", 64 << 20)
+    n = min(32, max(1, -(-2 * l2 // (w.numel() * w.element_size()))))
+    return [w] + [w.clone() for _ in range(n - 1)]
+
+
 def time_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, rows: int, repeats: int = 20) -> float:
-    """Median ms of `repeats` calls at `rows` (CUDA events on a GPU)."""
+    """Median ms of `repeats` calls at `rows` (CUDA events on a GPU), cycling through copies of `w` (L2-cold)."""
     out = torch.empty(rows, w.shape[0], dtype=x.dtype, device=x.device)
+    ws = weight_copies(w)
     engine(x[:rows], w, out)
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
+        wi = ws[i % len(ws)]
         if x.is_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            engine(x[:rows], w, out)
+            engine(x[:rows], wi, out)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t = time.perf_counter()
-            engine(x[:rows], w, out)
+            engine(x[:rows], wi, out)
             times.append((time.perf_counter() - t) * 1e3)
     return sorted(times)[len(times) // 2]
 

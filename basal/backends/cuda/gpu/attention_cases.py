@@ -1,5 +1,6 @@
-"""Packed trees for kernel tests: a query chain placed alone, inside a tree, or split differently, with the Q/K/V
-rows of every token drawn from the chain's own values (so only the layout changes)."""
+"""Attention cases for the invariance checks: a query chain placed alone, inside a tree, or split differently, with
+the Q/K/V rows of every token drawn from the chain's own values, so only the layout changes and the output must
+not. The interpreter tests and bench/gpu_check.py's P2 (on the GPU) run the same cases."""
 
 from __future__ import annotations
 

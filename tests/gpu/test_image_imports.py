@@ -1,0 +1,53 @@
+"""The GPU path imports only what the GPU machine's image has (tests/gpu/image_guard.py): that image installs
+nothing, so one import of msgspec would cost a whole GPU window. The dry run of bench/gpu_check.py runs under the
+same guard (test_gpu_check_dry_run.py); this checks the module imports quickly, and that the guard can fail."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from tests.gpu.image_guard import IMAGE_HAS, IMAGE_LACKS
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD = ROOT / "tests" / "gpu" / "image_guard.py"
+IMPORT_NAME = {"pyyaml": "yaml"}
+
+
+def run_guarded(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "imports.py"
+    script.write_text(code)
+    return subprocess.run(
+        [sys.executable, str(GUARD), str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+
+
+def test_every_dependency_is_known_to_be_on_the_image_or_not():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + project["optional-dependencies"]["ray"]  # what basal/ imports (not dev tools)
+    names = {re.match(r"[A-Za-z0-9_.-]+", s).group(0).lower() for s in specs}
+    unknown = {IMPORT_NAME.get(n, n) for n in names} - IMAGE_HAS - IMAGE_LACKS
+    assert not unknown, f"say in tests/gpu/image_guard.py whether the GPU image has {sorted(unknown)}"
+
+
+def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
+    done = run_guarded(
+        tmp_path,
+        "import runpy\n"
+        "import basal.backends.cuda.gpu.backend, basal.backends.cuda.gpu.attention_cases\n"
+        "import basal.core.compute, basal.core.tree, basal.core.model_dir\n"
+        f"runpy.run_path({str(ROOT / 'bench' / 'gpu_check.py')!r}, run_name='gpu_check')\n"
+        "print('imported')\n",
+    )
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_guard_refuses_what_the_image_lacks(tmp_path):
+    """Negative control: the evidence head's module needs msgspec, which the image does not have."""
+    done = run_guarded(tmp_path, "import basal.core.evidence\n")
+    assert done.returncode != 0
+    assert "No module named 'msgspec' on the GPU machine's image" in done.stderr
