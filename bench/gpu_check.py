@@ -18,6 +18,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,10 @@ TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
 # H100 single decision, ms: upstream / basal-rs (docs/gpu-path.md §1), and the H200 targets of issue 10
 ANCHORS = {"mini": (4.8, 6.2, 2.5), "4.5B": (9.8, 13.2, 6.0), "max": (14.5, 17.5, 11.0)}
 DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 110, "P4": 5}
+# seconds a P3 size needs at least (synthetic weights, engine probe, compiles, checks, timings); with less of the
+# budget left the size is skipped, so the run still ends with its table inside the device window
+SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
+THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
 
 
 def parse() -> argparse.Namespace:
@@ -37,6 +42,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--phases", default="0,1,2,3,4", help="comma-separated phase numbers to run")
     p.add_argument("--cpu-dry-run", action="store_true", help="toy sizes under the Triton interpreter, on the CPU")
     p.add_argument("--sizes", default="mini,4.5B,max", help="model shapes for P3")
+    p.add_argument("--budget-s", type=float, default=230.0, help="skip P3 sizes that would not fit in this many s")
     return p.parse_args()
 
 
@@ -45,6 +51,11 @@ class Report:
 
     def __init__(self, path: Path, meta: dict):
         self.path, self.data = path, {"meta": meta, "phases": {}}
+        self.write()
+
+    def partial(self, name: str, result: dict) -> None:
+        """A phase's results so far (P3 after every model size): a timeout mid-phase still leaves them."""
+        self.data["phases"][name] = {**result, "partial": True}
         self.write()
 
     def phase(self, name: str, result: dict, seconds: float) -> None:
@@ -160,9 +171,9 @@ def phase_attention(device, dry: bool) -> dict:
     """alone = tree = readout-only = regrouped for the three head layouts and both precisions; error vs f64."""
     import torch
 
+    from basal.backends.cuda.gpu.attention_cases import layout, plan_tensors, random_chain, reference
     from basal.backends.cuda.gpu.kernel_configs import ATTENTION
     from basal.backends.cuda.gpu.triton_attention import tree_attention
-    from tests.gpu.interpreter.trees import layout, plan_tensors, random_chain, reference
 
     layouts = {"G6": (6, 1), "G8": (8, 1), "G4": (8, 2)} if dry else {"mini": (12, 2), "4.5B": (16, 2), "max": (32, 8)}
     dim = 16 if dry else 128
@@ -252,72 +263,147 @@ def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: in
     return out
 
 
-def phase_model(device, dry: bool, sizes: list[str]) -> dict:
+def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: float) -> dict:
+    """Every size on its own: a failure is recorded with its traceback and the next size still runs; the results
+    are written after every size; a size that would not fit before `deadline` (perf_counter) is skipped."""
     import torch
+
+    res = {}
+    for size in sizes:
+        left = deadline - time.perf_counter()
+        if left < SIZE_NEEDS_S.get(size, 45):
+            res[size] = {"skipped": f"{left:.0f} s of the budget left, {SIZE_NEEDS_S.get(size, 45)} s needed"}
+        else:
+            try:
+                res[size] = model_checks(size, device, dry)
+            except Exception as e:
+                res[size] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        report.partial("P3", res)
+    return res
+
+
+def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
+    """decisions/s of one forward over `qs`, after an eager and a capturing warm-up (the replays are timed)."""
+    from basal.core.compute import run_to_end
+    from basal.core.tree import plan_forwards
+
+    (fwd,) = plan_forwards(qs, letters, {"en": prefix})
+    for _ in range(0 if dry else 2):
+        run_to_end(be.run(fwd.batch))
+    ms = statistics.median(cuda_timer(lambda: run_to_end(be.run(fwd.batch)), 1 if dry else 10, device))
+    return {"tokens": int(fwd.batch.n_tokens), "questions": len(qs), "ms": ms, "decisions_per_s": len(qs) / (ms * 1e-3)}
+
+
+def model_checks(size: str, device, dry: bool) -> dict:
+    """Bitwise: eager = graph = replay = a larger bucket = in a 16-question batch = the eager evidence pass; every
+    logit finite; then single-decision latency and decisions/s at 2k and 4k tokens per forward."""
+    import numpy as np
 
     from basal.core.compute import run_to_end
     from basal.core.tree import plan_forwards
 
-    res = {}
-    for size in sizes:
-        started = time.perf_counter()
-        be = synthetic_backend(size, device, dry)
-        rng = random.Random(0)
-        vocab = be.weights.cfg.vocab_size
-        prefix = tuple(rng.randrange(vocab) for _ in range(10 if dry else 66))
-        be.prefix("en", prefix)
-        letters = list(range(10))
-        single = questions(1, rng, prefix, 8 if dry else 100, vocab)
-        others = questions(1 if dry else 15, rng, prefix, 8 if dry else 100, vocab)
-        (fwd,) = plan_forwards(single, letters, {"en": prefix})
-        eager = run_to_end(be.run(fwd.batch))  # first use: eager
-        graph = run_to_end(be.run(fwd.batch))  # second use: captured, then replayed (CUDA)
-        replay = run_to_end(be.run(fwd.batch))
-        bigger = run_to_end(be.run(fwd.batch, pad_to=2 * fwd.batch.n_tokens + 64))
-        (batched,) = plan_forwards(single + others, letters, {"en": prefix})
-        in_batch = run_to_end(be.run(batched.batch))
-        row = batched.readout_of[(0, 0)]
-        same = {
-            "eager=graph": eager.tobytes() == graph.tobytes() == replay.tobytes(),
-            "=bigger_bucket": eager.tobytes() == bigger.tobytes(),
-            "=in_batch": eager[fwd.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
-        }
-        ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
-        big = questions(2 if dry else 16, rng, prefix, 8 if dry else 100, vocab)
-        (tp,) = plan_forwards(big, letters, {"en": prefix})
-        tp_ms = statistics.median(cuda_timer(lambda b=tp.batch, be=be: run_to_end(be.run(b)), 1 if dry else 10, device))
-        res[size] = {
-            "bitwise": same,
-            "single_tokens": int(fwd.batch.n_tokens),
-            "single_ms_median": statistics.median(ms),
-            "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
-            "throughput_tokens": int(tp.batch.n_tokens),
-            "decisions_per_s": len(big) / (tp_ms * 1e-3),
-            "engines": {f"{s.n}x{s.k}": s.engine for s in be.table.shapes},
-            "max_abs_logit": float(abs(eager).max()),
-            "seconds": time.perf_counter() - started,
-        }
-        del be
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return res
+    started = time.perf_counter()
+    be = synthetic_backend(size, device, dry)
+    rng = random.Random(0)
+    vocab = be.weights.cfg.vocab_size
+    prefix = tuple(rng.randrange(vocab) for _ in range(10 if dry else 66))
+    be.prefix("en", prefix)
+    letters = list(range(10))
+    state_len = 8 if dry else 100
+    single = questions(1, rng, prefix, state_len, vocab)
+    others = questions(1 if dry else 15, rng, prefix, state_len, vocab)
+    (fwd,) = plan_forwards(single, letters, {"en": prefix})
+    eager = run_to_end(be.run(fwd.batch))  # first use: eager
+    graph = run_to_end(be.run(fwd.batch))  # second use: captured, then replayed (CUDA)
+    replay = run_to_end(be.run(fwd.batch))
+    bigger = run_to_end(be.run(fwd.batch, pad_to=2 * fwd.batch.n_tokens + 64))
+    residual = {}
+    head = be.net.head
+
+    def head_noting_the_residual(b, *args):  # eager only: reads a device value back
+        residual["max_abs"] = float(b.hr[: len(fwd.batch.readouts)].float().abs().max())
+        return head(b, *args)
+
+    be.net.head = head_noting_the_residual
+    try:
+        with_hidden, _ = run_to_end(be.run_with_hidden(fwd.batch))
+    finally:
+        be.net.head = head
+    (batched,) = plan_forwards(single + others, letters, {"en": prefix})
+    in_batch = run_to_end(be.run(batched.batch))
+    row = batched.readout_of[(0, 0)]
+    same = {
+        "eager=graph": eager.tobytes() == graph.tobytes() == replay.tobytes(),
+        "=bigger_bucket": eager.tobytes() == bigger.tobytes(),
+        "=in_batch": eager[fwd.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
+        "=eager_evidence_pass": eager.tobytes() == with_hidden.tobytes(),
+        "finite": bool(np.isfinite(eager).all() and np.isfinite(in_batch).all()),
+    }
+    ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
+    throughput = {}
+    for target in (64,) if dry else THROUGHPUT_TOKENS:
+        n = max(2, target // (state_len + 12))  # each question: its state and two 6-token option tails
+        throughput[str(target)] = timed_decisions(
+            be, questions(n, rng, prefix, state_len, vocab), prefix, letters, device, dry
+        )
+    out = {
+        "bitwise": same,
+        "single_tokens": int(fwd.batch.n_tokens),
+        "single_ms_median": statistics.median(ms),
+        "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
+        "throughput": throughput,
+        "engines": {f"{s.n}x{s.k}": s.engine for s in be.table.shapes},
+        "max_abs_logit": float(abs(eager).max()),
+        "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
+        "graphs": len(be.graphs.graphs),
+        "seconds": time.perf_counter() - started,
+    }
+    del be
+    return out
 
 
 # -- P4 -------------------------------------------------------------------------------------------------------
 
 
-def summary(report: dict, copy_tbps: float | None) -> str:
-    lines = ["", "size   single ms (p90)   H100 upstream / basal-rs   H200 target   floor @copy BW   bitwise"]
+def summary(phases: dict) -> str:
+    """The P3 sizes against the anchors and the weight-streaming floor, then each GEMM against the ceilings."""
+    p0 = phases.get("P0", {})
+    copy_tbps, mm_tflops = p0.get("copy_TBps"), p0.get("mm_TFLOPs")
     weights_gb = {"mini": 3.0, "4.5B": 9.25, "max": 21.8}
-    for size, r in report.get("P3", {}).items():
-        if not isinstance(r, dict) or "bitwise" not in r:
+    lines = [
+        "",
+        "size   single ms (p90)   H100 upstream / basal-rs   H200 target   floor @copy BW   decisions/s @2k / @4k"
+        "   bitwise",
+    ]
+    for size, r in phases.get("P3", {}).items():
+        if not isinstance(r, dict):
+            continue
+        if "bitwise" not in r:
+            lines.append(f"{size:<6} {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}")
             continue
         up, rs, target = ANCHORS.get(size, (float("nan"),) * 3)
         floor = weights_gb.get(size, 0) / copy_tbps if copy_tbps else float("nan")
-        ok = "yes" if all(r["bitwise"].values()) else f"NO {r['bitwise']}"
+        rates = " / ".join(f"{t['decisions_per_s']:.0f}" for t in r.get("throughput", {}).values())
+        ok = "yes" if all(r["bitwise"].values()) else "NO " + ",".join(k for k, v in r["bitwise"].items() if not v)
         lines.append(
             f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
-            f"                {target:5.1f}         {floor:6.2f} ms      {ok}"
+            f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"
+        )
+    gemms = phases.get("P1", {}).get("shapes", {})
+    if gemms:
+        lines += ["", "GEMM n x k      engine   TB/s @16 rows (of copy)   TFLOP/s @max rows (of mm)"]
+    for shape, g in gemms.items():
+        timed = {int(key.split("@")[1]): t for key, t in g["timings"].items() if key.startswith(g["engine"] + "@")}
+        if not timed:
+            continue
+        small, large = timed[min(timed)], timed[max(timed)]
+        of_copy = f"{small['TBps'] / copy_tbps:.2f}" if copy_tbps else "-"
+        of_mm = f"{large['TFLOPs'] / mm_tflops:.2f}" if mm_tflops else "-"
+        lines.append(
+            f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
+            f"{large['TFLOPs']:7.1f} ({of_mm})"
         )
     return "\n".join(lines)
 
@@ -341,13 +427,14 @@ def main() -> int:
         apply_invariant_settings()
     args.out.mkdir(parents=True, exist_ok=True)
     report = Report(args.out / "gpu_check.json", {"dry_run": args.cpu_dry_run, "argv": sys.argv[1:]})
+    deadline = time.perf_counter() + (args.budget_s if not args.cpu_dry_run else 1e9)
     phases = {int(p) for p in args.phases.split(",")}
     sizes = ["toy"] if args.cpu_dry_run else args.sizes.split(",")
     steps = [
         (0, "P0", lambda: phase_env(device, args.cpu_dry_run)),
         (1, "P1", lambda: phase_gemm(device, args.cpu_dry_run, args.out)),
         (2, "P2", lambda: phase_attention(device, args.cpu_dry_run)),
-        (3, "P3", lambda: phase_model(device, args.cpu_dry_run, sizes)),
+        (3, "P3", lambda: phase_model(device, args.cpu_dry_run, sizes, report, deadline)),
     ]
     failed = False
     with torch.inference_mode():
@@ -362,17 +449,14 @@ def main() -> int:
             report.phase(name, result, time.perf_counter() - started)
     if 4 in phases:
         started = time.perf_counter()
-        text = summary(report.data["phases"], report.data["phases"].get("P0", {}).get("copy_TBps"))
+        text = summary(report.data["phases"])
         report.phase("P4", {"table": text}, time.perf_counter() - started)
         print(text)
-    bitwise_ok = all(
-        all(r["bitwise"].values())
-        for r in report.data["phases"].get("P3", {}).values()
-        if isinstance(r, dict) and "bitwise" in r
-    )
+    model = [r for r in report.data["phases"].get("P3", {}).values() if isinstance(r, dict)]
+    model_ok = all("error" not in r and all(r.get("bitwise", {}).values()) for r in model)
     attention = report.data["phases"].get("P2", {}).values()
     attention_ok = all(r.get("bitwise_equal", True) for r in attention if isinstance(r, dict))
-    return 1 if failed or not bitwise_ok or not attention_ok else 0
+    return 1 if failed or not model_ok or not attention_ok else 0
 
 
 if __name__ == "__main__":

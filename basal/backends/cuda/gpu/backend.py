@@ -21,6 +21,7 @@ from basal.backends.cuda.gpu.environment import apply_invariant_settings, versio
 from basal.backends.cuda.gpu.graphs import GraphCache, capture
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
+from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
@@ -190,8 +191,7 @@ class GpuBackend:
             with torch.inference_mode():
                 slot.out[:r].copy_(logits[:r], non_blocking=True)
                 slot.event.record()
-            while not slot.event.query():
-                yield  # the CPU plans the next batch meanwhile
+            yield from until_done(slot.event)  # the planners prepare the next batch meanwhile
             return slot.out[:r, : len(letters)].numpy().copy()
         finally:
             if not slot.event.query():  # closed early: the copies into this slot must land before it is reused
@@ -199,8 +199,10 @@ class GpuBackend:
             self.slots.release(slot)
 
     def _eager(self, buffers: Buffers, meta, letter_rows, n_letters, on_kv) -> Generator[None, None, torch.Tensor]:
-        """Layer by layer, pausing outside inference mode (the long lane's path)."""
-        return (yield from inference_steps(self.net.forward(buffers, meta, letter_rows, n_letters, on_kv)))
+        """Layer by layer, pausing outside inference mode (the long lane's path), at most LAYERS_AHEAD layers queued
+        on the device at a pause, so a main-lane batch waits behind no more than that (pacing.py)."""
+        steps = inference_steps(self.net.forward(buffers, meta, letter_rows, n_letters, on_kv))
+        return (yield from paced(steps, self._event))
 
     def _graph(self, step: str, key, buffers: Buffers, meta, letter_rows, n_letters) -> torch.Tensor:
         def run_all() -> torch.Tensor:

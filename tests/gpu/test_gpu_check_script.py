@@ -1,0 +1,66 @@
+"""bench/gpu_check.py's bookkeeping, without running a model: a GPU window is short, so a failing or slow model size
+must not cost the others their results, and the table must say what happened to each."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bench import gpu_check
+
+CPU = torch.device("cpu")
+GOOD = {
+    "bitwise": {"eager=graph": True},
+    "single_ms_median": 2.0,
+    "single_ms_p90": 2.5,
+    "throughput": {"2048": {"decisions_per_s": 900.0}, "4096": {"decisions_per_s": 1500.0}},
+}
+
+
+@pytest.fixture
+def report(tmp_path):
+    return gpu_check.Report(tmp_path / "gpu_check.json", {"dry_run": False})
+
+
+def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeypatch):
+    def checks(size, device, dry):
+        if size == "mini":
+            raise RuntimeError("capture failed")
+        return dict(GOOD)
+
+    monkeypatch.setattr(gpu_check, "model_checks", checks)
+    res = gpu_check.phase_model(CPU, False, ["mini", "4.5B"], report, math.inf)
+    assert res["mini"]["error"] == "RuntimeError: capture failed"
+    assert "Traceback" in res["mini"]["traceback"]
+    assert res["4.5B"]["bitwise"] == {"eager=graph": True}
+    on_disk = json.loads(report.path.read_text())["phases"]["P3"]  # written after every size
+    assert on_disk["partial"] and set(on_disk) >= {"mini", "4.5B"}
+
+
+def test_a_size_that_does_not_fit_the_budget_is_skipped_and_said(report, monkeypatch):
+    ran = []
+    monkeypatch.setattr(gpu_check, "model_checks", lambda size, device, dry: ran.append(size) or dict(GOOD))
+    deadline = gpu_check.time.perf_counter() + 30  # mini needs 20 s, 4.5B 35 s
+    res = gpu_check.phase_model(CPU, False, ["mini", "4.5B"], report, deadline)
+    assert ran == ["mini"]
+    assert "s of the budget left" in res["4.5B"]["skipped"]
+
+
+def test_the_table_names_failures_skips_rates_and_gemm_fractions():
+    phases = {
+        "P0": {"copy_TBps": 4.0, "mm_TFLOPs": 800.0},
+        "P1": {"shapes": {"2048x1536": {"engine": "lt", "timings": {
+            "lt@16": {"TBps": 2.0, "TFLOPs": 1.0}, "lt@8192": {"TBps": 0.5, "TFLOPs": 400.0},
+            "tri@16": {"TBps": 9.0, "TFLOPs": 9.0},
+        }}}},
+        "P3": {"mini": GOOD, "4.5B": {"error": "RuntimeError: boom"}, "max": {"skipped": "10 s of the budget left"},
+               "toy": {**GOOD, "bitwise": {"eager=graph": True, "=in_batch": False}}},
+    }  # fmt: skip
+    text = gpu_check.summary(phases)
+    assert "900 / 1500" in text and "0.75 ms" in text  # mini's floor: 3.0 GB at 4 TB/s
+    assert "ERROR RuntimeError: boom" in text and "10 s of the budget left" in text
+    assert "NO =in_batch" in text
+    assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's
