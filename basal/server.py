@@ -86,7 +86,9 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
             started = time.perf_counter()
             with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
                 backend = load_backend(model, spec.backend, spec.dtype)
-            with shown.step(f"{model.name}: template prefix on {backend.name} {backend.device}"):
+            warm_up = getattr(backend, "warm_up", None)  # the GPU path: CUDA graphs of the common buckets
+            graphs = " and CUDA graphs" if warm_up is not None else ""
+            with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
                 pipeline = Pipeline(
                     model,
                     backend,
@@ -94,6 +96,8 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                     tree_max_tokens=spec.tree_max_tokens,
                     large_choice=spec.large_choice,
                 )
+                if warm_up is not None:
+                    warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)

@@ -209,7 +209,35 @@ def phase_attention(device, dry: bool) -> dict:
                 equal &= all(torch.equal(outs[0].view(torch.int16), x.view(torch.int16)) for x in outs[1:])
                 worst = max(worst, float((outs[0].double() - reference(chain, n - 1)).abs().max()))
             res[f"{precision}/{name}"] = {"bitwise_equal": equal, "max_abs_error_vs_f64": worst}
+            if not dry or name == "G6":
+                res[f"{precision}/{name}"]["timing"] = attention_timing(device, dry, heads, kv, dim, cfg)
     return res
+
+
+def attention_timing(device, dry: bool, heads: int, kv: int, dim: int, cfg) -> dict:
+    """One prompt of T tokens attending causally over itself (the long-prompt case): ms and TFLOP/s."""
+    import torch
+
+    from basal.backends.cuda.gpu.attention_cases import layout, plan_tensors, random_chain
+    from basal.backends.cuda.gpu.triton_attention import tree_attention
+
+    tokens = 64 if dry else 4096
+    att = torch.float32 if cfg.precision == "f32" else torch.float16
+    chain = random_chain(tokens, 0, heads, kv, dim, seed=7, dtype=att)
+    batch, q, k, v, _ = layout(chain, [], [], seed=7)
+    tiles, count, ranges = plan_tensors(batch, 0, cfg.tokens_per_tile(heads // kv))
+    empty = torch.zeros(1, kv, dim, device=device)
+    args = (q.to(device), k.to(device), v.to(device, torch.float16), empty.to(att), empty.half())
+    o = torch.zeros(tokens, heads, dim, dtype=torch.float16, device=device)
+    meta = (tiles.to(device), count.to(device), ranges.to(device))
+
+    def call():
+        tree_attention(*args, o, *meta, cfg)
+
+    call()
+    ms = statistics.median(cuda_timer(call, 1 if dry else 10, device))
+    flops = 4 * heads * dim * tokens * (tokens + 1) / 2  # q.k and p.v over every causal pair
+    return {"tokens": tokens, "ms": ms, "TFLOPs": flops / (ms * 1e-3) / 1e12}
 
 
 # -- P3 -------------------------------------------------------------------------------------------------------
@@ -220,35 +248,13 @@ def synthetic_backend(size: str, device, dry: bool):
     import torch
 
     from basal.backends.cuda.gpu.backend import GpuBackend
-    from basal.backends.cuda.gpu.weights_direct import DeviceLayer, DeviceWeights
+    from basal.backends.cuda.gpu.weights_direct import DeviceWeights
     from basal.core.model_dir import LlamaConfig
 
     hidden, inter, layers, heads, kv = (TOY | SHAPES)[size]
     hd = 16 if dry else 128
     cfg = LlamaConfig(hidden, inter, layers, heads, kv, hd, 64 if dry else 32000, 1e-5, 1e6, 8192, False)
-    g = torch.Generator(device=device).manual_seed(0)
-
-    def rand(*shape, scale=None):
-        return (torch.randn(shape, generator=g, device=device) * (scale or shape[-1] ** -0.5)).half()
-
-    w = DeviceWeights.__new__(DeviceWeights)
-    w.cfg, w.dtype, w.device, w._letters, w.load_seconds = cfg, torch.float16, device, {}, 0.0
-    w.embed = rand(cfg.vocab_size, hidden, scale=1.0)
-    w.layers = [
-        DeviceLayer(
-            torch.ones(hidden, device=device).half(),
-            rand((heads + 2 * kv) * hd, hidden),
-            rand(hidden, heads * hd),
-            torch.ones(hidden, device=device).half(),
-            rand(2 * inter, hidden),
-            rand(hidden, inter),
-        )
-        for _ in range(layers)
-    ]
-    w.norm = torch.ones(hidden, device=device).half()
-    head = torch.zeros(16, hidden, device=device)
-    head[:10] = rand(10, hidden).float()
-    w.letter_rows = lambda ids: head
+    w = DeviceWeights.random(cfg, torch.float16, device)
     return GpuBackend(None, "f16", device, weights=w, arena_tokens=64 if dry else 8192, progress=False)
 
 
@@ -391,6 +397,12 @@ def summary(phases: dict) -> str:
             f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
             f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"
         )
+    timed = {k: r["timing"] for k, r in phases.get("P2", {}).items() if isinstance(r, dict) and "timing" in r}
+    if timed:
+        lines += ["", "attention, one prompt over itself   tokens        ms   TFLOP/s   (of mm)"]
+    for name, t in timed.items():
+        of_mm = f"{t['TFLOPs'] / mm_tflops:.2f}" if mm_tflops else "-"
+        lines.append(f"{name:<35} {t['tokens']:6d} {t['ms']:9.3f} {t['TFLOPs']:9.1f}   ({of_mm})")
     gemms = phases.get("P1", {}).get("shapes", {})
     if gemms:
         lines += ["", "GEMM n x k      engine   TB/s @16 rows (of copy)   TFLOP/s @max rows (of mm)"]

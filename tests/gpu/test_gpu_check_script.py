@@ -52,6 +52,7 @@ def test_a_size_that_does_not_fit_the_budget_is_skipped_and_said(report, monkeyp
 def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     phases = {
         "P0": {"copy_TBps": 4.0, "mm_TFLOPs": 800.0},
+        "P2": {"f16/mini": {"bitwise_equal": True, "timing": {"tokens": 4096, "ms": 1.5, "TFLOPs": 200.0}}},
         "P1": {"shapes": {"2048x1536": {"engine": "lt", "timings": {
             "lt@16": {"TBps": 2.0, "TFLOPs": 1.0}, "lt@8192": {"TBps": 0.5, "TFLOPs": 400.0},
             "tri@16": {"TBps": 9.0, "TFLOPs": 9.0},
@@ -63,4 +64,5 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     assert "900 / 1500" in text and "0.75 ms" in text  # mini's floor: 3.0 GB at 4 TB/s
     assert "ERROR RuntimeError: boom" in text and "10 s of the budget left" in text
     assert "NO =in_batch" in text
+    assert "f16/mini" in text and "200.0   (0.25)" in text
     assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's

@@ -168,3 +168,13 @@ def test_engine_table_round_trip_and_staleness(tmp_path):
         loaded.engine(1, 2)
     assert "-> lt" in "\n".join(et.describe(loaded, why))
     assert et.table_key({"gpu": "x"}, "bf16") == {"gpu": "x", "dtype": "bf16"}
+
+
+def test_warm_up_buckets_are_real_buckets_and_fit_the_graph_cache():
+    from basal.backends.cuda.gpu.buckets import warm_buckets
+    from basal.backends.cuda.gpu.graphs import MAX_GRAPHS
+
+    pairs = warm_buckets()
+    assert len(pairs) == 37 <= MAX_GRAPHS  # the LRU never evicts a warmed graph before a request uses it
+    assert all(token_bucket(t) == t and readout_bucket(r) == r and r * 8 <= t for t, r in pairs)
+    assert (32, 4) in pairs and (2048, 64) in pairs and (64, 16) not in pairs

@@ -11,20 +11,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from basal.backends.cuda.gpu import engine_table as et
-from basal.backends.cuda.gpu.buckets import LT_CHUNK, probed_row_counts, readout_bucket, token_bucket
+from basal.backends.cuda.gpu.buckets import (
+    LT_CHUNK,
+    WARM_TOKENS,
+    probed_row_counts,
+    readout_bucket,
+    token_bucket,
+    warm_buckets,
+)
 from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
-from basal.backends.cuda.gpu.graphs import GraphCache, capture
+from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
+from basal.core.compute import run_to_end
 from basal.core.model_dir import ModelDir
 from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
 from basal.core.tree import PackedBatch, single_prompt_batch
@@ -48,8 +58,10 @@ class GpuBackend:
         graphs: bool | None = None,
         progress: bool = True,
         weights: DeviceWeights | None = None,
+        capture=None,
     ):
-        """`weights`: already on the device (gpu_check.py's synthetic shapes); otherwise loaded from `model`."""
+        """`weights`: already on the device (gpu_check.py's synthetic shapes); otherwise loaded from `model`.
+        `capture`: how a graph is made (tests on the CPU: graphs.rerun_capture); CUDA graphs by default."""
         self.model, self.dtype, self.device = model, dtype, str(device)
         self.dev = device
         self.weights = weights or DeviceWeights(model, TORCH_DTYPE[dtype], device, progress)
@@ -60,12 +72,12 @@ class GpuBackend:
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.arena = self.net.allocate(arena_tokens, READOUT_CAP) if self.use_graphs else None
         self.graphs = GraphCache()
-        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self._stream = torch.cuda.Stream(device) if self.use_graphs else None
+        self._capture = capture or (CudaCapture(device) if self.use_graphs else None)
         self._blobs: dict[tuple[int, int], torch.Tensor] = {}
         self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.slots = StagingSlots(self._host_buffers, self._event)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
+        self.progress = progress
 
     @classmethod
     def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None, **options) -> GpuBackend:
@@ -141,6 +153,29 @@ class GpuBackend:
             self.net.set_prefixes(self._prefix_kv)
         self.graphs.clear()  # graphs captured the old prefix buffers' addresses
 
+    def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
+        """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops
+        every graph), so no request pays a bucket's eager first pass and its capture: the p99 spike of a new
+        bucket. Each pair runs twice over a dummy batch: eager (compiles the kernels), then captured and replayed.
+        -> the number of graphs captured (0 without graphs: the CPU, the interpreter)."""
+        if not self.use_graphs:
+            return 0
+        started = time.perf_counter()
+        pairs = [(t, r) for t, r in warm_buckets(min(max_tokens, self.arena_tokens)) if r <= READOUT_CAP]
+        for tokens, readouts in tqdm(pairs, desc="CUDA graphs", unit="graph", disable=not self.progress):
+            dummy = replace(
+                single_prompt_batch([0] * tokens), readouts=np.arange(tokens - readouts, tokens, dtype=np.int32)
+            )
+            for _ in range(2):
+                run_to_end(self.run(dummy))
+        log.info(
+            "captured %d CUDA graphs (token buckets up to %d) in %.1f s",
+            len(pairs),
+            max_tokens,
+            time.perf_counter() - started,
+        )
+        return len(pairs)
+
     def run(self, batch: PackedBatch, pad_to: int = 0) -> Generator[None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits)."""
         return (yield from self._forward(batch, pad_to=pad_to))
@@ -171,19 +206,22 @@ class GpuBackend:
                 blob.copy_(slot.blob[: layout.size], non_blocking=True)
                 meta = layout.views(blob)
                 letters = tuple(int(x) for x in batch.letter_ids)
-                letter_rows = self.weights.letter_rows(letters)
+                letter_rows = self.weights.letter_rows(letters)  # [16, hidden], zero past the letters
             long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > READOUT_CAP
-            step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step((*key, letters))
+            step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step(key)
             if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
                 buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
-                logits = yield from self._eager(buffers, meta, letter_rows, len(letters), on_kv)
+                with torch.inference_mode():
+                    buffers.letters.copy_(letter_rows)
+                logits = yield from self._eager(buffers, meta, on_kv)
                 if states is not None:
                     with torch.inference_mode():
                         states.append(buffers.xr[: len(batch.readouts)].float().cpu().numpy())
             else:  # captured or replayed as a whole, so the arena is never shared mid-pass
                 buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
                 with torch.inference_mode():
-                    logits = self._graph(step, (*key, letters), buffers, meta, letter_rows, len(letters))
+                    buffers.letters.copy_(letter_rows)  # in stream order: after the last replay read them
+                    logits = self._graph(step, key, buffers, meta)
             r = len(batch.readouts)
             if r > READOUT_CAP:  # a long-lane forward with more readouts than a slot holds: read back directly
                 with torch.inference_mode():
@@ -198,15 +236,18 @@ class GpuBackend:
                 slot.event.synchronize()
             self.slots.release(slot)
 
-    def _eager(self, buffers: Buffers, meta, letter_rows, n_letters, on_kv) -> Generator[None, None, torch.Tensor]:
+    def _eager(self, buffers: Buffers, meta, on_kv) -> Generator[None, None, torch.Tensor]:
         """Layer by layer, pausing outside inference mode (the long lane's path), at most LAYERS_AHEAD layers queued
         on the device at a pause, so a main-lane batch waits behind no more than that (pacing.py)."""
-        steps = inference_steps(self.net.forward(buffers, meta, letter_rows, n_letters, on_kv))
+        steps = inference_steps(self.net.forward(buffers, meta, on_kv))
         return (yield from paced(steps, self._event))
 
-    def _graph(self, step: str, key, buffers: Buffers, meta, letter_rows, n_letters) -> torch.Tensor:
+    def _graph(self, step: str, key, buffers: Buffers, meta) -> torch.Tensor:
+        """Capture (the bucket's second use) and replay. Everything a graph reads lives at fixed addresses: the
+        arena's rows of the bucket, the bucket's metadata blob, the letters' rows in `buffers.letters`."""
+
         def run_all() -> torch.Tensor:
-            steps = self.net.forward(buffers, meta, letter_rows, n_letters)
+            steps = self.net.forward(buffers, meta)
             while True:
                 try:
                     next(steps)
@@ -214,14 +255,11 @@ class GpuBackend:
                     return done.value
 
         if step == "capture":
-            self._stream.wait_stream(torch.cuda.current_stream(self.dev))
-            graph = capture(run_all, self._pool, self._stream)
-            torch.cuda.current_stream(self.dev).wait_stream(self._stream)
-            self.graphs.add(key, graph)
+            self.graphs.add(key, self._capture(run_all))
             if self.verify_graphs:  # debug and tests: the replay must give the eager bits
                 eager = run_all().clone()
                 self.graphs.graphs[key].replay()
                 if not torch.equal(eager.view(torch.int32), buffers.logits.view(torch.int32)):
-                    raise RuntimeError(f"CUDA graph at bucket {key[:2]} differs from the eager pass")
+                    raise RuntimeError(f"CUDA graph at bucket {key} differs from the eager pass")
         self.graphs.graphs[key].replay()
         return buffers.logits

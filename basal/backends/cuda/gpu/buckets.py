@@ -40,3 +40,13 @@ def probed_row_counts(max_rows: int = TOKEN_BUCKETS[-1]) -> list[int]:
     remainders = range(LONG_STEP, LT_CHUNK, LONG_STEP)
     found = {m for m in (*TOKEN_BUCKETS, *READOUT_BUCKETS, *remainders) if m <= max_rows}
     return sorted(found)
+
+
+WARM_TOKENS = 2048  # graphs captured at start: every token bucket up to this
+
+
+def warm_buckets(max_tokens: int = WARM_TOKENS) -> list[tuple[int, int]]:
+    """(token bucket, readout bucket) pairs to capture at start: every token bucket up to `max_tokens` with 4
+    readouts (one or two questions), with 16 from 128 tokens and 64 from 512 (batches of about 8 and 32
+    questions: a question is two option orders of 60+ tokens each)."""
+    return [(t, r) for t in TOKEN_BUCKETS if t <= max_tokens for r in (4, 16, 64) if t >= 8 * r]

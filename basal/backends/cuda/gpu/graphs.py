@@ -41,11 +41,37 @@ class GraphCache:
         self.uses.clear()
 
 
-def capture(run: Callable[[], None], pool, stream):
-    """Capture `run` (the eager forward over the arena) into a CUDA graph on `stream`, sharing `pool`."""
-    import torch
+class CudaCapture:
+    """Captures a forward into a CUDA graph on a side stream; every graph shares one memory pool."""
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
-        run()
-    return graph
+    def __init__(self, device):
+        import torch
+
+        self.device, self.pool, self.stream = device, torch.cuda.graph_pool_handle(), torch.cuda.Stream(device)
+
+    def __call__(self, run: Callable[[], Any]):
+        import torch
+
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            run()
+        current.wait_stream(self.stream)
+        return graph
+
+
+class RerunGraph:
+    """A stand-in graph for the CPU: `replay` runs the captured closure again. Like a CUDA graph it keeps what the
+    capture saw (the closure's buffers and arguments), so a forward that gave a graph anything but the fixed
+    buffers reads stale inputs here too; tests run the graph bookkeeping under the interpreter with it."""
+
+    def __init__(self, run: Callable[[], Any]):
+        self.run = run
+
+    def replay(self) -> None:
+        self.run()
+
+
+def rerun_capture(run: Callable[[], Any]) -> RerunGraph:
+    return RerunGraph(run)

@@ -42,6 +42,7 @@ class Buffers:
     gate_up_r: torch.Tensor
     act_r: torch.Tensor
     logits: torch.Tensor  # [R, 16] f32
+    letters: torch.Tensor  # [16, hidden] f32: the LM-head rows of this forward's letters, zero past them
 
     @classmethod
     def allocate(cls, cfg: LlamaConfig, tokens: int, readouts: int, dtype, att_dtype, device) -> Buffers:
@@ -56,14 +57,18 @@ class Buffers:
             z(t, hid), z(t, hid), z(t, hid), z(t, (h + 2 * kvh) * d), z(t, h, d, dt=att_dtype),
             z(t, kvh, d, dt=att_dtype), z(t, kvh, d), z(t, h, d), z(t, 2 * f), z(t, f),
             z(r, hid), z(r, hid), z(r, hid), z(r, h * d), z(r, 2 * f), z(r, f), z(r, READOUT_LETTERS, dt=torch.float32),
+            z(READOUT_LETTERS, hid, dt=torch.float32),
         )  # fmt: skip
 
     def view(self, tokens: int, readouts: int) -> Buffers:
         """The first rows of every buffer: the same addresses for every forward of a bucket."""
         per_readout = {"hr", "xr", "yr", "attn_r", "gate_up_r", "act_r", "logits"}
-        return Buffers(
-            **{f.name: getattr(self, f.name)[: readouts if f.name in per_readout else tokens] for f in fields(self)}
-        )
+
+        def rows(name: str) -> torch.Tensor:
+            whole = getattr(self, name)
+            return whole if name == "letters" else whole[: readouts if name in per_readout else tokens]
+
+        return Buffers(**{f.name: rows(f.name) for f in fields(self)})
 
 
 class GpuLlama:
@@ -114,20 +119,21 @@ class GpuLlama:
             rows.swiglu(self.linear(b.x, lw.gate_up, b.gate_up), b.act)
             self.linear(b.act, lw.down, b.y)
 
-    def head(self, b: Buffers, letter_rows: torch.Tensor, n_letters: int) -> torch.Tensor:
+    def head(self, b: Buffers) -> torch.Tensor:
+        """All 16 readout columns from `b.letters`: rows past a forward's letters are zero, so their columns are 0
+        and the letters' columns have the bits of a narrower readout; a graph then serves every letter set."""
         rows.rmsnorm(b.hr, self.w.norm, self.cfg.rms_norm_eps, b.xr, b.yr)
-        return rows.letter_readout(b.xr, letter_rows, n_letters, b.logits)
+        return rows.letter_readout(b.xr, b.letters, READOUT_LETTERS, b.logits)
 
-    def forward(
-        self, b: Buffers, meta: dict[str, torch.Tensor], letter_rows: torch.Tensor, n_letters: int, on_kv=None
-    ) -> Generator[None, None, torch.Tensor]:
-        """Eager, layer by layer (yields after each, for the long lane); returns the device logits [R, 16]."""
+    def forward(self, b: Buffers, meta: dict[str, torch.Tensor], on_kv=None) -> Generator[None, None, torch.Tensor]:
+        """Eager, layer by layer (yields after each, for the long lane); returns the device logits [R, 16]. The
+        letters' LM-head rows must be in `b.letters`."""
         torch.index_select(self.w.embed, 0, meta["tokens"], out=b.h)
         n_layers = self.cfg.num_hidden_layers
         for i in range(n_layers):
             self.layer(i, b, meta, last=i == n_layers - 1, on_kv=on_kv)
             yield
-        return self.head(b, letter_rows, n_letters)
+        return self.head(b)
 
     def set_prefixes(self, kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
         """Cached prefixes -> one [P, KVH, D] buffer per layer; chain range 0 of a prefixed root points there."""

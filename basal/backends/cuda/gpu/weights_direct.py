@@ -62,7 +62,35 @@ class DeviceWeights:
         self.norm = get("model.norm.weight")
         bar.close()
         self._letters: dict[tuple[int, ...], torch.Tensor] = {}
+        self._lm_head: torch.Tensor | None = None  # synthetic weights only; a checkpoint's head stays on disk
         self.load_seconds = time.perf_counter() - started
+
+    @classmethod
+    def random(cls, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> DeviceWeights:
+        """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk): bench/gpu_check.py
+        on the model shapes, the interpreter tests on toy ones. Norm weights are 1, projections ~ 1/sqrt(k)."""
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def rand(*shape: int, scale: float | None = None) -> torch.Tensor:
+            return (torch.randn(shape, generator=g, device=device) * (scale or shape[-1] ** -0.5)).to(dtype)
+
+        def ones() -> torch.Tensor:
+            return torch.ones(cfg.hidden_size, device=device, dtype=dtype)
+
+        hid, d, h, kvh = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        w = cls.__new__(cls)
+        w.cfg, w.dtype, w.device, w._letters, w.load_seconds = cfg, dtype, device, {}, 0.0
+        w.embed = rand(cfg.vocab_size, hid, scale=1.0)
+        w.layers = [
+            DeviceLayer(
+                ones(), rand((h + 2 * kvh) * d, hid), rand(hid, h * d), ones(), rand(2 * cfg.intermediate_size, hid),
+                rand(hid, cfg.intermediate_size),
+            )
+            for _ in range(cfg.num_hidden_layers)
+        ]  # fmt: skip
+        w.norm = ones()
+        w._lm_head = rand(cfg.vocab_size, hid)
+        return w
 
     def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
         """[16, hidden] f32: the LM-head rows of the letters as the compute dtype holds them, zero past the letters.
@@ -70,11 +98,14 @@ class DeviceWeights:
         if letter_ids not in self._letters:
             if len(letter_ids) > READOUT_LETTERS:
                 raise ValueError(f"{len(letter_ids)} letters > {READOUT_LETTERS} readout columns")
-            f, key = self._index["lm_head.weight"]
-            kind, array = f.tensor(key)
-            rows = np.asarray(array[list(letter_ids)])
-            rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
-            head = torch.zeros(READOUT_LETTERS, self.cfg.hidden_size)
-            head[: len(letter_ids)] = torch.from_numpy(rows).to(self.dtype).float()
-            self._letters[letter_ids] = head.to(self.device)
+            head = torch.zeros(READOUT_LETTERS, self.cfg.hidden_size, device=self.device)
+            if self._lm_head is not None:
+                head[: len(letter_ids)] = self._lm_head[list(letter_ids)].float()
+            else:
+                f, key = self._index["lm_head.weight"]
+                kind, array = f.tensor(key)
+                rows = np.asarray(array[list(letter_ids)])
+                rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
+                head[: len(letter_ids)] = torch.from_numpy(rows).to(self.dtype).float().to(self.device)
+            self._letters[letter_ids] = head
         return self._letters[letter_ids]

@@ -1,0 +1,79 @@
+"""The graph bookkeeping under the interpreter: graphs made by `rerun_capture` (replay runs the captured closure
+again, keeping what the capture saw, as a CUDA graph does), on a toy f16 model. One graph serves a bucket for every
+letter set, since the letters' rows are copied into the arena before each replay; `warm_up` captures the common
+buckets at start, and a request at such a bucket replays with the bits of an eager pass."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from basal.backends.cuda.gpu.backend import GpuBackend
+from basal.backends.cuda.gpu.graphs import rerun_capture
+from basal.backends.cuda.gpu.weights_direct import DeviceWeights
+from basal.core.compute import run_to_end
+from basal.core.model_dir import LlamaConfig
+from basal.core.tree import TokenizedQuestion, plan_forwards
+
+CPU = torch.device("cpu")
+LETTERS = {3: [0, 1, 2], 5: [5, 6, 7, 8, 9]}
+TOY = LlamaConfig(64, 128, 1, 6, 1, 16, 64, 1e-5, 1e6, 256, False)  # one layer: the bookkeeping is under test
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return DeviceWeights.random(TOY, torch.float16, CPU, seed=3)
+
+
+def backend(weights, graphs: bool) -> GpuBackend:
+    capture = rerun_capture if graphs else None
+    return GpuBackend(None, "f16", CPU, weights=weights, arena_tokens=32, graphs=graphs, capture=capture)
+
+
+def batch(letters: list[int]):
+    rng = random.Random(1)
+    prompts = tuple((*(rng.randrange(64) for _ in range(9)), i) for i in range(2))
+    (forward,) = plan_forwards([TokenizedQuestion("en", "s", prompts)], letters, {})
+    return forward.batch
+
+
+@pytest.fixture(scope="module")
+def plain(weights):
+    return backend(weights, graphs=False)
+
+
+@pytest.fixture(scope="module")
+def graphed(weights):
+    return backend(weights, graphs=True)
+
+
+@pytest.fixture(scope="module")
+def eager(plain):
+    """Logits of the backend without graphs for two disjoint letter sets."""
+    return {n: run_to_end(plain.run(batch(LETTERS[n]))) for n in (3, 5)}
+
+
+def test_one_graph_serves_every_letter_set_with_the_eager_bits(graphed, eager):
+    assert eager[3].tobytes() != eager[5][:, :3].tobytes()  # the letter sets' logits differ: stale rows would show
+    graphed.graphs.clear()
+    runs = [run_to_end(graphed.run(batch(LETTERS[3]))) for _ in range(3)]  # eager, capture + replay, replay
+    assert list(graphed.graphs.graphs) == [(32, 4)]
+    assert all(r.tobytes() == eager[3].tobytes() for r in runs)
+    other = run_to_end(graphed.run(batch(LETTERS[5])))  # the same bucket, other letters: a replay
+    assert len(graphed.graphs.graphs) == 1
+    assert other.tobytes() == eager[5].tobytes()
+
+
+def test_warm_up_captures_the_common_buckets_and_a_request_replays_them(graphed, eager):
+    graphed.graphs.clear()
+    assert graphed.warm_up(max_tokens=32) == 1
+    assert list(graphed.graphs.graphs) == [(32, 4)]
+    assert graphed.graphs.step((32, 4)) == "replay"  # what the next request at that bucket does
+    assert run_to_end(graphed.run(batch(LETTERS[5]))).tobytes() == eager[5].tobytes()
+    assert len(graphed.graphs.graphs) == 1
+
+
+def test_without_graphs_warm_up_does_nothing(plain):
+    assert plain.warm_up() == 0
