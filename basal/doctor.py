@@ -150,4 +150,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
                 lines += chunk_lines(facts)
                 if "attention_gemm_rows" in facts:
                     lines.append(f"    attention tile GEMMs: {facts['attention_gemm_rows']}")
+                if "gemm_engines" in facts:  # the GPU path
+                    engines = ", ".join(f"{shape} {name}" for shape, name in facts["gemm_engines"].items())
+                    lines.append(f"    GEMM engines: {engines}; attention {facts['attention']}; {facts['cuda_graphs']}")
     return "\n".join(lines)

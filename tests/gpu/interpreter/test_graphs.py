@@ -77,3 +77,11 @@ def test_warm_up_captures_the_common_buckets_and_a_request_replays_them(graphed,
 
 def test_without_graphs_warm_up_does_nothing(plain):
     assert plain.warm_up() == 0
+
+
+def test_describe_names_the_engines_and_the_graphs(plain, graphed):
+    facts = plain.describe()
+    assert facts["backend"] == "torch" and facts["dtype"] == "f16" and facts["cuda_graphs"] == "off"
+    assert facts["gemm_engines"] == {"128x64": "tri", "64x96": "tri", "256x64": "tri", "64x128": "tri"}
+    assert facts["attention"] == "f32" and facts["gpu"] == "cpu (Triton interpreter)"
+    assert graphed.describe()["cuda_graphs"].endswith(" captured")

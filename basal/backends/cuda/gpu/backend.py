@@ -88,6 +88,22 @@ class GpuBackend:
         with torch.inference_mode():
             return cls(model, dtype or "f16", dev, **options)
 
+    def describe(self) -> dict[str, object]:
+        """What decides this backend's bits and speed here (for `basal doctor`, /v1/models and exports): the
+        device and versions, the GEMM engine the probe chose per weight shape, the attention precision, graphs."""
+        env = versions(self.dev)
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "path": "gpu (Triton kernels, probed GEMM engines)",
+            **{k: env[k] for k in ("gpu", "torch", "cuda", "triton", "driver")},
+            "gemm_engines": {f"{s.n}x{s.k}": s.engine for s in self.table.shapes},
+            "attention": self.net.att.precision,
+            "cuda_graphs": f"{len(self.graphs.graphs)} captured" if self.use_graphs else "off",
+            "weights_load_s": round(self.weights.load_seconds, 2),
+        }
+
     # -- engines ----------------------------------------------------------------------------------------------
 
     def _shapes(self) -> list[tuple[int, int]]:
