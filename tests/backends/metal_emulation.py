@@ -161,13 +161,10 @@ int main(int argc, char** argv) {{
   for (uint group = 0; group * tg < grid; ++group) {{
     uint origin = group * tg;
     uint threads = std::min<uint>(tg, grid - origin);  // dispatchThreads: the last threadgroup may be partial
-    for (uint simd = 0; simd * 32 < threads; ++simd) {{
-      int lanes = (int)std::min<uint>(32, threads - simd * 32);
-      standin::run_simdgroup(lanes, [&](int lane) {{
-        uint i = simd * 32 + (uint)lane;
-        {call_name}({args});
-      }});
-    }}
+    standin::run_threadgroup((int)threads, [&](int index) {{
+      uint i = (uint)index;
+      {call_name}({args});
+    }});
   }}
 {stores}
   return 0;

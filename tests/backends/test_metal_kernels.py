@@ -157,21 +157,32 @@ def test_tree_attention_kernel_is_invariant_and_agrees_with_the_portable_path(sh
         assert all(got[lab] == alone[lab] for lab in shared), (blocks, readouts, cached)
 
 
-def test_simdgroup_kernel_computes_what_one_thread_per_query_did(build_dir):
-    """The rewrite keeps the numerics: the same f32 operations in the same order, now spread over 32 lanes."""
-    world = _world((8, 2, 40), seed=5)
-    call, _, _, _ = attention_call(world, [0, 2, 1, 4, 5, 6], readouts=False)
+def thread_per_query_call(call: metal.KernelCall) -> metal.KernelCall:
+    """The same attention as the old kernel's launch: one thread per (query, head), each query given its chunk."""
+    arrays = call.launch.arrays
     n_q, heads, _ = call.launch.output_shape
-    threads = metal.Launch(
-        call.launch.arrays,
-        (-(-(n_q * heads) // 64) * 64, 1, 1),
-        (64, 1, 1),
-        call.launch.output_shape,
-        (("KEY_TILE", 64), ("MAX_D", 256)),
-    )
-    reference = metal.KernelCall(call.name, call.input_names, call.inputs, threads)
-    old = E.run(reference, build_dir, body=REFERENCE_KERNEL.read_text())
-    assert old.tobytes() == E.run(call, build_dir).tobytes()
+    chunk_of = np.zeros(max(n_q, metal.MIN_BUFFER), dtype=np.int32)
+    group_queries = arrays["group_queries"][: arrays["params"][5] * dict(call.launch.template)["QB"]]
+    for block, rows in enumerate(group_queries.reshape(-1, dict(call.launch.template)["QB"])):
+        chunk_of[rows[rows >= 0]] = arrays["group_chunk"][block]
+    params = arrays["params"].copy()
+    params[5] = 0
+    names = ("q", "keys", "values", "key_idx", "query_chunk", "query_pos", "params")
+    inputs = (*call.inputs[:4], mx.array(chunk_of), mx.array(arrays["query_pos"]), mx.array(params))
+    grid = (-(-(n_q * heads) // 64) * 64, 1, 1)
+    threads = metal.Launch({}, grid, (64, 1, 1), call.launch.output_shape, (("KEY_TILE", 64), ("MAX_D", 256)))
+    return metal.KernelCall(call.name, names, inputs, threads)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"H{s[0]}-KVH{s[1]}-D{s[2]}")
+def test_shared_tile_kernel_computes_what_one_thread_per_query_did(shape, build_dir):
+    """The rewrite keeps the numerics: the same f32 operations in the same order, now spread over the lanes of a
+    simdgroup, with the keys and values staged once per threadgroup for a block of queries and their heads."""
+    world = _world(shape, seed=5)
+    for blocks, readouts, cached in (([0, 2, 1, 4, 5, 6], False, 0), ([3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11], True, 13)):
+        call, _, _, _ = attention_call(world, blocks, readouts, cached)
+        old = E.run(thread_per_query_call(call), build_dir, body=REFERENCE_KERNEL.read_text())
+        assert old.tobytes() == E.run(call, build_dir).tobytes()
 
 
 def test_negative_control_batch_dependent_tiles_are_caught(build_dir):
@@ -217,3 +228,20 @@ def test_letter_readout_kernel_bits(n_readouts, build_dir):
     full = E.run(metal.readout_call(mx.array(x), mx.array(head)), build_dir)
     assert out.tobytes() == full[:n_readouts].tobytes()
     np.testing.assert_allclose(out, np.array(O.linear(mx.array(x[:n_readouts]), mx.array(head).T, None, 16)), 1e-5)
+
+
+def test_the_stand_in_runs_threadgroups_concurrently_at_barriers(build_dir):
+    """Negative controls for the stand-in itself: without the barrier after staging, threads read keys the others
+    have not written yet (the output changes); a barrier only some simdgroups reach aborts the run (a GPU hang)."""
+    body = (metal.KERNELS / "tree_attention.metal").read_text()
+    barrier = "        threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+    assert body.count(barrier) >= 2
+    no_barrier = body.replace(barrier, "", 1)
+    only_active = "        if (n > 0) {\n            threadgroup_barrier(mem_flags::mem_threadgroup);\n        }\n"
+    divergent = body.replace(barrier, only_active, 1)
+    world = _world((12, 2, 32), seed=4)
+    call, _, _, _ = attention_call(world, [0, 1, 4, 5, 6, 7], readouts=False)  # queries of unequal positions
+    right = E.run(call, build_dir)
+    assert E.run(call, build_dir, body=no_barrier).tobytes() != right.tobytes()
+    with pytest.raises(RuntimeError, match=r"can never all be met|finished while others wait"):
+        E.run(call, build_dir, body=divergent)

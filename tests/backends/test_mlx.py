@@ -25,13 +25,21 @@ from basal.core.pipeline import Pipeline
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     """What kernels/tree_attention.metal computes, thread by thread, in float64."""
-    heads, kv_heads, dim, _width, n_q = launch.arrays["params"][:5].tolist()
-    # one simdgroup per (query, head), whole simdgroups, at least one threadgroup
-    assert launch.grid[0] == max(n_q * heads * metal.SIMD_WIDTH, launch.threadgroup[0])
-    assert launch.threadgroup[0] % metal.SIMD_WIDTH == 0
+    heads, kv_heads, dim, _width, n_q, n_blocks = launch.arrays["params"][:6].tolist()
+    template = dict(launch.template)
+    qb, group = template["QB"], template["GROUP"]
+    # a threadgroup per (block of queries, key/value head): a simdgroup per (query of the block, head of the group)
+    assert group == heads // kv_heads and qb * group <= metal.ATTENTION_MAX_SIMDS
+    assert launch.threadgroup[0] == qb * group * metal.SIMD_WIDTH
+    assert launch.grid[0] == n_blocks * kv_heads * launch.threadgroup[0]
+    assert template["STAGE"] * template["MAX_D"] <= metal.STAGE_FLOATS
+    blocks = launch.arrays["group_queries"][: n_blocks * qb].reshape(n_blocks, qb)
+    listed = np.sort(blocks[blocks >= 0])
+    assert listed.tolist() == list(range(n_q))  # every query in exactly one block
+    chunk_of = {int(r): int(launch.arrays["group_chunk"][b]) for b, rows in enumerate(blocks) for r in rows if r >= 0}
     out = np.zeros(launch.output_shape)
     for qi in range(n_q):
-        chain = launch.arrays["key_idx"][launch.arrays["query_chunk"][qi]]
+        chain = launch.arrays["key_idx"][chunk_of[qi]]
         pos = launch.arrays["query_pos"][qi]
         for h in range(heads):
             kvh = h // (heads // kv_heads)
@@ -86,7 +94,7 @@ def test_readout_launch_and_launch_checks():
         metal.attention_launch(plan, rows, 4, 4, 2, 16)
     launch = metal.attention_launch(plan, rows, 3, 4, 2, 16)
     assert all(a.size >= metal.MIN_BUFFER and a.dtype == np.int32 for a in launch.arrays.values())
-    assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "SIMDS": metal.ATTENTION_SIMDS}
+    assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "QB": 8, "GROUP": 2, "STAGE": 32}
     args = metal.AttentionArgs(launch)
     q16 = mx.zeros((3, 4, 16), dtype=mx.float16)
     kv = mx.zeros((len(block_of) + 1, 2, 16))
@@ -107,7 +115,7 @@ def test_matmul_chunks_are_never_under_16_rows():
 def test_kernel_sources_are_there():
     for name in ("tree_attention", "letter_readout"):
         source = (metal.KERNELS / f"{name}.metal").read_text()
-        assert "thread_position_in_grid" in source and "params" in source
+        assert "_position_in_grid" in source and "params" in source  # MLX makes the attributes from these names
 
 
 @pytest.mark.skipif(mx.metal.is_available(), reason="on a Mac the kernels run (bench/mac_check.py)")

@@ -20,14 +20,17 @@ from basal.core.attention_plan import KEY_TILE, AttentionPlan
 KERNELS = Path(__file__).parent / "kernels"
 MAX_HEAD_DIM = 256
 SIMD_WIDTH = 32
-ATTENTION_SIMDS = 4  # simdgroups per threadgroup in tree attention: one (query, head) each
+# tree attention: a threadgroup is a block of queries of one chunk x the heads of one key/value head, at most this
+# many simdgroups (512 threads: half of the 1024 a Metal threadgroup may hold)
+ATTENTION_MAX_SIMDS = 16
+STAGE_FLOATS = 4096  # keys or values staged at a time in threadgroup memory (16 KiB; Apple GPUs have 32 KiB)
 READOUT_THREADGROUP = 64
 # MLX passes an input of fewer elements in the `constant` address space, and names the compiled kernel after it
 # (mlx/backend/metal/custom_kernel.cpp, max_constant_array_size): every index / parameter array is padded to this
 # many elements so that one compiled kernel serves every batch.
 MIN_BUFFER = 8
 
-ATTENTION_INPUTS = ("q", "keys", "values", "key_idx", "query_chunk", "query_pos", "params")
+ATTENTION_INPUTS = ("q", "keys", "values", "key_idx", "group_queries", "group_chunk", "query_pos", "params")
 READOUT_INPUTS = ("x", "head", "params")
 
 
@@ -90,16 +93,22 @@ class KernelCall:
 def attention_launch(
     plan: AttentionPlan, query_rows: np.ndarray, n_queries: int, heads: int, kv_heads: int, dim: int
 ) -> Launch:
-    """Flatten the plan's chunk key lists into one [C, L] table and give every query its chunk and position."""
+    """Flatten the plan's chunk key lists into one [C, L] table, give every query its position, and cut every
+    chunk's queries into blocks of `QB`: one threadgroup per (block, key/value head) reads each key once for the
+    block's QB queries x the group's heads (kernels/tree_attention.metal)."""
     if dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {dim} > {MAX_HEAD_DIM}: raise MAX_HEAD_DIM in basal/backends/mlx/metal.py")
     if kv_heads <= 0 or heads % kv_heads:
         raise ValueError(f"{heads} attention heads are not a whole number of groups of {kv_heads} key/value heads")
+    group = heads // kv_heads
+    if group > ATTENTION_MAX_SIMDS:
+        raise ValueError(f"{group} query heads per key/value head > {ATTENTION_MAX_SIMDS} simdgroups per threadgroup")
+    qb = ATTENTION_MAX_SIMDS // group
     width = max((k.shape[1] for _, _, k in plan.groups), default=KEY_TILE)
     if width % KEY_TILE:
         raise ValueError(f"key lists of {width} keys are not whole tiles of {KEY_TILE}")
-    chunk_of = np.full(n_queries, -1, dtype=np.int32)
     pos_of = np.full(n_queries, -1, dtype=np.int32)
+    blocks, block_chunk = [], []
     tables, base = [], 0
     for q_idx, q_pos, k_idx in plan.groups:
         table = np.zeros((k_idx.shape[0], width), dtype=np.int32)
@@ -108,28 +117,36 @@ def attention_launch(
         for c in range(q_idx.shape[0]):
             live = q_pos[c] >= 0
             rows = query_rows[q_idx[c, live]]
-            chunk_of[rows] = base + c
             pos_of[rows] = q_pos[c, live]
+            for b0 in range(0, len(rows), qb):
+                block = np.full(qb, -1, dtype=np.int32)
+                block[: len(rows[b0 : b0 + qb])] = rows[b0 : b0 + qb]
+                blocks.append(block)
+                block_chunk.append(base + c)
         base += k_idx.shape[0]
-    missing = np.flatnonzero(chunk_of < 0)
-    if missing.size:  # the kernel would attend over another chunk's keys: never launch it
+    missing = np.flatnonzero(pos_of < 0)
+    if missing.size:  # the kernel would never compute them: refuse before any launch
         raise ValueError(f"{missing.size} queries (first: row {missing[0]}) are missing from the attention plan")
     key_idx = np.concatenate(tables) if tables else np.zeros((1, width), dtype=np.int32)
-    params = np.asarray([heads, kv_heads, dim, width, n_queries], dtype=np.int32)
-    threads = n_queries * heads * SIMD_WIDTH  # one simdgroup per (query, head), whole simdgroups only
-    group = ATTENTION_SIMDS * SIMD_WIDTH
+    group_queries = np.stack(blocks) if blocks else np.full((1, qb), -1, dtype=np.int32)
+    group_chunk = np.asarray(block_chunk or [0], dtype=np.int32)
+    n_blocks = len(group_chunk)
+    params = np.asarray([heads, kv_heads, dim, width, n_queries, n_blocks], dtype=np.int32)
+    threads = qb * group * SIMD_WIDTH
     max_d = -(-dim // SIMD_WIDTH) * SIMD_WIDTH
+    stage = min(SIMD_WIDTH, STAGE_FLOATS // max_d)
     return Launch(
         {
             "key_idx": _padded(key_idx),
-            "query_chunk": _padded(chunk_of),
+            "group_queries": _padded(group_queries),
+            "group_chunk": _padded(group_chunk),
             "query_pos": _padded(pos_of),
             "params": _padded(params),
         },
-        (max(threads, group), 1, 1),
-        (group, 1, 1),
+        (n_blocks * kv_heads * threads, 1, 1),
+        (threads, 1, 1),
         (n_queries, heads, dim),
-        (("KEY_TILE", KEY_TILE), ("MAX_D", max_d), ("SIMDS", ATTENTION_SIMDS)),
+        (("KEY_TILE", KEY_TILE), ("MAX_D", max_d), ("QB", qb), ("GROUP", group), ("STAGE", stage)),
     )
 
 
