@@ -193,6 +193,9 @@ class Pipeline:
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
+        prepare = getattr(self.backend, "prepare", None)  # the GPU path: tile plan and metadata blob
+        if prepare is not None:
+            forwards = [f if f.hidden_of else replace(f, prepared=prepare(f.batch)) for f in forwards]
         if stats is not None:
             stats.pack_ms += (time.perf_counter() - t0) * 1000
         return forwards
@@ -206,6 +209,8 @@ class Pipeline:
         for f in forwards:
             if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
                 logits, states = yield from self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
+            elif f.prepared is not None:
+                logits = yield from self.backend.run(f.batch, prepared=f.prepared)  # type: ignore[call-arg]
             else:
                 logits = yield from self.backend.run(f.batch)
             for (qi, order), row in f.readout_of.items():

@@ -106,6 +106,7 @@ class Forward:
     batch: PackedBatch
     readout_of: dict[tuple[int, int], int]  # (question index, order index) -> readout row
     hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `batch.hidden`
+    prepared: object = None  # host work a backend did for this forward before the device is taken (`prepare`)
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:

@@ -85,3 +85,15 @@ def test_describe_names_the_engines_and_the_graphs(plain, graphed):
     assert facts["gemm_engines"] == {"128x64": "tri", "64x96": "tri", "256x64": "tri", "64x128": "tri"}
     assert facts["attention"] == "f32" and facts["gpu"] == "cpu (Triton interpreter)"
     assert graphed.describe()["cuda_graphs"].endswith(" captured")
+
+
+def test_a_prepared_forward_has_the_bits_of_an_unprepared_one(plain, eager, monkeypatch):
+    b = batch(LETTERS[5])
+    prepared = plain.prepare(b)
+    planned = []
+    monkeypatch.setattr(plain, "prepare", lambda *a, **k: planned.append(1) or GpuBackend.prepare(plain, *a, **k))
+    assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
+    assert planned == []  # the prepared plan was used
+    monkeypatch.setattr(plain, "_prefix_version", plain._prefix_version + 1)  # as a new template prefix does
+    assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
+    assert planned == [1]  # planned again, not trusted

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from basal.backends.cuda.gpu.environment import apply_invariant_settings, versio
 from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
-from basal.backends.cuda.gpu.pacing import paced, until_done
+from basal.backends.cuda.gpu.pacing import POLL_S, paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
@@ -43,6 +43,15 @@ log = logging.getLogger(__name__)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_MAX_TOKENS = 8192  # the arena's size: forwards up to this run as graphs, longer ones eagerly (long lane)
 READOUT_CAP = 1024
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A forward's tile plan packed into its metadata blob, on the host (`GpuBackend.prepare`)."""
+
+    layout: BlobLayout
+    blob: np.ndarray  # int32 [layout.size]
+    prefix_version: int  # the template prefixes it was planned against
 
 
 class GpuBackend:
@@ -78,6 +87,7 @@ class GpuBackend:
         self.slots = StagingSlots(self._host_buffers, self._event)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
         self.progress = progress
+        self._prefix_version = 0
 
     @classmethod
     def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None, **options) -> GpuBackend:
@@ -167,6 +177,7 @@ class GpuBackend:
                     break
             self._prefix_kv[key] = kv
             self.net.set_prefixes(self._prefix_kv)
+            self._prefix_version += 1  # plans prepared before point at the old prefix rows
         self.graphs.clear()  # graphs captured the old prefix buffers' addresses
 
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
@@ -192,9 +203,20 @@ class GpuBackend:
         )
         return len(pairs)
 
-    def run(self, batch: PackedBatch, pad_to: int = 0) -> Generator[None, None, np.ndarray]:
-        """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits)."""
-        return (yield from self._forward(batch, pad_to=pad_to))
+    def prepare(self, batch: PackedBatch, pad_to: int = 0) -> Prepared:
+        """The forward's host work, done before the device is taken (the pipeline calls it while packing): the
+        tile plan and the metadata blob. Under the gate only a copy of the blob is left."""
+        layout = self._layout(batch, pad_to)
+        blob = np.zeros(layout.size, dtype=np.int32)
+        pack_blob(batch, plan_tiles(batch, self.net.prefix_rows, self.net.tokens_per_tile), layout, blob)
+        return Prepared(layout, blob, self._prefix_version)
+
+    def run(
+        self, batch: PackedBatch, pad_to: int = 0, prepared: Prepared | None = None
+    ) -> Generator[None, None, np.ndarray]:
+        """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
+        `prepared`: what `prepare(batch, pad_to)` returned."""
+        return (yield from self._forward(batch, pad_to=pad_to, prepared=prepared))
 
     def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
         """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
@@ -205,16 +227,24 @@ class GpuBackend:
         return logits[: len(batch.readouts)], states[0]
 
     def _forward(
-        self, batch: PackedBatch, on_kv=None, eager: bool = False, pad_to: int = 0, states: list | None = None
+        self,
+        batch: PackedBatch,
+        on_kv=None,
+        eager: bool = False,
+        pad_to: int = 0,
+        states: list | None = None,
+        prepared: Prepared | None = None,
     ) -> Generator[None, None, np.ndarray]:
         """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass."""
-        layout = self._layout(batch, pad_to)
+        if prepared is None or prepared.prefix_version != self._prefix_version:
+            prepared = self.prepare(batch, pad_to)
+        layout = prepared.layout
         while (slot := self.slots.acquire(layout.size)) is None:
             yield  # every slot is waiting for its copy: let the other lane finish
+            time.sleep(POLL_S)
         try:
             with torch.inference_mode():
-                plan = plan_tiles(batch, self.net.prefix_rows, self.net.tokens_per_tile)
-                pack_blob(batch, plan, layout, slot.blob[: layout.size].numpy())
+                slot.blob[: layout.size].numpy()[:] = prepared.blob
                 key = (layout.token_bucket, layout.readout_bucket)
                 if key not in self._blobs:
                     self._blobs[key] = torch.zeros(layout.size, dtype=torch.int32, device=self.dev)
