@@ -38,7 +38,8 @@ THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="output folder (gpu_check.json, gemm_engines.json)")
+    p.add_argument("--out", type=Path, help="output folder (gpu_check.json, gemm_engines.json)")
+    p.add_argument("--table", type=Path, metavar="JSON", help="print the summary table of a saved gpu_check.json")
     p.add_argument("--phases", default="0,1,2,3,4", help="comma-separated phase numbers to run")
     p.add_argument("--cpu-dry-run", action="store_true", help="toy sizes under the Triton interpreter, on the CPU")
     p.add_argument("--sizes", default="mini,4.5B,max", help="model shapes for P3")
@@ -422,6 +423,12 @@ def summary(phases: dict) -> str:
 
 def main() -> int:
     args = parse()
+    if args.table is not None:  # a saved report (e.g. bench/results/reports/): the table for bench/README.md
+        print(summary(json.loads(args.table.read_text())["phases"]))
+        return 0
+    if args.out is None:
+        print("--out DIR is required (or --table JSON to print a saved report's table)", file=sys.stderr)
+        return 2
     if args.cpu_dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
         from basal.backends.cuda.gpu.interpreter_patches import patch_interpreter

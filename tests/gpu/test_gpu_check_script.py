@@ -66,3 +66,11 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     assert "NO =in_batch" in text
     assert "f16/mini" in text and "200.0   (0.25)" in text
     assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's
+
+
+def test_a_saved_report_prints_its_table(tmp_path, capsys, monkeypatch):
+    saved = tmp_path / "gpu_check.json"
+    saved.write_text(json.dumps({"meta": {}, "phases": {"P3": {"mini": GOOD}}}))
+    monkeypatch.setattr("sys.argv", ["gpu_check.py", "--table", str(saved)])
+    assert gpu_check.main() == 0
+    assert "900 / 1500" in capsys.readouterr().out
