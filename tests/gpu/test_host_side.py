@@ -18,7 +18,7 @@ from basal.backends.cuda.gpu.buckets import (
     token_bucket,
 )
 from basal.backends.cuda.gpu.graphs import GraphCache
-from basal.backends.cuda.gpu.readback import StagingSlots, numpy_buffers
+from basal.backends.cuda.gpu.readback import ONE_OFF, StagingSlots, numpy_buffers
 from basal.core.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
 from basal.core.tree import TokenizedQuestion, plan_forwards
 
@@ -114,20 +114,23 @@ def test_staging_slots_rotate_and_wait_for_their_event():
 
     slots = StagingSlots(lambda n: numpy_buffers(n, 4), make_event, n=2)
     a, b = slots.acquire(100), slots.acquire(100)
-    assert a.index != b.index and slots.acquire(100) is None  # both in flight
+    assert a.index != b.index
+    extra = slots.acquire(100)  # both in flight: a one-off slot, never a wait
+    assert extra.index == ONE_OFF and extra not in slots.slots
     a.event.record()
     with pytest.raises(RuntimeError, match="before its copy"):
         slots.release(a)
     a.event.done = True
     slots.release(a)
     assert slots.acquire(50) is a
-    assert slots.acquire(200) is None  # growing waits until every slot is back
+    big = slots.acquire(200)  # too big while slots are out (a paused pass may hold one): its own slot
+    assert big.index == ONE_OFF and len(big.blob) == 200 and slots.blob_size == 100
     b.event.done = True
     slots.release(b)
     a.event.done = True
     slots.release(a)
-    grown = slots.acquire(200)
-    assert grown is not None and len(grown.blob) == 200
+    grown = slots.acquire(200)  # every slot is back: the ring grows
+    assert grown.index != ONE_OFF and len(grown.blob) == 200 and slots.blob_size == 200
 
 
 def test_graphs_are_captured_on_the_second_use_and_evicted_lru():

@@ -6,6 +6,7 @@ buckets at start, and a request at such a bucket replays with the bits of an eag
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -32,9 +33,9 @@ def backend(weights, graphs: bool) -> GpuBackend:
     return GpuBackend(None, "f16", CPU, weights=weights, arena_tokens=32, graphs=graphs, capture=capture)
 
 
-def batch(letters: list[int]):
-    rng = random.Random(1)
-    prompts = tuple((*(rng.randrange(64) for _ in range(9)), i) for i in range(2))
+def batch(letters: list[int], seed: int = 1, orders: int = 2, shared: int = 9):
+    rng = random.Random(seed)
+    prompts = tuple((*(rng.randrange(64) for _ in range(shared)), i) for i in range(orders))
     (forward,) = plan_forwards([TokenizedQuestion("en", "s", prompts)], letters, {})
     return forward.batch
 
@@ -97,3 +98,22 @@ def test_a_prepared_forward_has_the_bits_of_an_unprepared_one(plain, eager, monk
     monkeypatch.setattr(plain, "_prefix_version", plain._prefix_version + 1)  # as a new template prefix does
     assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
     assert planned == [1]  # planned again, not trusted
+
+
+def test_an_eager_pass_paused_between_layers_keeps_its_own_metadata():
+    """A pass paused after its first layer while another pass at the same bucket runs (the long lane steps aside)
+    must read its own tile plan and positions in its later layers: eager passes do not share the bucket's blob;
+    and a pass with a larger metadata blob meanwhile must not wait for the paused pass's staging slot."""
+    two_layers = GpuBackend(
+        None, "f16", CPU, weights=DeviceWeights.random(replace(TOY, num_hidden_layers=2), torch.float16, CPU),
+        arena_tokens=32, graphs=False,
+    )  # fmt: skip
+    alone = run_to_end(two_layers.run(batch(LETTERS[3])))
+    steps = two_layers.run(batch(LETTERS[3]))
+    next(steps)  # the first layer is done: paused
+    other = batch(LETTERS[5], seed=8, orders=1, shared=25)  # 26 tokens at other positions: the same bucket
+    run_to_end(two_layers.run(other))
+    # a larger blob while the paused pass holds a staging slot: a slot of its own, not a wait for the paused pass
+    # (which waits for this one: it used to deadlock here)
+    run_to_end(two_layers.run(batch(LETTERS[5], seed=9, orders=3, shared=20)))
+    assert run_to_end(steps).tobytes() == alone.tobytes()

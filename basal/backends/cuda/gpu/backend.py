@@ -30,7 +30,7 @@ from basal.backends.cuda.gpu.environment import apply_invariant_settings, versio
 from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
-from basal.backends.cuda.gpu.pacing import POLL_S, paced, until_done
+from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
@@ -85,6 +85,8 @@ class GpuBackend:
         self._blobs: dict[tuple[int, int], torch.Tensor] = {}
         self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.slots = StagingSlots(self._host_buffers, self._event)
+        largest = token_bucket(arena_tokens)
+        self.slots.reserve(BlobLayout(largest, READOUT_CAP, tile_capacity(largest, self.net.tokens_per_tile)).size)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
         self.progress = progress
         self._prefix_version = 0
@@ -239,22 +241,18 @@ class GpuBackend:
         if prepared is None or prepared.prefix_version != self._prefix_version:
             prepared = self.prepare(batch, pad_to)
         layout = prepared.layout
-        while (slot := self.slots.acquire(layout.size)) is None:
-            yield  # every slot is waiting for its copy: let the other lane finish
-            time.sleep(POLL_S)
+        slot = self.slots.acquire(layout.size)
         try:
+            key = (layout.token_bucket, layout.readout_bucket)
+            long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > READOUT_CAP
+            step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step(key)
             with torch.inference_mode():
                 slot.blob[: layout.size].numpy()[:] = prepared.blob
-                key = (layout.token_bucket, layout.readout_bucket)
-                if key not in self._blobs:
-                    self._blobs[key] = torch.zeros(layout.size, dtype=torch.int32, device=self.dev)
-                blob = self._blobs[key]
+                blob = self._device_blob(key, layout.size, own=step == "eager")
                 blob.copy_(slot.blob[: layout.size], non_blocking=True)
                 meta = layout.views(blob)
                 letters = tuple(int(x) for x in batch.letter_ids)
                 letter_rows = self.weights.letter_rows(letters)  # [16, hidden], zero past the letters
-            long_lane = layout.token_bucket > self.arena_tokens or layout.readout_bucket > READOUT_CAP
-            step = "eager" if (eager or long_lane or not self.use_graphs) else self.graphs.step(key)
             if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
                 buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
                 with torch.inference_mode():
@@ -281,6 +279,15 @@ class GpuBackend:
             if not slot.event.query():  # closed early: the copies into this slot must land before it is reused
                 slot.event.synchronize()
             self.slots.release(slot)
+
+    def _device_blob(self, key: tuple[int, int], size: int, own: bool) -> torch.Tensor:
+        """The metadata blob on the device. A graph reads its bucket's blob at a fixed address; an eager pass gets
+        its own, since it may pause between layers while another pass at the same bucket writes that one."""
+        if own:
+            return torch.empty(size, dtype=torch.int32, device=self.dev)
+        if key not in self._blobs:
+            self._blobs[key] = torch.zeros(size, dtype=torch.int32, device=self.dev)
+        return self._blobs[key]
 
     def _eager(self, buffers: Buffers, meta, on_kv) -> Generator[None, None, torch.Tensor]:
         """Layer by layer, pausing outside inference mode (the long lane's path), at most LAYERS_AHEAD layers queued

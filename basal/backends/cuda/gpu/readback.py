@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 SLOTS = 3
+ONE_OFF = -1  # the index of a slot outside the ring
 
 
 class DoneEvent:
@@ -46,18 +47,24 @@ class StagingSlots:
     blob_size: int = 0
     slots: list[Slot] = field(default_factory=list)
 
-    def acquire(self, blob_size: int) -> Slot | None:
-        """A free slot whose blob holds `blob_size` int32 (grown, never inside a graph), or None if all are busy."""
-        if blob_size > self.blob_size or not self.slots:
-            if any(s.busy for s in self.slots):
-                return None  # wait until every slot is back before resizing
+    def acquire(self, blob_size: int) -> Slot:
+        """A free slot whose blob holds `blob_size` int32. Never waits: a pass holding a slot may be paused until
+        this one finishes (the long lane steps aside for the main lane), so waiting for it could never end. The
+        ring grows while no slot is out (never inside a graph); a blob too large for a ring with a slot out, or a
+        fourth pass at once, gets a one-off slot of its own."""
+        if not self.slots or (blob_size > self.blob_size and not any(s.busy for s in self.slots)):
             self.blob_size = max(blob_size, self.blob_size)
             self.slots = [Slot(i, *self.make_buffers(self.blob_size), self.make_event()) for i in range(self.n)]
-        for s in self.slots:
-            if not s.busy:
-                s.busy = True
-                return s
-        return None
+        if blob_size <= self.blob_size:
+            for s in self.slots:
+                if not s.busy:
+                    s.busy = True
+                    return s
+        return Slot(ONE_OFF, *self.make_buffers(blob_size), self.make_event(), busy=True)
+
+    def reserve(self, blob_size: int) -> None:
+        """Size the ring for blobs up to `blob_size` now (at start: no forward then grows it or needs a one-off)."""
+        self.release(self.acquire(blob_size))
 
     def release(self, slot: Slot) -> None:
         if not slot.event.query():
