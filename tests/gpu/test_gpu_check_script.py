@@ -74,3 +74,13 @@ def test_a_saved_report_prints_its_table(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["gpu_check.py", "--table", str(saved)])
     assert gpu_check.main() == 0
     assert "900 / 1500" in capsys.readouterr().out
+
+
+def test_host_work_bench_prints_a_row_per_batch(capsys, monkeypatch):
+    from bench import gpu_host_work
+
+    monkeypatch.setattr("sys.argv", ["gpu_host_work.py", "--questions", "1,3", "--reps", "2"])
+    gpu_host_work.main()
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [int(r.split()[0]) for r in rows] == [1, 3]
+    assert all(float(r.split()[3]) > 0 for r in rows)  # tile plan + blob, ms
