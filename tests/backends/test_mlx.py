@@ -71,6 +71,7 @@ def test_attention_launch_packs_what_the_portable_path_computes(rows):
     keys = np.concatenate([np.zeros((1, kv_heads, dim)), rng.standard_normal((n, kv_heads, dim))]).astype(np.float32)
     values = np.concatenate([np.zeros((1, kv_heads, dim)), rng.standard_normal((n, kv_heads, dim))]).astype(np.float32)
     launch = metal.attention_launch(plan, query_rows, len(queries), heads, kv_heads, dim)
+    assert dict(launch.template)["QB"] == (8 if rows > 1 else 1)  # 16 simdgroups of 2 heads; a readout plan: 1
     assert launch.output_shape == (len(queries), heads, dim) and launch.arrays["key_idx"].dtype == np.int32
     assert launch.arrays["key_idx"].shape[1] % KEY_TILE == 0
     emulated = emulate_attention(launch, q, keys, values)
@@ -94,7 +95,8 @@ def test_readout_launch_and_launch_checks():
         metal.attention_launch(plan, rows, 4, 4, 2, 16)
     launch = metal.attention_launch(plan, rows, 3, 4, 2, 16)
     assert all(a.size >= metal.MIN_BUFFER and a.dtype == np.int32 for a in launch.arrays.values())
-    assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "QB": 8, "GROUP": 2, "STAGE": 32}
+    # one query per chunk in this plan: blocks of one query (no idle simdgroups), 2 heads per key/value head
+    assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "QB": 1, "GROUP": 2, "STAGE": 32}
     args = metal.AttentionArgs(launch)
     q16 = mx.zeros((3, 4, 16), dtype=mx.float16)
     kv = mx.zeros((len(block_of) + 1, 2, 16))

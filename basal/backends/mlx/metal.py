@@ -103,7 +103,10 @@ def attention_launch(
     group = heads // kv_heads
     if group > ATTENTION_MAX_SIMDS:
         raise ValueError(f"{group} query heads per key/value head > {ATTENTION_MAX_SIMDS} simdgroups per threadgroup")
-    qb = ATTENTION_MAX_SIMDS // group
+    # queries per block: as many as fit, but no more than a chunk holds (a readout plan has one query per chunk,
+    # and idle simdgroups would only wait at the barriers). The bits do not depend on it.
+    per_chunk = max((int((q_pos >= 0).sum(axis=1).max()) for _, q_pos, _ in plan.groups if q_pos.size), default=1)
+    qb = max(1, min(ATTENTION_MAX_SIMDS // group, per_chunk))
     width = max((k.shape[1] for _, _, k in plan.groups), default=KEY_TILE)
     if width % KEY_TILE:
         raise ValueError(f"key lists of {width} keys are not whole tiles of {KEY_TILE}")
