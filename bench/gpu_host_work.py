@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from basal.backends.cuda.gpu.buckets import readout_bucket, token_bucket
+from basal.backends.cuda.gpu.buckets import layout_for
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
-from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
+from basal.core.tile_plan import pack_blob, plan_tiles
 from basal.core.tree import plan_forwards
 from bench.gpu_check import questions
 
@@ -37,8 +37,7 @@ def main() -> None:
         (forward,) = plan_forwards(qs, list(range(10)), {"en": prefix})
         packing = time.perf_counter() - started
         batch = forward.batch
-        t_b = token_bucket(batch.n_tokens)
-        layout = BlobLayout(t_b, readout_bucket(len(batch.readouts)), tile_capacity(t_b, per_tile))
+        layout = layout_for(batch.n_tokens, len(batch.readouts), per_tile)
         blob = np.zeros(layout.size, np.int32)
         times = []
         for _ in range(args.reps):

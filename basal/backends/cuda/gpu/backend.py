@@ -21,9 +21,8 @@ from basal.backends.cuda.gpu import engine_table as et
 from basal.backends.cuda.gpu.buckets import (
     LT_CHUNK,
     WARM_TOKENS,
+    layout_for,
     probed_row_counts,
-    readout_bucket,
-    token_bucket,
     warm_buckets,
 )
 from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
@@ -36,7 +35,7 @@ from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
 from basal.core.compute import run_to_end
 from basal.core.model_dir import ModelDir
-from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles, tile_capacity
+from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles
 from basal.core.tree import PackedBatch, single_prompt_batch
 
 log = logging.getLogger(__name__)
@@ -85,8 +84,7 @@ class GpuBackend:
         self._blobs: dict[tuple[int, int], torch.Tensor] = {}
         self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.slots = StagingSlots(self._host_buffers, self._event)
-        largest = token_bucket(arena_tokens)
-        self.slots.reserve(BlobLayout(largest, READOUT_CAP, tile_capacity(largest, self.net.tokens_per_tile)).size)
+        self.slots.reserve(layout_for(arena_tokens, READOUT_CAP, self.net.tokens_per_tile).size)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
         self.progress = progress
         self._prefix_version = 0
@@ -156,8 +154,7 @@ class GpuBackend:
         return torch.cuda.Event(blocking=True) if self.dev.type == "cuda" else DoneEvent()
 
     def _layout(self, batch: PackedBatch, pad_to: int = 0) -> BlobLayout:
-        t_b, r_b = token_bucket(max(batch.n_tokens, pad_to)), readout_bucket(len(batch.readouts))
-        return BlobLayout(t_b, r_b, tile_capacity(t_b, self.net.tokens_per_tile))
+        return layout_for(max(batch.n_tokens, pad_to), len(batch.readouts), self.net.tokens_per_tile)
 
     # -- the Backend protocol -----------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import bisect
 
+from basal.core.tile_plan import BlobLayout, tile_capacity
+
 # multiples of 16, each step <= 1.5x: padded GEMM work <= 50 %, ~15 % on average
 TOKEN_BUCKETS = (32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072)
 TOKEN_BUCKETS += (4096, 5120, 6144, 8192)
@@ -50,3 +52,9 @@ def warm_buckets(max_tokens: int = WARM_TOKENS) -> list[tuple[int, int]]:
     readouts (one or two questions), with 16 from 128 tokens and 64 from 512 (batches of about 8 and 32
     questions: a question is two option orders of 60+ tokens each)."""
     return [(t, r) for t in TOKEN_BUCKETS if t <= max_tokens for r in (4, 16, 64) if t >= 8 * r]
+
+
+def layout_for(tokens: int, readouts: int, tokens_per_tile: int) -> BlobLayout:
+    """The metadata blob's layout of a forward of `tokens` tokens and `readouts` readouts: its buckets' sizes."""
+    t_b = token_bucket(tokens)
+    return BlobLayout(t_b, readout_bucket(readouts), tile_capacity(t_b, tokens_per_tile))

@@ -144,10 +144,13 @@ def weight_copies(w: torch.Tensor) -> list[torch.Tensor]:
     return [w] + [w.clone() for _ in range(n - 1)]
 
 
-def time_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, rows: int, repeats: int = 20) -> float:
-    """Median ms of `repeats` calls at `rows` (CUDA events on a GPU), cycling through copies of `w` (L2-cold)."""
+def time_engine(
+    engine: Engine, x: torch.Tensor, w: torch.Tensor, rows: int, repeats: int = 20, copies: list | None = None
+) -> float:
+    """Median ms of `repeats` calls at `rows` (CUDA events on a GPU), cycling through copies of `w` (L2-cold).
+    `copies`: `weight_copies(w)`, made once by a caller that times several row counts."""
     out = torch.empty(rows, w.shape[0], dtype=x.dtype, device=x.device)
-    ws = weight_copies(w)
+    ws = copies or weight_copies(w)
     engine(x[:rows], w, out)
     times = []
     for i in range(repeats):
