@@ -476,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"basal mac check: {env['platform']}, MLX {env['packages']['mlx']}, device {a.device}, "
                 f"model {model.name} ({model.config.num_hidden_layers} layers)"
             )
-            check_model(report, model, a)
+            with mx.stream(mx.gpu if a.device == "metal" else mx.cpu):  # the script's own ops (plain MLX, op checks)
+                check_model(report, model, a)
             reports.append(report)
             if source is None:
                 shutil.rmtree(path, ignore_errors=True)  # several GB each

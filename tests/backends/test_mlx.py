@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -15,12 +16,14 @@ from basal.api.app import create_app
 from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
+from basal.backends.mlx.device_scope import on_device
 from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
 from basal.core.compute import run_to_end
 from basal.core.engine import Engine, Engines
 from basal.core.gate import Gate
 from basal.core.metrics import Metrics
 from basal.core.pipeline import Pipeline
+from basal.core.tree import single_prompt_batch
 
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -201,3 +204,66 @@ def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model, mon
                 run_to_end(h.cached.letter_logits(interloper))
     assert yields > 2 * demo_model.config.num_hidden_layers
     assert stepped.tobytes() == reference.tobytes()
+
+
+def _default_stream() -> mx.Stream:
+    return mx.default_stream(mx.default_device())
+
+
+def test_each_step_runs_on_its_scope_and_no_pause_does():
+    """A pass's steps run inside its scope; between them the engine's thread is back on its own default."""
+    scope, outside = mx.new_stream(mx.cpu), _default_stream()
+
+    def steps():
+        seen = []
+        for _ in range(3):
+            seen.append(_default_stream())
+            yield
+        return seen
+
+    wrapped, paused = on_device(scope, steps()), []
+    while True:
+        try:
+            next(wrapped)
+        except StopIteration as done:
+            inside = done.value
+            break
+        paused.append(_default_stream())
+    assert inside == [scope] * 3 and paused == [outside] * 3
+
+    def entered_once(scope, steps):  # negative control: a `with` around the generator's body
+        with mx.stream(scope):
+            return (yield from steps)
+
+    leaky = entered_once(scope, steps())
+    next(leaky)
+    assert _default_stream() == scope  # the engine's thread now runs on the backend's device
+    leaky.close()
+
+
+def test_backend_leaves_the_process_default_alone(demo_model, monkeypatch):
+    """Two MLX models in one process (Metal and CPU) each compute on their own device: loading or running one
+    never sets the process default, and every op of a pass is made inside the backend's scope."""
+
+    def refuse(_device):
+        raise AssertionError("a backend set the process default device")
+
+    monkeypatch.setattr(mx, "set_default_device", refuse)
+    backend = MLXBackend.load(demo_model, device="cpu")
+    backend.scope = mx.new_stream(mx.cpu)  # a scope the test can tell from the default
+    seen = []
+    layer = backend.net.layer
+
+    def spy(*args, **kwargs):
+        seen.append(_default_stream())
+        return (yield from layer(*args, **kwargs))
+
+    monkeypatch.setattr(backend.net, "layer", spy)
+    outside = _default_stream()
+    batch = single_prompt_batch(demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie"))
+    batch = replace(batch, letter_ids=np.array([1, 2], dtype=np.int32))
+    logits = run_to_end(backend.run(batch))
+    assert seen == [backend.scope] * demo_model.config.num_hidden_layers
+    assert _default_stream() == outside
+    backend.scope = mx.cpu  # the thread's default stream: the same bits
+    assert run_to_end(backend.run(batch)).tobytes() == logits.tobytes()

@@ -7,6 +7,7 @@ from collections.abc import Generator, Sequence
 import mlx.core as mx
 import numpy as np
 
+from basal.backends.mlx.device_scope import Scope, on_device
 from basal.backends.mlx.model import MLXLlama
 from basal.backends.mlx.precision import require_full_f32
 from basal.core.model_dir import ModelDir
@@ -19,10 +20,12 @@ class MLXBackend:
     def __init__(self, model: ModelDir, dtype: str, device: str, fixed_shapes: bool = True):
         self.model, self.dtype, self.device = model, dtype, device
         mx_device = mx.gpu if device == "metal" else mx.cpu
-        mx.set_default_device(mx_device)
+        # where every op of this backend runs; the process default is never set (device_scope.py)
+        self.scope: Scope = mx_device
         if dtype == "f32":  # the reference mode: no reduced-precision f32 matmuls (M5 class GPUs)
             require_full_f32(mx_device)
-        self.net = MLXLlama(model, dtype, use_metal=device == "metal", fixed_shapes=fixed_shapes)
+        with mx.stream(self.scope):
+            self.net = MLXLlama(model, dtype, use_metal=device == "metal", fixed_shapes=fixed_shapes)
 
     @staticmethod
     def devices() -> list[str]:
@@ -40,16 +43,23 @@ class MLXBackend:
         return cls(model, dtype or ("f16" if device == "metal" else "f32"), device, fixed_shapes)
 
     def prefix(self, key: str, tokens: Sequence[int]) -> None:
-        self.net.compute_prefix(key, list(tokens))
+        with mx.stream(self.scope):
+            self.net.compute_prefix(key, list(tokens))
 
     def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
-        t = self.net.inputs(batch)
-        letters = tuple(int(x) for x in batch.letter_ids)
-        return (yield from self.net.forward(t, batch.tokens, letters))
+        return (yield from on_device(self.scope, self._run(batch)))
 
     def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
         """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
         last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
+        return (yield from on_device(self.scope, self._run_with_hidden(batch)))
+
+    def _run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+        t = self.net.inputs(batch)
+        letters = tuple(int(x) for x in batch.letter_ids)
+        return (yield from self.net.forward(t, batch.tokens, letters))
+
+    def _run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
         wide = batch.with_hidden_as_readouts()
         t = self.net.inputs(wide)
         letters = tuple(int(x) for x in batch.letter_ids)
