@@ -303,6 +303,33 @@ def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
     return {"tokens": int(fwd.batch.n_tokens), "questions": len(qs), "ms": ms, "decisions_per_s": len(qs) / (ms * 1e-3)}
 
 
+def overlap_check(be, batch, reference, device, dry: bool) -> dict:
+    """Single decisions back to back, one after the other vs two in flight (core/overlap.py: the next forward is
+    queued before the last one's readback is waited for): the bits, and the time per forward of each."""
+    from basal.core.compute import run_to_end
+    from basal.core.overlap import overlapped
+
+    k, results = (2 if dry else 8), {}
+
+    def one_by_one():
+        for _ in range(k):
+            run_to_end(be.run(batch))
+
+    def in_flight():
+        run_to_end(overlapped((be.run(batch) for _ in range(k)), results.__setitem__))
+
+    repeats = 1 if dry else 5
+    sequential = statistics.median(cuda_timer(one_by_one, repeats, device)) / k
+    overlapping = statistics.median(cuda_timer(in_flight, repeats, device)) / k
+    return {
+        "forwards": k,
+        "sequential_ms": sequential,
+        "overlapped_ms": overlapping,
+        "speedup": sequential / overlapping,
+        "bitwise": all(results[i].tobytes() == reference.tobytes() for i in range(k)),
+    }
+
+
 def model_checks(size: str, device, dry: bool) -> dict:
     """Bitwise: eager = graph = replay = a larger bucket = in a 16-question batch = the eager evidence pass; every
     logit finite; then single-decision latency and decisions/s at 2k and 4k tokens per forward."""
@@ -349,6 +376,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "finite": bool(np.isfinite(eager).all() and np.isfinite(in_batch).all()),
     }
     ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
+    overlap = overlap_check(be, fwd.batch, eager, device, dry)
+    same["=overlapped"] = overlap.pop("bitwise")
     throughput = {}
     for target in (64,) if dry else THROUGHPUT_TOKENS:
         n = max(2, target // (state_len + 12))  # each question: its state and two 6-token option tails
@@ -361,6 +390,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "single_ms_median": statistics.median(ms),
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
         "throughput": throughput,
+        "overlap": overlap,
         "engines": {f"{s.n}x{s.k}": s.engine for s in be.table.shapes},
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
@@ -398,6 +428,11 @@ def summary(phases: dict) -> str:
             f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
             f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"
         )
+    overlaps = {k: r["overlap"] for k, r in phases.get("P3", {}).items() if isinstance(r, dict) and "overlap" in r}
+    if overlaps:
+        lines += ["", "single decisions back to back   ms/forward one by one   two in flight   speedup"]
+    for size, o in overlaps.items():
+        lines.append(f"{size:<31} {o['sequential_ms']:21.3f} {o['overlapped_ms']:15.3f} {o['speedup']:8.2f}x")
     timed = {k: r["timing"] for k, r in phases.get("P2", {}).items() if isinstance(r, dict) and "timing" in r}
     if timed:
         lines += ["", "attention, one prompt over itself   tokens        ms   TFLOP/s   (of mm)"]

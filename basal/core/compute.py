@@ -32,7 +32,12 @@ class Backend(Protocol):
         lane) before it resumes the pass. A backend yields at least after every layer, and may yield inside a
         layer too (the torch backend does between GEMM row chunks and key-tile spans, so that one long layer does
         not hold the device for seconds). A pause must never change the result: the pass keeps its tensors and
-        its arithmetic across it, and leaves no state behind that other batches would see."""
+        its arithmetic across it, and leaves no state behind that other batches would see.
+
+        A backend on an asynchronous device may yield `overlap.QUEUED` once instead of None, when all of the
+        pass's device work is queued and only its readback is left: the pipeline then queues its next forward
+        before it waits for this one's result. A pass with another one started after its QUEUED must still
+        give the same result."""
         ...
 
 

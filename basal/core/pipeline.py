@@ -37,6 +37,7 @@ from basal.core.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_i
 from basal.core.model_dir import ModelDir
 from basal.core.model_names import ServedModels
 from basal.core.multi_act_contract import evidence_refusal_basal, multi_evidence_error_basal
+from basal.core.overlap import overlapped
 from basal.core.prompt import LETTERS, Item, template_prefix
 from basal.core.rounds import Rounds
 from basal.core.tree import (
@@ -203,27 +204,35 @@ class Pipeline:
     def forward(
         self, tokenized: Sequence[TokenizedQuestion], forwards: Sequence[Forward], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:
-        """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause)."""
+        """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause). On an
+        asynchronous device the next forward is queued before the last one's result is waited for (overlap.py)."""
         t1 = time.perf_counter()
         out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
-        for f in forwards:
-            if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
-                logits, states = yield from self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
-            elif f.prepared is not None:
-                logits = yield from self.backend.run(f.batch, prepared=f.prepared)  # type: ignore[call-arg]
-            else:
-                logits = yield from self.backend.run(f.batch)
+
+        def collect(i: int, result) -> None:
+            f = forwards[i]
+            logits, states = result if f.hidden_of else (result, None)
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
                 out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
+
+        yield from overlapped((self._run(f) for f in forwards), collect)
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
             stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
             stats.prompt_tokens += sum(len(p) for t in tokenized for p in t.prompts)
         return out
+
+    def _run(self, f: Forward):
+        """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
+        if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
+            return self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
+        if f.prepared is not None:
+            return self.backend.run(f.batch, prepared=f.prepared)  # type: ignore[call-arg]
+        return self.backend.run(f.batch)
 
     def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
         """Answer a planned request (no pausing, no batching with other requests)."""

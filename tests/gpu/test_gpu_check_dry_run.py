@@ -29,5 +29,8 @@ def test_gpu_check_dry_run(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(report["phases"]) == {"P0", "P1", "P2", "P3", "P4"}
     assert all(r["bitwise_equal"] for k, r in report["phases"]["P2"].items() if "/" in k)
-    assert all(report["phases"]["P3"]["toy"]["bitwise"].values())
+    toy = report["phases"]["P3"]["toy"]
+    assert all(toy["bitwise"].values()) and "=overlapped" in toy["bitwise"]
+    assert toy["overlap"]["forwards"] == 2 and toy["overlap"]["speedup"] > 0
+    assert "two in flight" in done.stdout  # the table's overlap rows
     assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]

@@ -17,6 +17,7 @@ GOOD = {
     "single_ms_median": 2.0,
     "single_ms_p90": 2.5,
     "throughput": {"2048": {"decisions_per_s": 900.0}, "4096": {"decisions_per_s": 1500.0}},
+    "overlap": {"forwards": 8, "sequential_ms": 2.5, "overlapped_ms": 2.0, "speedup": 1.25},
 }
 
 
@@ -64,6 +65,7 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     assert "900 / 1500" in text and "0.75 ms" in text  # mini's floor: 3.0 GB at 4 TB/s
     assert "ERROR RuntimeError: boom" in text and "10 s of the budget left" in text
     assert "NO =in_batch" in text
+    assert "2.500           2.000     1.25x" in text  # single decisions one by one vs two in flight
     assert "f16/mini" in text and "200.0   (0.25)" in text
     assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's
 

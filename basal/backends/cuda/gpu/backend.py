@@ -2,8 +2,9 @@
 
 Per forward: plan the tiles (numpy, in core), pack the metadata blob into a free staging slot, one H2D copy, the
 forward — a CUDA graph replay for buckets seen before, eager layers otherwise — a non-blocking D2H copy of the
-letter logits into the slot and an event; `run()` yields while the event is pending. The GEMM engine of every
-weight shape comes from the startup probe (engine_table).
+letter logits into the slot and an event; `run()` yields `QUEUED` (the pipeline queues the batch's next forward
+behind it) and then yields while the event is pending. The GEMM engine of every weight shape comes from the
+startup probe (engine_table).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
 from basal.core.compute import run_to_end
 from basal.core.model_dir import ModelDir
+from basal.core.overlap import QUEUED, Queued
 from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles
 from basal.core.tree import PackedBatch, single_prompt_batch
 
@@ -212,12 +214,12 @@ class GpuBackend:
 
     def run(
         self, batch: PackedBatch, pad_to: int = 0, prepared: Prepared | None = None
-    ) -> Generator[None, None, np.ndarray]:
+    ) -> Generator[Queued | None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
         `prepared`: what `prepare(batch, pad_to)` returned."""
         return (yield from self._forward(batch, pad_to=pad_to, prepared=prepared))
 
-    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+    def run_with_hidden(self, batch: PackedBatch) -> Generator[Queued | None, None, tuple[np.ndarray, np.ndarray]]:
         """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
         last layer runs at those rows too, eagerly (evidence questions only; every row is computed on its own, so
         the readouts keep their bits)."""
@@ -233,7 +235,7 @@ class GpuBackend:
         pad_to: int = 0,
         states: list | None = None,
         prepared: Prepared | None = None,
-    ) -> Generator[None, None, np.ndarray]:
+    ) -> Generator[Queued | None, None, np.ndarray]:
         """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass."""
         if prepared is None or prepared.prefix_version != self._prefix_version:
             prepared = self.prepare(batch, pad_to)
@@ -270,6 +272,7 @@ class GpuBackend:
             with torch.inference_mode():
                 slot.out[:r].copy_(logits[:r], non_blocking=True)
                 slot.event.record()
+            yield QUEUED  # the pipeline may queue its next forward behind this one now (core/overlap.py)
             yield from until_done(slot.event)  # the planners prepare the next batch meanwhile
             return slot.out[:r, : len(letters)].numpy().copy()
         finally:
