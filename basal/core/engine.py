@@ -8,6 +8,8 @@ All lanes of all models share one `Gate`, so one batch computes at a time, main 
 batch before it takes the gate (the device waits for no host work), and every yield of the backend is a
 checkpoint: a long pass steps aside there (`basal.core.gate`), and a pass whose clients have all gone, or that
 the server abandons at shutdown, stops there. A request whose client went away is dropped before admission.
+On an asynchronous device a lane keeps two batches in flight: it lets the gate go once a batch's device work is
+queued (`overlap.QUEUED`), packs and queues the next one behind it, and then answers the first.
 Request limits (`basal.core.limits`) are checked by counting characters before tokenizing and packed tokens
 while tokenizing, so a request over them costs little.
 """
@@ -18,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from basal.core.large_choice import is_large, prompt_count
 from basal.core.limits import DEFAULT_LIMITS, Limits
 from basal.core.memory import release_free_memory
 from basal.core.metrics import Metrics
+from basal.core.overlap import QUEUED
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item
 from basal.core.scheduler import Job, JobQueue, Policy
@@ -102,9 +105,10 @@ class Lane:
             self.cv.notify()
 
     def _loop(self) -> None:
+        in_flight: _InFlight | None = None  # the last batch, queued on the device: its answers are still to come
         while True:
             with self.cv:
-                while not len(self.queue) and not self.closing:
+                while not len(self.queue) and not self.closing and in_flight is None:
                     self.cv.wait()
                 for job in self.queue.drop_cancelled():
                     self.engine.cancelled_jobs += 1
@@ -112,18 +116,26 @@ class Lane:
                 if self.closing and (not len(self.queue) or not self.drain):
                     rest = self.queue.admit(1 << 62)
                     break
-                batch = self.queue.admit(self.engine.settings.max_batch_tokens)
-            if batch:
-                self._run(batch)
+                batch = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
+            queued = self._run(batch, in_flight) if batch else None  # packed while the last batch computes
+            if in_flight is not None:
+                self._finish(in_flight)  # unless _run finished it while it waited for the device
+            in_flight = queued
+        if in_flight is not None:
+            self._finish(in_flight)
         for job in rest:
             job.finish(EngineClosed("the server shut down before this request ran"))
 
-    def _run(self, batch: list[Job]) -> None:
+    def _run(self, batch: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
+        """Pack and run a batch. On an asynchronous device the pass pauses once its device work is queued
+        (`overlap.QUEUED`): the gate is let go and the batch is returned, to be finished after the lane has packed
+        and queued its next batch behind it. Otherwise it is answered here. `in_flight`, the lane's last batch,
+        is finished first if the device is not free at once, so its answers never wait behind another lane."""
         engine, metrics = self.engine, self.engine.metrics
         while True:  # packed without the device; packed again if a client leaves while the batch waits for it
             batch = self._drop_gone(batch)
             if not batch:
-                return
+                return None
             stats = Stats()
             tokenized = [t for job in batch for t in job.tokenized]
             try:
@@ -131,9 +143,9 @@ class Lane:
             except Exception as e:  # a bug: fail this batch, keep serving
                 log.exception("packing a batch of %d requests failed", len(batch))
                 self._fail(batch, e)
-                return
-            outcome = "ok"
-            with engine.gate.hold(self.urgent) as holder:
+                return None
+            before_wait = None if in_flight is None else (lambda f=in_flight: self._finish(f))
+            with engine.gate.hold(self.urgent, before_wait) as holder:
                 if any(job.cancelled() for job in batch):
                     continue
                 started = time.perf_counter()
@@ -142,15 +154,37 @@ class Lane:
                         job.queue_ms = (started - job.arrival) * 1000
                         metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                     job.batch_requests = len(batch)
-                try:
-                    steps = engine.pipeline.forward(tokenized, forwards, stats)
-                    logits = _drive(steps, holder, _stop_when(engine, batch))
-                except _PassStopped:
-                    outcome, logits = "stopped", None
-                except Exception as e:  # a bug or a device failure: fail this batch, keep serving
-                    log.exception("batch of %d requests failed", len(batch))
-                    outcome, logits = "error", e
+                steps = engine.pipeline.forward(tokenized, forwards, stats)
+                outcome, logits = self._drive(steps, holder, batch, pause_at_queued=True)
             break
+        if outcome == "queued":
+            return _InFlight(batch, stats, steps, started)
+        del tokenized, forwards  # a large batch's memory can go back to the system after its answers
+        self._answer(batch, stats, started, outcome, logits)
+        return None
+
+    def _finish(self, f: _InFlight) -> None:
+        """The rest of a queued batch, without the gate (its device work is in the stream): readback, answers.
+        Once only."""
+        if f.finished:
+            return
+        f.finished = True
+        outcome, logits = self._drive(f.steps, _OUTSIDE_GATE, f.batch)
+        self._answer(f.batch, f.stats, f.started, outcome, logits)
+
+    def _drive(self, steps, holder, batch: list[Job], pause_at_queued: bool = False) -> tuple[str, Any]:
+        """-> ("ok", logits), ("queued", None), ("stopped", None) or ("error", the exception)."""
+        try:
+            queued, logits = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued)
+        except _PassStopped:
+            return "stopped", None
+        except Exception as e:  # a bug or a device failure: fail this batch, keep serving
+            log.exception("batch of %d requests failed", len(batch))
+            return "error", e
+        return ("queued", None) if queued else ("ok", logits)
+
+    def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, logits: Any) -> None:
+        engine, metrics = self.engine, self.engine.metrics
         seconds = time.perf_counter() - started
         metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
         metrics.batch_requests.observe(engine.name, self.name, value=len(batch))
@@ -190,7 +224,7 @@ class Lane:
                 log.exception("answer failed")
                 job.finish(e)
         if stats.prompt_tokens * 4 > TRIM_AFTER_CHARS:
-            del logits, rows, tokenized, forwards
+            del logits, rows
             release_free_memory()
 
     def _drop_gone(self, batch: list[Job]) -> list[Job]:
@@ -207,17 +241,45 @@ class Lane:
             job.finish(error)
 
 
-def _drive(steps, holder: Holder, stop: Callable[[], bool] = lambda: False) -> list[list[np.ndarray]]:
-    """Run a pass to its end. Every yield is a checkpoint: the pass stops there if `stop()` says so, and a
-    preemptible lane offers the device back there (between layers, or inside one where the backend yields)."""
+@dataclass
+class _InFlight:
+    """A batch whose device work is queued (its pass paused at `QUEUED`); its readback and answers are to come."""
+
+    batch: list[Job]
+    stats: Stats
+    steps: Generator
+    started: float
+    finished: bool = False
+
+
+class _OutsideGate:
+    """The holder of a pass finished without the gate: there is no device to offer back."""
+
+    urgent = True
+
+    def checkpoint(self) -> bool:
+        return False
+
+
+_OUTSIDE_GATE = _OutsideGate()
+
+
+def _drive(
+    steps, holder: Holder | _OutsideGate, stop: Callable[[], bool] = lambda: False, pause_at_queued: bool = False
+) -> tuple[bool, list[list[np.ndarray]] | None]:
+    """Run a pass to its end (-> (False, result)), or with `pause_at_queued` until it yields `QUEUED`
+    (-> (True, None)). Every yield is a checkpoint: the pass stops there if `stop()` says so, and a preemptible
+    lane offers the device back there (between layers, or inside one where the backend yields)."""
     while True:
         try:
-            next(steps)
+            step = next(steps)
         except StopIteration as done:
-            return done.value
+            return False, done.value
         if stop() or (holder.checkpoint() and stop()):
             steps.close()
             raise _PassStopped()
+        if step is QUEUED and pause_at_queued:
+            return True, None
 
 
 class Engine:

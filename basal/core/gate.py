@@ -15,11 +15,13 @@ next changes, never where a pass pauses, so the bits are the same. `long_share` 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+log = logging.getLogger(__name__)
 DEFAULT_LONG_SHARE = 0.25  # README "Limits": the long lane's floor on the device time while it has work
 
 
@@ -50,8 +52,10 @@ class Gate:
             return self.long_seconds / total if total else 1.0
 
     @contextmanager
-    def hold(self, urgent: bool) -> Iterator[Holder]:
-        self._acquire(urgent)
+    def hold(self, urgent: bool, before_wait: Callable[[], None] | None = None) -> Iterator[Holder]:
+        """Hold the device. `before_wait` runs (without the gate's lock) if the device is not free at once: a lane
+        finishes its last batch there rather than keep its answers waiting behind another lane's turn."""
+        self._acquire(urgent, before_wait=before_wait)
         holder = Holder(self, urgent)
         try:
             yield holder
@@ -61,35 +65,58 @@ class Gate:
     def _in_debt(self) -> bool:
         return self._balance < 0.0
 
-    def _acquire(self, urgent: bool, resuming: bool = False) -> None:
+    def _acquire(self, urgent: bool, resuming: bool = False, before_wait: Callable[[], None] | None = None) -> None:
         with self._cv:
             if urgent:
                 self._urgent_waiting += 1
-                while (
-                    self._held
-                    or (self._owed and self._turns_since_preempt >= 1)
-                    or (self._long_waiting and self._in_debt())
-                ):
-                    self._cv.wait()
+                self._wait_while(
+                    lambda: (
+                        self._held
+                        or (self._owed and self._turns_since_preempt >= 1)
+                        or (self._long_waiting and self._in_debt())
+                    ),
+                    before_wait,
+                )
                 self._urgent_waiting -= 1
             else:
                 if not self._long_waiting:
                     self._long_waiting_since = time.perf_counter()
                 self._long_waiting += 1
                 if resuming:
-                    while self._held or (
-                        self._turns_since_preempt < 1 and self._urgent_waiting > 0 and not self._in_debt()
-                    ):
-                        self._cv.wait()
+                    self._wait_while(
+                        lambda: (
+                            self._held
+                            or (self._turns_since_preempt < 1 and self._urgent_waiting > 0 and not self._in_debt())
+                        ),
+                        before_wait,
+                    )
                     self._owed = False
                 else:
-                    while self._held or self._owed or (self._urgent_waiting > 0 and not self._in_debt()):
-                        self._cv.wait()
+                    self._wait_while(
+                        lambda: self._held or self._owed or (self._urgent_waiting > 0 and not self._in_debt()),
+                        before_wait,
+                    )
                 if self._urgent_waiting > 0 and self._in_debt():
                     self.floor_turns += 1
                 self._long_waiting -= 1
             self._held = True
             self._held_since = time.perf_counter()
+
+    def _wait_while(self, blocked: Callable[[], bool], before_wait: Callable[[], None] | None) -> None:
+        """Wait while `blocked()` (the caller holds `_cv`); the first time it would wait, run `before_wait` first,
+        with the lock released, and look again."""
+        while blocked():
+            if before_wait is None:
+                self._cv.wait()
+                continue
+            run, before_wait = before_wait, None
+            self._cv.release()
+            try:
+                run()
+            except Exception:  # its own failures are its own: the lane waiting here must still get the device
+                log.exception("work done while waiting for the device failed")
+            finally:
+                self._cv.acquire()
 
     def _release(self, urgent: bool) -> None:
         with self._cv:
