@@ -112,3 +112,15 @@ def test_basal_bench_records_how_it_computed(demo_dir, tmp_path):
     data = json.loads((tmp_path / "single.json").read_text())
     assert data["compute"]["cpu_kernels"] == cpu_kernels.kind() and data["compute"]["threads"] >= 1
     assert data["gemm_limit"]["combined_gflops"] > 0 and data["compute"]["gemm_chunks"]
+
+
+def test_lane_overlap_bench_smoke(demo_model, capsys):
+    """bench/lane_overlap.py runs both ways on its simulated device and prints a row per setting."""
+    from bench import lane_overlap
+
+    argv = ["--floor-ms", "1", "--token-us", "7.5", "--clients", "2", "--requests", "20", "--rounds", "1"]
+    argv += ["--rates", "100", "--open-shapes", "1:7.5"]
+    lane_overlap.main(argv)
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0][0].isdigit()]
+    assert len(rows) == 2 and all(float(x.rstrip("x")) > 0 for x in rows[1][3:6]), out

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
 TRIM_AFTER_CHARS = 4 << 20  # after a request this large, give freed heap memory back to the system
+IDLE_POLL_S = 50e-6  # a lane with a batch in flight and none waiting: how long it sleeps between readback polls
 
 
 class Overloaded(Exception):
@@ -110,6 +111,8 @@ class Lane:
             with self.cv:
                 while not len(self.queue) and not self.closing and in_flight is None:
                     self.cv.wait()
+                if in_flight is not None and not len(self.queue) and not self.closing:
+                    self.cv.wait(IDLE_POLL_S)  # between polls of its readback; a new job wakes the lane at once
                 for job in self.queue.drop_cancelled():
                     self.engine.cancelled_jobs += 1
                     job.finish(Cancelled())
@@ -117,10 +120,13 @@ class Lane:
                     rest = self.queue.admit(1 << 62)
                     break
                 batch = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
-            queued = self._run(batch, in_flight) if batch else None  # packed while the last batch computes
-            if in_flight is not None:
-                self._finish(in_flight)  # unless _run finished it while it waited for the device
-            in_flight = queued
+            if batch:  # packed while the last batch computes, and queued behind it
+                queued = self._run(batch, in_flight)
+                if in_flight is not None:
+                    self._finish(in_flight)  # unless _run finished it while it waited for the device
+                in_flight = queued
+            elif in_flight is not None and self._finish(in_flight, one_step=True):
+                in_flight = None  # answered; until then every step looks for a next batch to queue behind it
         if in_flight is not None:
             self._finish(in_flight)
         for job in rest:
@@ -157,31 +163,37 @@ class Lane:
                 steps = engine.pipeline.forward(tokenized, forwards, stats)
                 outcome, logits = self._drive(steps, holder, batch, pause_at_queued=True)
             break
-        if outcome == "queued":
+        if outcome == "pending":  # paused at QUEUED
             return _InFlight(batch, stats, steps, started)
         del tokenized, forwards  # a large batch's memory can go back to the system after its answers
         self._answer(batch, stats, started, outcome, logits)
         return None
 
-    def _finish(self, f: _InFlight) -> None:
-        """The rest of a queued batch, without the gate (its device work is in the stream): readback, answers.
-        Once only."""
+    def _finish(self, f: _InFlight, one_step: bool = False) -> bool:
+        """The rest of a queued batch, without the gate (its device work is in the stream): readback, answers;
+        with `one_step`, one step of it only (a poll of its readback). -> whether it is answered (once only)."""
         if f.finished:
-            return
+            return True
+        outcome, logits = self._drive(f.steps, _OUTSIDE_GATE, f.batch, one_step=one_step)
+        if outcome == "pending":
+            return False
         f.finished = True
-        outcome, logits = self._drive(f.steps, _OUTSIDE_GATE, f.batch)
         self._answer(f.batch, f.stats, f.started, outcome, logits)
+        return True
 
-    def _drive(self, steps, holder, batch: list[Job], pause_at_queued: bool = False) -> tuple[str, Any]:
-        """-> ("ok", logits), ("queued", None), ("stopped", None) or ("error", the exception)."""
+    def _drive(
+        self, steps, holder, batch: list[Job], pause_at_queued: bool = False, one_step: bool = False
+    ) -> tuple[str, Any]:
+        """-> ("ok", logits), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
+        ("error", the exception)."""
         try:
-            queued, logits = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued)
+            done, logits = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued, one_step)
         except _PassStopped:
             return "stopped", None
         except Exception as e:  # a bug or a device failure: fail this batch, keep serving
             log.exception("batch of %d requests failed", len(batch))
             return "error", e
-        return ("queued", None) if queued else ("ok", logits)
+        return ("ok", logits) if done else ("pending", None)
 
     def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, logits: Any) -> None:
         engine, metrics = self.engine, self.engine.metrics
@@ -265,21 +277,25 @@ _OUTSIDE_GATE = _OutsideGate()
 
 
 def _drive(
-    steps, holder: Holder | _OutsideGate, stop: Callable[[], bool] = lambda: False, pause_at_queued: bool = False
+    steps,
+    holder: Holder | _OutsideGate,
+    stop: Callable[[], bool] = lambda: False,
+    pause_at_queued: bool = False,
+    one_step: bool = False,
 ) -> tuple[bool, list[list[np.ndarray]] | None]:
-    """Run a pass to its end (-> (False, result)), or with `pause_at_queued` until it yields `QUEUED`
-    (-> (True, None)). Every yield is a checkpoint: the pass stops there if `stop()` says so, and a preemptible
-    lane offers the device back there (between layers, or inside one where the backend yields)."""
+    """Run a pass to its end (-> (True, result)); with `pause_at_queued` until it yields `QUEUED`, with `one_step`
+    for one step (-> (False, None) there). Every yield is a checkpoint: the pass stops there if `stop()` says so,
+    and a preemptible lane offers the device back there (between layers, or inside one where the backend yields)."""
     while True:
         try:
             step = next(steps)
         except StopIteration as done:
-            return False, done.value
+            return True, done.value
         if stop() or (holder.checkpoint() and stop()):
             steps.close()
             raise _PassStopped()
-        if step is QUEUED and pause_at_queued:
-            return True, None
+        if one_step or (step is QUEUED and pause_at_queued):
+            return False, None
 
 
 class Engine:
