@@ -160,7 +160,7 @@ class Lane:
                         job.queue_ms = (started - job.arrival) * 1000
                         metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                     job.batch_requests = len(batch)
-                steps = engine.pipeline.forward(tokenized, forwards, stats)
+                steps = engine.pipeline.forward(tokenized, forwards, stats, preemptible=not self.urgent)
                 outcome, logits = self._drive(steps, holder, batch, pause_at_queued=True)
             break
         if outcome == "pending":  # paused at QUEUED

@@ -202,10 +202,15 @@ class Pipeline:
         return forwards
 
     def forward(
-        self, tokenized: Sequence[TokenizedQuestion], forwards: Sequence[Forward], stats: Stats | None = None
+        self,
+        tokenized: Sequence[TokenizedQuestion],
+        forwards: Sequence[Forward],
+        stats: Stats | None = None,
+        preemptible: bool = False,
     ) -> Generator[None, None, list[list[np.ndarray]]]:
         """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause). On an
-        asynchronous device the next forward is queued before the last one's result is waited for (overlap.py)."""
+        asynchronous device the next forward is queued before the last one's result is waited for (overlap.py).
+        `preemptible`: the long lane's pass, which must pause between layers (the GPU path then runs no graph)."""
         t1 = time.perf_counter()
         out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
 
@@ -218,7 +223,7 @@ class Pipeline:
                 at = f.readout_of[(qi, 0)]
                 out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
 
-        yield from overlapped((self._run(f) for f in forwards), collect)
+        yield from overlapped((self._run(f, preemptible) for f in forwards), collect)
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
@@ -226,12 +231,12 @@ class Pipeline:
             stats.prompt_tokens += sum(len(p) for t in tokenized for p in t.prompts)
         return out
 
-    def _run(self, f: Forward):
+    def _run(self, f: Forward, preemptible: bool):
         """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
         if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
             return self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
-        if f.prepared is not None:
-            return self.backend.run(f.batch, prepared=f.prepared)  # type: ignore[call-arg]
+        if f.prepared is not None:  # the GPU path (it prepares): graphs, unless the pass must be able to pause
+            return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)  # type: ignore[call-arg]
         return self.backend.run(f.batch)
 
     def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:

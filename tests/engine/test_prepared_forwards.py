@@ -12,6 +12,8 @@ from basal.core.pipeline import Pipeline
 from tests.determinism.harness import Harness
 from tests.stub_backend import StubBackend
 
+DEMO = "basal-synthetic-demo"
+
 
 def uniform(prompt: str, k: int):
     return [1.0 / k] * k if k else [1.0]
@@ -22,13 +24,15 @@ class PreparingStub(StubBackend):
         super().__init__(model, uniform)
         self.prepared: list[int] = []
         self.received: list[object] = []
+        self.preemptible: list[bool] = []
 
     def prepare(self, batch):
         self.prepared.append(batch.n_tokens)
         return ("plan", batch.n_tokens)
 
-    def run(self, batch, prepared=None):
+    def run(self, batch, prepared=None, preemptible=False):
         self.received.append(prepared)
+        self.preemptible.append(preemptible)
         return (yield from super().run(batch))
 
 
@@ -56,3 +60,25 @@ def test_prepare_runs_while_packing_and_reaches_the_forward(demo_model):
     assert all(
         np.array_equal(a, b) for qa, qb in zip(with_plan, plain, strict=True) for a, b in zip(qa, qb, strict=True)
     )
+
+
+def test_the_long_lane_asks_for_a_pass_that_can_pause(demo_model):
+    """The GPU path replays graphs, which cannot pause; the long lane's passes ask for eager layers instead."""
+    import asyncio
+
+    from basal.core.engine import Engine, Engines, EngineSettings
+    from basal.core.gate import Gate
+    from basal.core.metrics import Metrics
+    from tests.engine.test_scheduling import request
+
+    backend = PreparingStub(demo_model)
+    metrics = Metrics(8)
+    settings = EngineSettings(long_tokens=400)
+    engines = Engines({DEMO: Engine(DEMO, Pipeline(demo_model, backend), Gate(), metrics, settings)}, DEMO, metrics)
+    engines.start()
+    try:
+        asyncio.run(engines.run(request(1)))  # short: the main lane
+        asyncio.run(engines.run(request(300)))  # over long_tokens: the long lane
+    finally:
+        engines.close()
+    assert backend.preemptible == [False, True]

@@ -157,3 +157,26 @@ def test_forwards_in_flight_together_keep_their_bits(weights, plain):
     assert max(busy) == 2 and list(graphed.graphs.graphs) == [(32, 4)]
     assert [results[i].tobytes() for i in range(3)] == [a.tobytes() for a in alone]
     assert len({a.tobytes() for a in alone}) == 3  # three different answers: a mix-up would show
+
+
+def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(weights, plain):
+    """The long lane's pass must pause between layers: it runs the eager layers, not the bucket's graph."""
+    graphed = backend(weights, graphs=True)
+    b = batch(LETTERS[3])
+    for _ in range(2):  # eager, then captured
+        run_to_end(graphed.run(b))
+    (graph,) = graphed.graphs.graphs.values()
+    replays = []
+    graph.run, captured = (lambda: replays.append(1) or captured()), graph.run
+    steps, yields = graphed.run(b, preemptible=True), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            logits = done.value
+            break
+        yields += 1
+    assert not replays and yields > TOY.num_hidden_layers  # a pause after every layer, then the readback
+    assert logits.tobytes() == run_to_end(plain.run(b)).tobytes()
+    run_to_end(graphed.run(b))
+    assert replays == [1]  # the main lane still replays it

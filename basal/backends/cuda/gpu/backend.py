@@ -42,7 +42,7 @@ from basal.core.tree import PackedBatch, single_prompt_batch
 
 log = logging.getLogger(__name__)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-GRAPH_MAX_TOKENS = 8192  # the arena's size: forwards up to this run as graphs, longer ones eagerly (long lane)
+GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run as graphs, longer ones eagerly
 READOUT_CAP = 1024
 
 
@@ -213,11 +213,12 @@ class GpuBackend:
         return Prepared(layout, blob, self._prefix_version)
 
     def run(
-        self, batch: PackedBatch, pad_to: int = 0, prepared: Prepared | None = None
+        self, batch: PackedBatch, pad_to: int = 0, prepared: Prepared | None = None, preemptible: bool = False
     ) -> Generator[Queued | None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
-        `prepared`: what `prepare(batch, pad_to)` returned."""
-        return (yield from self._forward(batch, pad_to=pad_to, prepared=prepared))
+        `prepared`: what `prepare(batch, pad_to)` returned. `preemptible` (the long lane): eager layers, paced, so
+        the pass can step aside between layers; a graph replay cannot pause (the same kernels, the same bits)."""
+        return (yield from self._forward(batch, pad_to=pad_to, prepared=prepared, eager=preemptible))
 
     def run_with_hidden(self, batch: PackedBatch) -> Generator[Queued | None, None, tuple[np.ndarray, np.ndarray]]:
         """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
