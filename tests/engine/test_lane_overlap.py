@@ -14,7 +14,7 @@ import pytest
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.core.compute import run_to_end
-from basal.core.engine import Cancelled, Engine, Engines, EngineSettings
+from basal.core.engine import Cancelled, Engine, EngineClosed, Engines, EngineSettings
 from basal.core.gate import Gate
 from basal.core.metrics import Metrics
 from basal.core.overlap import QUEUED
@@ -228,3 +228,25 @@ def test_before_wait_runs_only_when_the_device_is_busy():
     other.give_back()
     waiter.join(WAIT_S)
     assert got.is_set() and ran == ["busy"]  # once, then the lane had the device
+
+
+@pytest.mark.parametrize("abandon", [False, True])
+def test_shutdown_with_a_batch_in_flight(served, abandon):
+    """Draining answers the batch in flight once its readback lands; abandoning stops it there (503)."""
+    engines, device = served
+
+    async def main():
+        first = asyncio.create_task(engines.run(request(5, 1, tag="a")))
+        await until(lambda: device.launched == 1)
+        closing = asyncio.create_task(asyncio.to_thread(engines.close, drain=not abandon, abandon=abandon))
+        await asyncio.sleep(0.05)
+        device.complete(1)
+        await asyncio.wait_for(closing, WAIT_S)
+        return await asyncio.wait_for(first, WAIT_S)
+
+    if abandon:
+        with pytest.raises(EngineClosed):
+            asyncio.run(main())
+        assert "read 1" not in device.log
+    else:
+        assert answers(asyncio.run(main())) and device.log == ["launch 1", "read 1"]
