@@ -330,9 +330,25 @@ def overlap_check(be, batch, reference, device, dry: bool) -> dict:
     }
 
 
+def interleave_check(be, single, batched, single_ref, batched_ref) -> bool:
+    """The engine's hardest case on the device, in one thread: a long-lane pass (eager, paced) paused between
+    layers while main-lane passes replay their graph with two in flight; every result keeps its alone bits."""
+    from basal.core.compute import run_to_end
+    from basal.core.overlap import overlapped
+
+    long = be.run(batched, preemptible=True)
+    next(long)  # its first layer queued: it pauses there, as the long lane steps aside
+    results = {}
+    run_to_end(overlapped((be.run(single) for _ in range(3)), results.__setitem__))
+    resumed = run_to_end(long)
+    same_single = all(r.tobytes() == single_ref.tobytes() for r in results.values())
+    return resumed.tobytes() == batched_ref.tobytes() and same_single
+
+
 def model_checks(size: str, device, dry: bool) -> dict:
-    """Bitwise: eager = graph = replay = a larger bucket = in a 16-question batch = the eager evidence pass; every
-    logit finite; then single-decision latency and decisions/s at 2k and 4k tokens per forward."""
+    """Bitwise: eager = graph = replay = a larger bucket = in a 16-question batch = the eager evidence pass = two in
+    flight = beside a paused long-lane pass; every logit finite; then single-decision latency and decisions/s at 2k
+    and 4k tokens per forward."""
     import numpy as np
 
     from basal.core.compute import run_to_end
@@ -378,6 +394,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
     ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
     overlap = overlap_check(be, fwd.batch, eager, device, dry)
     same["=overlapped"] = overlap.pop("bitwise")
+    same["=interleaved"] = interleave_check(be, fwd.batch, batched.batch, eager, in_batch)
     throughput = {}
     for target in (64,) if dry else THROUGHPUT_TOKENS:
         n = max(2, target // (state_len + 12))  # each question: its state and two 6-token option tails
