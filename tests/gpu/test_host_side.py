@@ -4,6 +4,7 @@ staging slots, the graph policy and the GEMM engine table (docs/gpu-path.md §8.
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -181,3 +182,15 @@ def test_warm_up_buckets_are_real_buckets_and_fit_the_graph_cache():
     assert len(pairs) == 37 <= MAX_GRAPHS  # the LRU never evicts a warmed graph before a request uses it
     assert all(token_bucket(t) == t and readout_bucket(r) == r and r * 8 <= t for t, r in pairs)
     assert (32, 4) in pairs and (2048, 64) in pairs and (64, 16) not in pairs
+
+
+def test_engine_table_keeps_the_fused_epilogues():
+    table = _table({"tri": (True, 0.03)})
+    table.shapes[0].fused, table.shapes[0].fused_detail = "swiglu", "4 row counts x 3 anchors equal"
+    loaded = et.EngineTable.from_json(table.to_json())
+    assert loaded.fused(64, 128) == "swiglu" and loaded.fused(1, 2) == ""
+    assert "fused swiglu" in "\n".join(et.describe(loaded, "current"))
+    old = json.loads(table.to_json())
+    for s in old["shapes"]:
+        del s["fused"], s["fused_detail"]
+    assert et.EngineTable.from_json(json.dumps(old)).fused(64, 128) == ""  # a table from before: nothing fused

@@ -47,12 +47,25 @@ def _check(case):
     return usage
 
 
+def _fused_gemms():
+    """(tiles, epilogue) of every fused GEMM the models ship: SwiGLU on gate_up, the residual add on o and down."""
+    from basal.backends.cuda.gpu.kernel_configs import epilogue_tiles
+
+    cases = set()
+    for h, f, q, _kv in SHAPES.values():
+        cases.add((epilogue_tiles(2 * f, h, "swiglu"), "swiglu"))
+        cases |= {(epilogue_tiles(h, q * 128, "residual"), "residual"), (epilogue_tiles(h, f, "residual"), "residual")}
+    return sorted(cases, key=lambda c: (c[0].name, c[1]))
+
+
 def test_shipped_gemm_configs_compile_for_sm90_without_spills():
     from basal.backends.cuda.gpu import sm90_compile as sc
 
     for tiles in _shipped_gemms():
         usage = _check(sc.gemm_case(tiles))
         assert usage.wgmma  # every shipped config has BM 64: warpgroup MMA
+    for tiles, epilogue in _fused_gemms():  # the SwiGLU epilogue's second accumulator must not spill either
+        assert _check(sc.gemm_case(tiles, epilogue=epilogue)).wgmma
 
 
 def test_each_other_kernel_compiles_for_sm90():

@@ -62,3 +62,56 @@ def test_negative_control_split_k_chosen_by_m():
     w = torch.randn(16, 256, generator=g)
     x = torch.randn(260, 256, generator=g)
     assert len(_anchor_bits(lambda r: linear(r, w, split_k=2 if r.shape[0] < 64 else 1), x[1:], x[0])) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_fused_epilogues_keep_the_bits_of_the_separate_kernels(dtype):
+    """`residual` = the GEMM then the norm kernel's add; `swiglu` = the [gate; up] GEMM then the SwiGLU kernel;
+    both bitwise, and the fused rows are as invariant over M as the plain GEMM's."""
+    from basal.backends.cuda.gpu import triton_rowwise as rows
+
+    g = torch.Generator().manual_seed(4)
+    xs = torch.randn(260, 96, generator=g).to(dtype)
+    x = xs[:130]
+    w = (torch.randn(48, 96, generator=g) * 0.2).to(dtype)  # [gate; up] of F = 24, or a plain [48, 96]
+    h = torch.randn(130, 48, generator=g).to(dtype)
+    added = h.clone()
+    rows.rmsnorm(added, torch.ones(48, dtype=dtype), 1e-5, torch.empty_like(h), linear(x, w))  # h += y in place
+    in_place = h.clone()
+    linear(x, w, out=in_place, epilogue="residual", residual=in_place)
+    assert _bits(in_place) == _bits(added)
+    separate = torch.empty(130, 24, dtype=dtype)
+    rows.swiglu(linear(x, w), separate)
+    assert _bits(linear(x, w, epilogue="swiglu")) == _bits(separate)
+    assert len(_anchor_bits(lambda r: linear(r, w, epilogue="swiglu"), xs[1:], xs[0])) == 1
+
+
+def test_fused_epilogue_arguments_are_checked():
+    w, x = torch.zeros(16, 64), torch.zeros(4, 64)
+    with pytest.raises(ValueError, match="residual"):
+        linear(x, w, epilogue="residual")
+    with pytest.raises(ValueError, match="residual"):
+        linear(x, w, residual=torch.zeros(4, 16))
+    with pytest.raises(ValueError, match="contiguous"):
+        linear(x, w, epilogue="residual", residual=torch.zeros(4, 8))
+
+
+def test_the_probe_fuses_a_shape_only_when_its_fused_kernel_is_invariant(monkeypatch):
+    from basal.backends.cuda.gpu import engine_table as et
+
+    def table():
+        return et.probe(
+            [(48, 256), (24, 256)], torch.float32, torch.device("cpu"), [1, 3, 17, 40], {"gpu": "cpu"}, ("tri",),
+            timing_rows=None, epilogues={(48, 256): "swiglu", (24, 256): "residual"},
+        )  # fmt: skip
+
+    probed = table()
+    assert probed.fused(48, 256) == "swiglu" and probed.fused(24, 256) == "residual"
+
+    def by_m(epilogue):  # negative control: a "fused" kernel whose arithmetic depends on M
+        return lambda x, w, out: linear(x, w, split_k=2 if x.shape[0] < 8 else 1)
+
+    monkeypatch.setattr(et, "fused_engine", by_m)
+    refused = table()
+    assert refused.fused(48, 256) == "" and "differs" in refused.shapes[0].fused_detail
+    assert refused.shapes[0].engine == "tri"  # the plain GEMM still serves the shape, with separate kernels

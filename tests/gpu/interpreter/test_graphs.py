@@ -102,14 +102,19 @@ def test_a_prepared_forward_has_the_bits_of_an_unprepared_one(plain, eager, monk
     assert planned == [1]  # planned again, not trusted
 
 
-def test_an_eager_pass_paused_between_layers_keeps_its_own_metadata():
-    """A pass paused after its first layer while another pass at the same bucket runs (the long lane steps aside)
-    must read its own tile plan and positions in its later layers: eager passes do not share the bucket's blob;
-    and a pass with a larger metadata blob meanwhile must not wait for the paused pass's staging slot."""
-    two_layers = GpuBackend(
+@pytest.fixture(scope="module")
+def two_layers():
+    """Two layers, no graphs: a down projection feeds the next layer's norm, and the last one the head's."""
+    return GpuBackend(
         None, "f16", CPU, weights=DeviceWeights.random(replace(TOY, num_hidden_layers=2), torch.float16, CPU),
         arena_tokens=32, graphs=False,
     )  # fmt: skip
+
+
+def test_an_eager_pass_paused_between_layers_keeps_its_own_metadata(two_layers):
+    """A pass paused after its first layer while another pass at the same bucket runs (the long lane steps aside)
+    must read its own tile plan and positions in its later layers: eager passes do not share the bucket's blob;
+    and a pass with a larger metadata blob meanwhile must not wait for the paused pass's staging slot."""
     alone = run_to_end(two_layers.run(batch(LETTERS[3])))
     steps = two_layers.run(batch(LETTERS[3]))
     next(steps)  # the first layer is done: paused
@@ -138,12 +143,12 @@ class LaggingEvent(DoneEvent):
         self.polls = 2
 
 
-def test_forwards_in_flight_together_keep_their_bits(weights, plain):
+def test_forwards_in_flight_together_keep_their_bits(graphed, plain, monkeypatch):
     """Three forwards at one bucket through `overlapped`, as the pipeline runs a batch: each is queued while the
     one before waits for its readback (two staging slots out at once), through the eager pass, the capture and the
     replay; each gives the bits it gives alone."""
-    graphed = backend(weights, graphs=True)
-    graphed.slots = StagingSlots(graphed._host_buffers, LaggingEvent)
+    graphed.graphs.clear()
+    monkeypatch.setattr(graphed, "slots", StagingSlots(graphed._host_buffers, LaggingEvent))
     batches = [batch(LETTERS[3], seed=s) for s in (1, 2, 3)]
     alone = [run_to_end(plain.run(b)) for b in batches]
     results, busy = {}, []
@@ -159,9 +164,9 @@ def test_forwards_in_flight_together_keep_their_bits(weights, plain):
     assert len({a.tobytes() for a in alone}) == 3  # three different answers: a mix-up would show
 
 
-def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(weights, plain):
+def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(graphed, plain):
     """The long lane's pass must pause between layers: it runs the eager layers, not the bucket's graph."""
-    graphed = backend(weights, graphs=True)
+    graphed.graphs.clear()
     b = batch(LETTERS[3])
     for _ in range(2):  # eager, then captured
         run_to_end(graphed.run(b))
@@ -180,3 +185,16 @@ def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(weights,
     assert logits.tobytes() == run_to_end(plain.run(b)).tobytes()
     run_to_end(graphed.run(b))
     assert replays == [1]  # the main lane still replays it
+
+
+def test_fused_epilogues_give_the_bits_of_separate_kernels(two_layers, monkeypatch):
+    """The `tri` GEMMs with the residual add and SwiGLU fused give every logit and evidence row of the separate
+    kernels, over two layers (a fused down projection feeds the next layer's norm, the last one the head's)."""
+    be = two_layers
+    assert set(be.describe()["fused_epilogues"].values()) == {"residual", "swiglu"}
+    b = batch(LETTERS[5], seed=7)
+    fused = run_to_end(be.run(b)), run_to_end(be.run_with_hidden(b))
+    monkeypatch.setattr(be.net, "_fuses_shape", lambda n, k: False)  # the same backend, separate kernels
+    separate = run_to_end(be.run(b)), run_to_end(be.run_with_hidden(b))
+    assert fused[0].tobytes() == separate[0].tobytes()
+    assert all(a.tobytes() == c.tobytes() for a, c in zip(fused[1], separate[1], strict=True))

@@ -69,15 +69,17 @@ class GpuBackend:
         progress: bool = True,
         weights: DeviceWeights | None = None,
         capture=None,
+        fuse_epilogues: bool = True,
     ):
         """`weights`: already on the device (gpu_check.py's synthetic shapes); otherwise loaded from `model`.
-        `capture`: how a graph is made (tests on the CPU: graphs.rerun_capture); CUDA graphs by default."""
+        `capture`: how a graph is made (tests on the CPU: graphs.rerun_capture); CUDA graphs by default.
+        `fuse_epilogues`: the `tri` GEMMs carry the residual add and SwiGLU (same bits; off: separate kernels)."""
         self.model, self.dtype, self.device = model, dtype, str(device)
         self.dev = device
         self.weights = weights or DeviceWeights(model, TORCH_DTYPE[dtype], device, progress)
-        self.table = self._probe_engines(arena_tokens)
+        self.table = self._probe_engines(arena_tokens, fuse_epilogues)
         att = ATTENTION["f32" if dtype == "f32" else attention]
-        self.net = GpuLlama(self.weights, self._engine_for, att)
+        self.net = GpuLlama(self.weights, self._engine_for, att, lambda n, k: bool(self.table.fused(n, k)))
         self.arena_tokens = arena_tokens
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.arena = self.net.allocate(arena_tokens, READOUT_CAP) if self.use_graphs else None
@@ -111,6 +113,7 @@ class GpuBackend:
             "path": "gpu (Triton kernels, probed GEMM engines)",
             **{k: env[k] for k in ("gpu", "torch", "cuda", "triton", "driver")},
             "gemm_engines": {f"{s.n}x{s.k}": s.engine for s in self.table.shapes},
+            "fused_epilogues": {f"{s.n}x{s.k}": s.fused for s in self.table.shapes if s.fused},
             "attention": self.net.att.precision,
             "cuda_graphs": f"{len(self.graphs.graphs)} captured" if self.use_graphs else "off",
             "weights_load_s": round(self.weights.load_seconds, 2),
@@ -122,12 +125,18 @@ class GpuBackend:
         lw = self.weights.layers[0]
         return [tuple(w.shape) for w in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
 
-    def _probe_engines(self, arena_tokens: int) -> et.EngineTable:
+    def _epilogues(self) -> dict[tuple[int, int], str]:
+        """The epilogue each weight shape's `tri` GEMM would carry: o and down the residual add, gate_up SwiGLU."""
+        lw = self.weights.layers[0]
+        return {tuple(lw.o_proj.shape): "residual", tuple(lw.down.shape): "residual", tuple(lw.gate_up.shape): "swiglu"}
+
+    def _probe_engines(self, arena_tokens: int, fuse_epilogues: bool) -> et.EngineTable:
         started = time.perf_counter()
         engines = et.PREFERENCE if self.dev.type == "cuda" else ("tri",)  # the interpreter runs only Triton
         counts = probed_row_counts(max(arena_tokens, LT_CHUNK) if self.dev.type == "cuda" else arena_tokens)
         key = et.table_key(versions(self.dev), self.dtype)
-        table = et.probe(self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines)
+        epilogues = self._epilogues() if fuse_epilogues else {}
+        table = et.probe(self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines, epilogues=epilogues)
         if self.dev.type == "cuda":
             table.save(et.table_path(self.dtype))
         log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])

@@ -32,6 +32,21 @@ def tri_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Ten
     return linear(x, w, out)
 
 
+def fused_engine(epilogue: str) -> Engine:
+    """The `tri` GEMM with a fused epilogue, as an engine the probe runs: SwiGLU returns [M, N/2]; the residual
+    add adds a constant row (elementwise, so a row's residual moves with the row)."""
+
+    def run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        from basal.backends.cuda.gpu.triton_gemm import linear
+
+        if epilogue == "swiglu":
+            return linear(x, w, epilogue="swiglu")
+        residual = torch.full((x.shape[0], w.shape[0]), 0.5, dtype=x.dtype, device=x.device)
+        return linear(x, w, out=residual, epilogue="residual", residual=residual)
+
+    return run
+
+
 ENGINES: dict[str, Engine] = {"lt": lt_linear, "tri": tri_linear}
 PREFERENCE = ("lt", "tri")  # on equal standing (no timing), the library first
 
@@ -49,6 +64,8 @@ class ShapeEntry:
     k: int
     engine: str
     candidates: dict[str, Candidate] = field(default_factory=dict)
+    fused: str = ""  # the epilogue this shape's `tri` GEMM carries, once probed invariant ("" none)
+    fused_detail: str = ""
 
 
 @dataclass
@@ -63,6 +80,9 @@ class EngineTable:
                 return s.engine
         raise KeyError(f"GEMM shape {n}x{k} was not probed")
 
+    def fused(self, n: int, k: int) -> str:
+        return next((s.fused for s in self.shapes if (s.n, s.k) == (n, k)), "")
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
 
@@ -70,7 +90,14 @@ class EngineTable:
     def from_json(cls, text: str) -> EngineTable:
         raw = json.loads(text)
         shapes = [
-            ShapeEntry(s["n"], s["k"], s["engine"], {n: Candidate(**c) for n, c in s["candidates"].items()})
+            ShapeEntry(
+                s["n"],
+                s["k"],
+                s["engine"],
+                {n: Candidate(**c) for n, c in s["candidates"].items()},
+                s.get("fused", ""),
+                s.get("fused_detail", ""),
+            )
             for s in raw["shapes"]
         ]
         return cls(raw["key"], raw["row_counts"], shapes)
@@ -177,8 +204,11 @@ def probe(
     key: dict[str, str],
     engines: Sequence[str] = PREFERENCE,
     timing_rows: int | None = 128,
+    epilogues: dict[tuple[int, int], str] | None = None,
 ) -> EngineTable:
-    """Probe every candidate engine on every (N, K) with seeded random data (never zeros)."""
+    """Probe every candidate engine on every (N, K) with seeded random data (never zeros). `epilogues`: the
+    fused epilogue a shape would carry on `tri`; where `tri` wins, the fused kernel is probed too, and the shape
+    fuses only if it passes (otherwise its separate kernels run)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     entries = []
     m_max = max(row_counts)
@@ -190,7 +220,12 @@ def probe(
             ok, detail = probe_engine(ENGINES[name], x, w, row_counts)
             ms = time_engine(ENGINES[name], x, w, min(timing_rows, m_max)) if ok and timing_rows else None
             candidates[name] = Candidate(ok, ms, detail)
-        entries.append(ShapeEntry(n, k, choose(candidates), candidates))
+        entry = ShapeEntry(n, k, choose(candidates), candidates)
+        epilogue = (epilogues or {}).get((n, k), "")
+        if epilogue and entry.engine == "tri":
+            ok, entry.fused_detail = probe_engine(fused_engine(epilogue), x, w, row_counts)
+            entry.fused = epilogue if ok else ""
+        entries.append(entry)
     return EngineTable(key, list(row_counts), entries)
 
 
@@ -204,5 +239,6 @@ def describe(table: EngineTable | None, why: str) -> list[str]:
             f"{n} {'invariant' if c.invariant else 'NOT invariant'}" + (f" {c.ms:.3f} ms" if c.ms is not None else "")
             for n, c in s.candidates.items()
         )
-        lines.append(f"    {s.n:>6} x {s.k:<6} -> {s.engine:<4} ({measured})")
+        fused = f"; fused {s.fused}" if s.fused else (f"; not fused: {s.fused_detail}" if s.fused_detail else "")
+        lines.append(f"    {s.n:>6} x {s.k:<6} -> {s.engine:<4} ({measured}{fused})")
     return lines

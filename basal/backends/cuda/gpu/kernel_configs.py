@@ -14,6 +14,7 @@ from dataclasses import dataclass
 BK = 64  # GEMM K step, everywhere (R1)
 READOUT_LETTERS = 16  # letter logits per readout row, padded with a mask
 READOUT_CHUNK = 512  # hidden elements per step of the letter readout
+EPILOGUES = {"none": 0, "residual": 1, "swiglu": 2}  # the `tri` GEMM's fused epilogues (triton_gemm.py)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,16 @@ def gemm_tiles(n: int, k: int) -> GemmTiles:
     if n <= 1536 and k in (1536, 8960):  # mini o and down: BN 16 keeps >= 96 CTAs
         return GemmTiles(64, 16, 4, 5)
     return GemmTiles(64, 32, 4, 5)
+
+
+def epilogue_tiles(n: int, k: int, epilogue: str) -> GemmTiles:
+    """The configuration of weight shape [N, K] with a fused epilogue. SwiGLU carries a second accumulator, so it
+    runs twice the warps over the same tile (64x64 with 4 warps spills 392 B on sm_90, with 8 none:
+    tests/gpu/test_sm90_compile.py); the residual add needs no more registers than the plain GEMM."""
+    tiles = gemm_tiles(n, k)
+    if epilogue == "swiglu":
+        return GemmTiles(tiles.bm, tiles.bn, 2 * tiles.warps, tiles.stages, tiles.bk)
+    return tiles
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from basal.backends.cuda.gpu import triton_attention as attn_kernels
+from basal.backends.cuda.gpu import triton_gemm as tri
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS, AttentionConfig
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
@@ -74,8 +75,17 @@ class Buffers:
 class GpuLlama:
     """The forward pass over device buffers. `linear_for(n, k)` gives the probed GEMM engine of a weight shape."""
 
-    def __init__(self, weights: DeviceWeights, linear_for: Callable[[int, int], Linear], attention: AttentionConfig):
+    def __init__(
+        self,
+        weights: DeviceWeights,
+        linear_for: Callable[[int, int], Linear],
+        attention: AttentionConfig,
+        fuses: Callable[[int, int], bool] = lambda n, k: False,
+    ):
+        """`fuses(n, k)`: whether the GEMM of weight shape [n, k] carries its epilogue (the `tri` engine does:
+        the residual add of o and down, SwiGLU for gate_up), with the bits of the separate kernels."""
         self.w, self.cfg, self.att = weights, weights.cfg, attention
+        self._fuses_shape = fuses
         self.att_dtype = torch.float32 if attention.precision == "f32" else weights.dtype
         cos, sin = rope_tables(self.cfg.max_position_embeddings, self.cfg.head_dim, self.cfg.rope_theta)
         self.cos, self.sin = cos.to(weights.device), sin.to(weights.device)
@@ -91,14 +101,37 @@ class GpuLlama:
     def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return self._linear_for(w.shape[0], w.shape[1])(x, w, out)
 
+    def fuses(self, w: torch.Tensor) -> bool:
+        return self._fuses_shape(w.shape[0], w.shape[1])
+
+    def add_linear(self, x: torch.Tensor, w: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """h += x · wᵀ in the GEMM's epilogue where it fuses; otherwise the product goes to y, returned for the
+        next norm to add (the same rounding either way)."""
+        if self.fuses(w):
+            tri.linear(x, w, out=h, epilogue="residual", residual=h)
+            return None
+        return self.linear(x, w, y)
+
+    def gate_up_swiglu(self, x: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor) -> None:
+        """act = silu(x · gateᵀ) · (x · upᵀ), fused into the GEMM where it can be (gate_up is then never written)."""
+        if self.fuses(w):
+            tri.linear(x, w, out=act, epilogue="swiglu")
+        else:
+            rows.swiglu(self.linear(x, w, gate_up), act)
+
+    def _pending(self, layer: int, y: torch.Tensor) -> torch.Tensor | None:
+        """What the next norm still adds after `layer`: its down projection's output, unless the GEMM added it."""
+        return None if layer < 0 or self.fuses(self.w.layers[layer].down) else y
+
     def allocate(self, tokens: int, readouts: int) -> Buffers:
         return Buffers.allocate(self.cfg, tokens, readouts, self.w.dtype, self.att_dtype, self.w.device)
 
     def layer(self, i: int, b: Buffers, meta: dict[str, torch.Tensor], last: bool, on_kv=None) -> None:
-        """One decoder layer. The residual add of the previous layer's down projection happens in the first norm."""
+        """One decoder layer. The residual adds happen in the o and down GEMMs where they fuse, else in the next
+        norm (the previous layer's down projection in the first one)."""
         cfg, lw = self.cfg, self.w.layers[i]
         eps = cfg.rms_norm_eps
-        rows.rmsnorm(b.h, lw.input_norm, eps, b.x, b.y if i > 0 else None)
+        rows.rmsnorm(b.h, lw.input_norm, eps, b.x, self._pending(i - 1, b.y))
         self.linear(b.x, lw.qkv, b.qkv)
         rows.rope_kv(b.qkv, meta["positions"], self.cos, self.sin, b.q, b.k, b.v)
         if on_kv is not None:
@@ -111,18 +144,19 @@ class GpuLlama:
         if last:  # queries, MLP and head only at the readouts
             torch.index_select(attn, 0, meta["readouts"], out=b.attn_r)
             torch.index_select(b.h, 0, meta["readouts"], out=b.hr)
-            rows.rmsnorm(b.hr, lw.post_norm, eps, b.xr, self.linear(b.attn_r, lw.o_proj, b.yr))
-            rows.swiglu(self.linear(b.xr, lw.gate_up, b.gate_up_r), b.act_r)
-            self.linear(b.act_r, lw.down, b.yr)
+            rows.rmsnorm(b.hr, lw.post_norm, eps, b.xr, self.add_linear(b.attn_r, lw.o_proj, b.hr, b.yr))
+            self.gate_up_swiglu(b.xr, lw.gate_up, b.gate_up_r, b.act_r)
+            self.add_linear(b.act_r, lw.down, b.hr, b.yr)
         else:
-            rows.rmsnorm(b.h, lw.post_norm, eps, b.x, self.linear(attn, lw.o_proj, b.y))
-            rows.swiglu(self.linear(b.x, lw.gate_up, b.gate_up), b.act)
-            self.linear(b.act, lw.down, b.y)
+            rows.rmsnorm(b.h, lw.post_norm, eps, b.x, self.add_linear(attn, lw.o_proj, b.h, b.y))
+            self.gate_up_swiglu(b.x, lw.gate_up, b.gate_up, b.act)
+            self.add_linear(b.act, lw.down, b.h, b.y)
 
     def head(self, b: Buffers) -> torch.Tensor:
         """All 16 readout columns from `b.letters`: rows past a forward's letters are zero, so their columns are 0
         and the letters' columns have the bits of a narrower readout; a graph then serves every letter set."""
-        rows.rmsnorm(b.hr, self.w.norm, self.cfg.rms_norm_eps, b.xr, b.yr)
+        last_down = self._pending(self.cfg.num_hidden_layers - 1, b.yr)
+        rows.rmsnorm(b.hr, self.w.norm, self.cfg.rms_norm_eps, b.xr, last_down)
         return rows.letter_readout(b.xr, b.letters, READOUT_LETTERS, b.logits)
 
     def forward(self, b: Buffers, meta: dict[str, torch.Tensor], on_kv=None) -> Generator[None, None, torch.Tensor]:

@@ -41,10 +41,15 @@ def _sig(names: str, types: str) -> tuple[tuple[str, str], ...]:
     return tuple(zip(names.split(), types.split(), strict=True))
 
 
-def gemm_case(tiles, dtype: str = "fp16") -> Case:
-    sig = _sig("x_ptr w_ptr y_ptr M N K stride_xm stride_wn stride_ym", f"*{dtype} *{dtype} *{dtype} " + "i32 " * 6)
+def gemm_case(tiles, dtype: str = "fp16", epilogue: str = "none") -> Case:
+    from basal.backends.cuda.gpu.kernel_configs import EPILOGUES
+
+    names = "x_ptr w_ptr y_ptr r_ptr M N K stride_xm stride_wn stride_ym stride_rm"
+    sig = _sig(names, f"*{dtype} " * 4 + "i32 " * 7)
     consts = (("BM", tiles.bm), ("BN", tiles.bn), ("BK", tiles.bk), ("SPLIT_K", 1), ("PRECISION", "ieee"))
-    return Case("gemm", tiles.name, sig, consts, tiles.warps, tiles.stages)
+    consts += (("EPILOGUE", EPILOGUES[epilogue]),)
+    label = tiles.name if epilogue == "none" else f"{tiles.name}+{epilogue}"
+    return Case("gemm", label, sig, consts, tiles.warps, tiles.stages)
 
 
 def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128) -> Case:

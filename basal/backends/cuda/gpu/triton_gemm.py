@@ -4,6 +4,12 @@ One program owns a BM×BN output tile and walks K in ascending steps of BK into 
 to the output dtype: an element's value depends only on its row of x and on W — not on M, on the row's offset or
 on other rows. No split-K, no atomics; `M` is never specialised on (one compiled variant for every row count),
 and loads carry masks instead of alignment hints.
+
+Two fused epilogues (docs/gpu-path.md §3.3), with the rounding points of the separate kernels they replace, so a
+fused forward has the bits of an unfused one: `residual` adds the rounded product to a residual row
+(`out = round(r + round(acc))`, the norm kernel's add), and `swiglu` runs a second accumulator over the up rows
+of a fused [gate; up] weight with the same K loop and writes `round(round(silu(round(gate))) · round(up))`, so the
+[M, 2F] gate/up activation is never written.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from basal.backends.cuda.gpu.kernel_configs import GemmTiles, gemm_tiles
+from basal.backends.cuda.gpu.kernel_configs import EPILOGUES, GemmTiles, epilogue_tiles
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -20,17 +26,20 @@ def gemm_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
+    r_ptr,  # the residual rows (EPILOGUE 1; may be y itself), else unused
     M,
-    N,
+    N,  # output columns; with EPILOGUE 2 the up rows of W start at row N
     K,
     stride_xm,
     stride_wn,
     stride_ym,
+    stride_rm,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT_K: tl.constexpr,  # 1 on every shipped path; 2 only for the negative control
     PRECISION: tl.constexpr,
+    EPILOGUE: tl.constexpr,  # 0 none, 1 + residual, 2 SwiGLU (EPILOGUES)
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -39,10 +48,12 @@ def gemm_kernel(
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_odd = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         k = k0 + rk
         a = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
-        b = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None], mask=(rn[None, :] < N) & (k[:, None] < K), other=0.0)
+        w_mask = (rn[None, :] < N) & (k[:, None] < K)
+        b = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None], mask=w_mask, other=0.0)
         if SPLIT_K == 2:  # odd K steps go to a second accumulator: a different summation order
             if (k0 // BK) % 2 == 1:
                 acc_odd = tl.dot(a, b, acc_odd, input_precision=PRECISION)
@@ -50,10 +61,23 @@ def gemm_kernel(
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if EPILOGUE == 2:  # the up rows, the same loads and dots as the plain GEMM would do for them
+            b_up = tl.load(w_ptr + (rn[None, :] + N) * stride_wn + k[:, None], mask=w_mask, other=0.0)
+            acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
     if SPLIT_K == 2:
         acc = acc + acc_odd
     mask = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    out_ty = y_ptr.dtype.element_ty
+    if EPILOGUE == 1:
+        r = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+        out = (r.to(tl.float32) + acc.to(out_ty).to(tl.float32)).to(out_ty)
+    elif EPILOGUE == 2:
+        g = acc.to(out_ty).to(tl.float32)
+        silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(out_ty).to(tl.float32)
+        out = (silu * acc_up.to(out_ty).to(tl.float32)).to(out_ty)
+    else:
+        out = acc.to(out_ty)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=mask)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -62,32 +86,48 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, tiles: GemmTiles | None = None, split_k: int = 1
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None = None,
+    tiles: GemmTiles | None = None,
+    split_k: int = 1,
+    epilogue: str = "none",
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] · w [N, K]ᵀ -> [M, N] in x's dtype. `tiles` defaults to the shape's shipped configuration."""
+    """x [M, K] · w [N, K]ᵀ -> [M, N] in x's dtype. `tiles` defaults to the shape's shipped configuration.
+    `epilogue`: "residual" returns residual + that ([M, N]; `out` may be `residual`, updated in place), "swiglu"
+    reads w as [gate; up] ([2F, K]) and returns silu(gate) · up ([M, F]); both keep the unfused bits."""
     m, k = x.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
     if w.shape[1] != k or x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"linear: x {tuple(x.shape)} and w {tuple(w.shape)} need matching, contiguous K")
-    tiles = tiles or gemm_tiles(n, k)
+    if (epilogue == "residual") != (residual is not None):
+        raise ValueError("linear: a residual is given exactly with the residual epilogue")
+    if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):
+        raise ValueError(f"linear: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
+    tiles = tiles or epilogue_tiles(w.shape[0], k, epilogue)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    r = out if residual is None else residual
     grid = (triton.cdiv(m, tiles.bm), triton.cdiv(n, tiles.bn))
     gemm_kernel[grid](
         x,
         w,
         out,
+        r,
         m,
         n,
         k,
         x.stride(0),
         w.stride(0),
         out.stride(0),
+        r.stride(0),
         BM=tiles.bm,
         BN=tiles.bn,
         BK=tiles.bk,
         SPLIT_K=split_k,
         PRECISION=dot_precision(x.dtype),
+        EPILOGUE=EPILOGUES[epilogue],
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )
