@@ -310,16 +310,17 @@ def overlap_check(be, batch, reference, device, dry: bool) -> dict:
     from basal.core.overlap import overlapped
 
     k, results = (2 if dry else 8), {}
+    k_sequential = 1 if dry else k  # the dry run times one (its ratio means nothing there)
 
     def one_by_one():
-        for _ in range(1 if dry else k):  # the dry run times one (its ratio means nothing there)
+        for _ in range(k_sequential):
             run_to_end(be.run(batch))
 
     def in_flight():
         run_to_end(overlapped((be.run(batch) for _ in range(k)), results.__setitem__))
 
     repeats = 1 if dry else 5
-    sequential = statistics.median(cuda_timer(one_by_one, repeats, device)) / (1 if dry else k)
+    sequential = statistics.median(cuda_timer(one_by_one, repeats, device)) / k_sequential
     overlapping = statistics.median(cuda_timer(in_flight, repeats, device)) / k
     return {
         "forwards": k,
@@ -401,6 +402,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         throughput[str(target)] = timed_decisions(
             be, questions(n, rng, prefix, state_len, vocab), prefix, letters, device, dry
         )
+    described = be.describe()
     out = {
         "bitwise": same,
         "single_tokens": int(fwd.batch.n_tokens),
@@ -408,8 +410,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
         "throughput": throughput,
         "overlap": overlap,
-        "engines": {f"{s.n}x{s.k}": s.engine for s in be.table.shapes},
-        "fused_epilogues": {f"{s.n}x{s.k}": s.fused for s in be.table.shapes if s.fused},
+        "engines": described["gemm_engines"],
+        "fused_epilogues": described["fused_epilogues"],
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
         "graphs": len(be.graphs.graphs),

@@ -267,8 +267,6 @@ class _InFlight:
 class _OutsideGate:
     """The holder of a pass finished without the gate: there is no device to offer back."""
 
-    urgent = True
-
     def checkpoint(self) -> bool:
         return False
 

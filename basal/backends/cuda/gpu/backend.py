@@ -127,8 +127,8 @@ class GpuBackend:
 
     def _epilogues(self) -> dict[tuple[int, int], str]:
         """The epilogue each weight shape's `tri` GEMM would carry: o and down the residual add, gate_up SwiGLU."""
-        lw = self.weights.layers[0]
-        return {tuple(lw.o_proj.shape): "residual", tuple(lw.down.shape): "residual", tuple(lw.gate_up.shape): "swiglu"}
+        _qkv, o_proj, gate_up, down = self._shapes()
+        return {o_proj: "residual", down: "residual", gate_up: "swiglu"}
 
     def _probe_engines(self, arena_tokens: int, fuse_epilogues: bool) -> et.EngineTable:
         started = time.perf_counter()
