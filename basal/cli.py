@@ -17,9 +17,10 @@ def _synth_model(a: argparse.Namespace) -> int:
 
     from basal.core.synth import PRESETS, preset_config, synth_model, weights_bytes
 
-    cfg = preset_config(a.preset, a.layers)
+    cfg = preset_config(a.preset, a.layers, a.bias)
     print(
-        f"writing {a.preset} ({PRESETS[a.preset].description}; {cfg.num_hidden_layers} layers, "
+        f"writing {a.preset} ({PRESETS[a.preset].description}{', with biases' if a.bias else ''}; "
+        f"{cfg.num_hidden_layers} layers, "
         f"{cfg.n_params / 1e9:.2f}B parameters, {weights_bytes(cfg) / 2**30:.2f} GiB bf16) to {a.out}",
         file=sys.stderr,
     )
@@ -34,6 +35,7 @@ def _synth_model(a: argparse.Namespace) -> int:
             on_bytes=bar.update,
             on_total=_total_of(bar),
             evidence_head=a.evidence_head,
+            bias=a.bias,
         )
     print(f"done: {a.out} (synthetic weights: its answers carry no meaning)", file=sys.stderr)
     return 0
@@ -335,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="random seed of the weights and tokenizer (default 0)")
     s.add_argument(
         "--evidence-head", action="store_true", help="also write a seeded synthetic evidence_head.pt (k = 256)"
+    )
+    s.add_argument(
+        "--bias", action="store_true", help="the basal-1.0 layout: attention and MLP biases (basal-1.5 has none)"
     )
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=_synth_model)

@@ -162,6 +162,54 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
             "timings": timings,
         }
     table.save(out / "gemm_engines.json")
+    res["bias"] = bias_probe(device, dry, counts, engines)
+    res["swiglu_warps"] = swiglu_warps(device, dry)
+    return res
+
+
+def bias_probe(device, dry: bool, counts: list[int], engines) -> dict:
+    """basal-1.0 checkpoints (4.5B shapes) add a bias in every GEMM: the engine each shape gets when the probe runs
+    the engines' bias epilogues, and whether each is invariant."""
+    import torch
+
+    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu.environment import versions
+
+    v = SHAPES["4.5B"]
+    shapes = [(32, 64), (64, 128)] if dry else gemm_shapes(v[0], v[1], v[3], v[4])
+    table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, bias=True)
+    return {
+        f"{e.n}x{e.k}": {"engine": e.engine, "invariant": {c: v.invariant for c, v in e.candidates.items()}}
+        for e in table.shapes
+    }
+
+
+def swiglu_warps(device, dry: bool) -> dict:
+    """The fused SwiGLU GEMM (two accumulators) at the plain GEMM's warps and at twice them, per gate_up shape: ms
+    at 128 and 2048 rows, and whether the two give the same bits. It ships at the plain GEMM's configuration."""
+    import torch
+
+    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu.kernel_configs import GemmTiles, gemm_tiles
+    from basal.backends.cuda.gpu.triton_gemm import linear
+
+    sizes = {"toy": (64, 32)} if dry else {name: (2 * v[1], v[0]) for name, v in SHAPES.items()}
+    g, res = torch.Generator().manual_seed(2), {}
+    for name, (n, k) in sizes.items():
+        x = torch.randn(16 if dry else 2048, k, generator=g).half().to(device)
+        w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
+        plain, copies = gemm_tiles(n, k), et.weight_copies(w)
+        entry, bits = {}, set()
+        for warps in (plain.warps, 2 * plain.warps):
+            tiles = GemmTiles(plain.bm, plain.bn, warps, plain.stages, plain.bk)
+
+            def fused(xs, ws, _out, tiles=tiles):
+                return linear(xs, ws, epilogue="swiglu", tiles=tiles)
+
+            bits.add(fused(x, w, None).view(torch.int16).cpu().numpy().tobytes())
+            for m in (16,) if dry else (128, 2048):
+                entry[f"w{warps}@{m}_ms"] = et.time_engine(fused, x, w, m, repeats=3 if dry else 20, copies=copies)
+        res[name] = {**entry, "same_bits": len(bits) == 1}
     return res
 
 
@@ -473,6 +521,17 @@ def summary(phases: dict) -> str:
             f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
             f"{large['TFLOPs']:7.1f} ({of_mm})"
         )
+    biased = phases.get("P1", {}).get("bias", {})
+    if biased:
+        engines = ", ".join(f"{shape} {b['engine']}" for shape, b in biased.items())
+        lines += ["", f"GEMMs with a bias (basal-1.0, 4.5B shapes): {engines}"]
+    warps = phases.get("P1", {}).get("swiglu_warps", {})
+    if warps:
+        columns = [k.removesuffix("_ms") for k in next(iter(warps.values())) if k.endswith("_ms")]
+        lines += ["", f"{'fused SwiGLU GEMM, ms at':<27} " + "   ".join(columns) + "   same bits"]
+    for size, r in warps.items():
+        cells = "   ".join(f"{v:.3f}" for k, v in r.items() if k.endswith("_ms"))
+        lines.append(f"{size:<27} {cells}   {r['same_bits']}")
     return "\n".join(lines)
 
 

@@ -40,3 +40,9 @@ def headless_model(demo_dir, tmp_path_factory) -> ModelDir:
     path = tmp_path_factory.mktemp("models") / "headless"
     shutil.copytree(demo_dir, path, ignore=shutil.ignore_patterns("evidence_head.pt"))
     return ModelDir.load(path)
+
+
+@pytest.fixture(scope="session")
+def biased_model(tmp_path_factory) -> ModelDir:
+    """The demo shapes in the basal-1.0 layout: attention and MLP biases in every layer."""
+    return ModelDir.load(synth_model(tmp_path_factory.mktemp("models") / "biased", "demo", seed=3, bias=True))

@@ -28,6 +28,17 @@ def test_synth_model_then_decide(tmp_path, capsys):
     assert "carry no meaning" in captured.err and "computed" in captured.err and "forward" in captured.err
 
 
+def test_synth_model_with_biases_writes_the_basal_1_0_layout_and_decides(tmp_path, capsys):
+    out = tmp_path / "biased"
+    assert main(["synth-model", "--out", str(out), "--bias", "--quiet"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["attention_bias"] is True and config["mlp_bias"] is True
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"state": "Order 7 arrived late.", "questions": {"q": {"type": "noul"}}}))
+    assert main(["decide", "--model", str(out), "--dialect", "basal", str(request)]) == 0
+    assert "with biases" in capsys.readouterr().err
+
+
 def test_decide_refusal_prints_the_body(tmp_path, capsys, demo_dir):
     request = tmp_path / "bad.json"
     request.write_text(json.dumps({"state": "x", "questions": {"q": {"type": "score", "criteria": ["a"]}}}))

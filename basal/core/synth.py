@@ -158,7 +158,8 @@ def _random_weight(spec: TensorSpec, index: int, seed: int) -> np.ndarray:
 # Directory
 
 
-def preset_config(preset: str, layers: int | None = None) -> LlamaConfig:
+def preset_config(preset: str, layers: int | None = None, bias: bool = False) -> LlamaConfig:
+    """`bias`: the basal-1.0 layout, with attention and MLP biases (basal-1.5 has none)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = PRESETS[preset].config
@@ -169,7 +170,7 @@ def preset_config(preset: str, layers: int | None = None) -> LlamaConfig:
                 f"choose 1 to {cfg.num_hidden_layers}"
             )
         cfg = replace(cfg, num_hidden_layers=layers)
-    return cfg
+    return replace(cfg, bias=bias)
 
 
 def weights_bytes(cfg: LlamaConfig) -> int:
@@ -223,14 +224,16 @@ def synth_model(
     on_bytes: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
     evidence_head: bool = False,
+    bias: bool = False,
 ) -> Path:
     """Write a complete synthetic Basal model directory to `out` (written in a temporary folder, then renamed,
     so a crash or an interrupt never leaves a half-written model behind). Same arguments -> same bytes.
-    `evidence_head`: also write a seeded synthetic `evidence_head.pt` (the real layout, k = 256)."""
+    `evidence_head`: also write a seeded synthetic `evidence_head.pt` (the real layout, k = 256). `bias`: the
+    basal-1.0 layout (attention and MLP biases), which every backend must serve too."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty")
-    cfg = preset_config(preset, layers)
+    cfg = preset_config(preset, layers, bias)
     tok = train_tokenizer(seed)
     if tok.get_vocab_size() > cfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.get_vocab_size()} tokens, more than vocab_size {cfg.vocab_size}")

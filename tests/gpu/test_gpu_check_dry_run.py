@@ -33,4 +33,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert all(toy["bitwise"].values()) and {"=overlapped", "=interleaved"} <= set(toy["bitwise"])
     assert toy["overlap"]["forwards"] == 2 and toy["overlap"]["speedup"] > 0
     assert "two in flight" in done.stdout  # the table's overlap rows
+    p1 = report["phases"]["P1"]
+    assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())
+    assert p1["swiglu_warps"]["toy"]["same_bits"] and "fused SwiGLU GEMM" in done.stdout
     assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]

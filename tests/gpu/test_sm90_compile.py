@@ -1,7 +1,8 @@
-"""Offline sm_90 compilation of the kernels with the pinned Triton (docs/gpu-path.md §8.1 b): no GEMM spills, shared
-memory within the limit, wgmma where BM >= 64. `make test` compiles every shipped GEMM config and one of each other
-kernel at 4.5B shapes; the whole matrix (every kernel × config × model shape) is marked slow. Triton caches
-compiled kernels (~/.triton/cache), so reruns on the same machine take seconds."""
+"""Offline sm_90 compilation of the kernels with the pinned Triton (docs/gpu-path.md §8.1 b), specialised as a launch
+specialises them: no GEMM spills, pipelined GEMM loads, shared memory within the limit, wgmma where BM >= 64.
+`make test` compiles every shipped GEMM config (plain, fused, with a bias) and one of each other kernel at 4.5B
+shapes; the whole matrix (every kernel × config × model shape) is marked slow. Triton caches compiled kernels
+(~/.triton/cache), so reruns on the same machine take seconds."""
 
 from __future__ import annotations
 
@@ -49,12 +50,12 @@ def _check(case):
 
 def _fused_gemms():
     """(tiles, epilogue) of every fused GEMM the models ship: SwiGLU on gate_up, the residual add on o and down."""
-    from basal.backends.cuda.gpu.kernel_configs import epilogue_tiles
+    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
 
     cases = set()
     for h, f, q, _kv in SHAPES.values():
-        cases.add((epilogue_tiles(2 * f, h, "swiglu"), "swiglu"))
-        cases |= {(epilogue_tiles(h, q * 128, "residual"), "residual"), (epilogue_tiles(h, f, "residual"), "residual")}
+        cases.add((gemm_tiles(2 * f, h), "swiglu"))
+        cases |= {(gemm_tiles(h, q * 128), "residual"), (gemm_tiles(h, f), "residual")}
     return sorted(cases, key=lambda c: (c[0].name, c[1]))
 
 
@@ -66,6 +67,27 @@ def test_shipped_gemm_configs_compile_for_sm90_without_spills():
         assert usage.wgmma  # every shipped config has BM 64: warpgroup MMA
     for tiles, epilogue in _fused_gemms():  # the SwiGLU epilogue's second accumulator must not spill either
         assert _check(sc.gemm_case(tiles, epilogue=epilogue)).wgmma
+
+
+def test_gemm_configs_with_a_bias_compile_for_sm90_without_spills():
+    """basal-1.0 checkpoints: every shipped config, plain and fused, with the bias in its epilogue."""
+    from basal.backends.cuda.gpu import sm90_compile as sc
+
+    for tiles, epilogue in [(t, "none") for t in _shipped_gemms()] + _fused_gemms():
+        assert _check(sc.gemm_case(tiles, epilogue=epilogue, bias=True)).wgmma
+
+
+def test_negative_control_a_gemm_compiled_without_the_launch_specialisation_is_caught():
+    """Compiled with no argument known aligned (not what a launch runs), the GEMM's loads are not pipelined and
+    it spills: the check must say so, which is why cases are compiled as the JIT specialises them."""
+    from dataclasses import replace
+
+    from basal.backends.cuda.gpu import sm90_compile as sc
+
+    case = sc.gemm_case(_shipped_gemms()[-1])
+    unspecialised = replace(case, unaligned=tuple(name for name, _ in case.signature))
+    assert any("not pipelined" in p for p in sc.problems(unspecialised, sc.compile_case(unspecialised)))
+    assert sc.compile_case(case).async_copies
 
 
 def test_each_other_kernel_compiles_for_sm90():

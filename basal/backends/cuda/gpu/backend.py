@@ -136,7 +136,10 @@ class GpuBackend:
         counts = probed_row_counts(max(arena_tokens, LT_CHUNK) if self.dev.type == "cuda" else arena_tokens)
         key = et.table_key(versions(self.dev), self.dtype)
         epilogues = self._epilogues() if fuse_epilogues else {}
-        table = et.probe(self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines, epilogues=epilogues)
+        table = et.probe(
+            self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines, epilogues=epilogues,
+            bias=self.weights.cfg.bias,
+        )  # fmt: skip
         if self.dev.type == "cuda":
             table.save(et.table_path(self.dtype))
         log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])
@@ -147,9 +150,9 @@ class GpuBackend:
         if engine is not et.lt_linear:
             return engine
 
-        def chunked(x, w, out):  # the long lane: library GEMMs only ever see probed row counts
+        def chunked(x, w, out, bias=None):  # the long lane: library GEMMs only ever see probed row counts
             for r0 in range(0, x.shape[0], LT_CHUNK):
-                engine(x[r0 : r0 + LT_CHUNK], w, out[r0 : r0 + LT_CHUNK])
+                engine(x[r0 : r0 + LT_CHUNK], w, out[r0 : r0 + LT_CHUNK], bias)
             return out
 
         return chunked

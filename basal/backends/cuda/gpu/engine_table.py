@@ -3,12 +3,15 @@
 Candidates: `lt` (cuBLASLt through torch under the R7 settings: split-K off, 1 KiB workspace) and `tri` (our
 fixed-order Triton GEMM). A shape may use an engine only after the probe showed, on this device, that an anchor
 row's bits are the same at every row count the process will pass (the buckets) and at offsets 0, M/2 and M-1.
-The fastest engine that passes wins. The table is keyed by GPU, driver, library versions and dtype; a stored
-table whose key differs from the running process is stale and refused (the probe then runs again).
+The fastest engine that passes wins (timed only where more than one passes). The table is keyed by GPU, driver,
+library versions and dtype; a stored table whose key differs from the running process is stale and refused (the
+probe then runs again). A model with biases (basal-1.0) is probed with them: a library's bias epilogue may be
+another kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -19,30 +22,33 @@ import torch
 
 from basal.core.home import cache_dir
 
-Engine = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
+Engine = Callable[..., torch.Tensor]  # (x, w, out, bias=None) -> out = x · wᵀ (+ bias)
 
 
-def lt_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    return torch.mm(x, w.t(), out=out)
+def lt_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """cuBLASLt; a bias goes into its epilogue (`addmm` with a 1-D bias), added before the rounding."""
+    if bias is None:
+        return torch.mm(x, w.t(), out=out)
+    return torch.addmm(bias, x, w.t(), out=out)
 
 
-def tri_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def tri_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     from basal.backends.cuda.gpu.triton_gemm import linear
 
-    return linear(x, w, out)
+    return linear(x, w, out, bias=bias)
 
 
 def fused_engine(epilogue: str) -> Engine:
     """The `tri` GEMM with a fused epilogue, as an engine the probe runs: SwiGLU returns [M, N/2]; the residual
     add adds a constant row (elementwise, so a row's residual moves with the row)."""
 
-    def run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         from basal.backends.cuda.gpu.triton_gemm import linear
 
         if epilogue == "swiglu":
-            return linear(x, w, epilogue="swiglu")
+            return linear(x, w, epilogue="swiglu", bias=bias)
         residual = torch.full((x.shape[0], w.shape[0]), 0.5, dtype=x.dtype, device=x.device)
-        return linear(x, w, out=residual, epilogue="residual", residual=residual)
+        return linear(x, w, out=residual, epilogue="residual", residual=residual, bias=bias)
 
     return run
 
@@ -54,7 +60,7 @@ PREFERENCE = ("lt", "tri")  # on equal standing (no timing), the library first
 @dataclass
 class Candidate:
     invariant: bool
-    ms: float | None = None  # at the timing row count, where measured
+    ms: float | None = None  # at the timing row count, where measured (only where two or more are invariant)
     detail: str = ""
 
 
@@ -66,6 +72,7 @@ class ShapeEntry:
     candidates: dict[str, Candidate] = field(default_factory=dict)
     fused: str = ""  # the epilogue this shape's `tri` GEMM carries, once probed invariant ("" none)
     fused_detail: str = ""
+    bias: bool = False  # probed with a bias (basal-1.0 checkpoints): the engines ran their bias epilogues
 
 
 @dataclass
@@ -97,6 +104,7 @@ class EngineTable:
                 {n: Candidate(**c) for n, c in s["candidates"].items()},
                 s.get("fused", ""),
                 s.get("fused_detail", ""),
+                s.get("bias", False),
             )
             for s in raw["shapes"]
         ]
@@ -205,25 +213,35 @@ def probe(
     engines: Sequence[str] = PREFERENCE,
     timing_rows: int | None = 128,
     epilogues: dict[tuple[int, int], str] | None = None,
+    bias: bool = False,
 ) -> EngineTable:
     """Probe every candidate engine on every (N, K) with seeded random data (never zeros). `epilogues`: the
     fused epilogue a shape would carry on `tri`; where `tri` wins, the fused kernel is probed too, and the shape
-    fuses only if it passes (otherwise its separate kernels run)."""
+    fuses only if it passes (otherwise its separate kernels run). `bias`: the model's GEMMs add a bias, so every
+    engine is probed (and timed) with one: a library may pick another kernel for its bias epilogue."""
     g = torch.Generator(device="cpu").manual_seed(0)
     entries = []
     m_max = max(row_counts)
     for n, k in dict.fromkeys(shapes):
         x = torch.randn(m_max, k, generator=g).to(device=device, dtype=dtype)
         w = (torch.randn(n, k, generator=g) * k**-0.5).to(device=device, dtype=dtype)
+        b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+
+        def with_bias(engine: Engine, b: torch.Tensor | None = b) -> Engine:
+            return engine if b is None else functools.partial(engine, bias=b)
+
         candidates = {}
         for name in engines:
-            ok, detail = probe_engine(ENGINES[name], x, w, row_counts)
-            ms = time_engine(ENGINES[name], x, w, min(timing_rows, m_max)) if ok and timing_rows else None
-            candidates[name] = Candidate(ok, ms, detail)
-        entry = ShapeEntry(n, k, choose(candidates), candidates)
+            ok, detail = probe_engine(with_bias(ENGINES[name]), x, w, row_counts)
+            candidates[name] = Candidate(ok, None, detail)
+        invariant = [name for name, c in candidates.items() if c.invariant]
+        if timing_rows and len(invariant) > 1:  # timed only where there is a choice to make
+            for name in invariant:
+                candidates[name].ms = time_engine(with_bias(ENGINES[name]), x, w, min(timing_rows, m_max))
+        entry = ShapeEntry(n, k, choose(candidates), candidates, bias=bias)
         epilogue = (epilogues or {}).get((n, k), "")
         if epilogue and entry.engine == "tri":
-            ok, entry.fused_detail = probe_engine(fused_engine(epilogue), x, w, row_counts)
+            ok, entry.fused_detail = probe_engine(with_bias(fused_engine(epilogue)), x, w, row_counts)
             entry.fused = epilogue if ok else ""
         entries.append(entry)
     return EngineTable(key, list(row_counts), entries)
@@ -240,5 +258,5 @@ def describe(table: EngineTable | None, why: str) -> list[str]:
             for n, c in s.candidates.items()
         )
         fused = f"; fused {s.fused}" if s.fused else (f"; not fused: {s.fused_detail}" if s.fused_detail else "")
-        lines.append(f"    {s.n:>6} x {s.k:<6} -> {s.engine:<4} ({measured}{fused})")
+        lines.append(f"    {s.n:>6} x {s.k:<6}{' +bias' if s.bias else ''} -> {s.engine:<4} ({measured}{fused})")
     return lines

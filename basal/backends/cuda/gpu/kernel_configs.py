@@ -50,16 +50,6 @@ def gemm_tiles(n: int, k: int) -> GemmTiles:
     return GemmTiles(64, 32, 4, 5)
 
 
-def epilogue_tiles(n: int, k: int, epilogue: str) -> GemmTiles:
-    """The configuration of weight shape [N, K] with a fused epilogue. SwiGLU carries a second accumulator, so it
-    runs twice the warps over the same tile (64x64 with 4 warps spills 392 B on sm_90, with 8 none:
-    tests/gpu/test_sm90_compile.py); the residual add needs no more registers than the plain GEMM."""
-    tiles = gemm_tiles(n, k)
-    if epilogue == "swiglu":
-        return GemmTiles(tiles.bm, tiles.bn, 2 * tiles.warps, tiles.stages, tiles.bk)
-    return tiles
-
-
 @dataclass(frozen=True)
 class AttentionConfig:
     bm: int  # query rows per tile: tokens_per_tile × GQA group

@@ -19,7 +19,7 @@ from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.kernels import rope_tables
 from basal.core.model_dir import LlamaConfig
 
-Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, w, out) -> out
+Linear = Callable[..., torch.Tensor]  # (x, w, out, bias=None) -> out = x · wᵀ (+ bias)
 
 
 @dataclass
@@ -98,26 +98,27 @@ class GpuLlama:
         self.prefix_v = [empty.to(weights.dtype)] * n_layers
         self.prefix_rows: dict[str, tuple[int, int]] = {}  # key -> (first row, length)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return self._linear_for(w.shape[0], w.shape[1])(x, w, out)
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x · wᵀ (+ bias: basal-1.0 checkpoints, added in the GEMM's epilogue) on the shape's probed engine."""
+        return self._linear_for(w.shape[0], w.shape[1])(x, w, out, bias)
 
     def fuses(self, w: torch.Tensor) -> bool:
         return self._fuses_shape(w.shape[0], w.shape[1])
 
-    def add_linear(self, x: torch.Tensor, w: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """h += x · wᵀ in the GEMM's epilogue where it fuses; otherwise the product goes to y, returned for the
-        next norm to add (the same rounding either way)."""
+    def add_linear(self, x, w, bias, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """h += x · wᵀ (+ bias) in the GEMM's epilogue where it fuses; otherwise the product goes to y, returned
+        for the next norm to add (the same rounding either way)."""
         if self.fuses(w):
-            tri.linear(x, w, out=h, epilogue="residual", residual=h)
+            tri.linear(x, w, out=h, epilogue="residual", residual=h, bias=bias)
             return None
-        return self.linear(x, w, y)
+        return self.linear(x, w, y, bias)
 
-    def gate_up_swiglu(self, x: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor, act: torch.Tensor) -> None:
+    def gate_up_swiglu(self, x, w, bias, gate_up: torch.Tensor, act: torch.Tensor) -> None:
         """act = silu(x · gateᵀ) · (x · upᵀ), fused into the GEMM where it can be (gate_up is then never written)."""
         if self.fuses(w):
-            tri.linear(x, w, out=act, epilogue="swiglu")
+            tri.linear(x, w, out=act, epilogue="swiglu", bias=bias)
         else:
-            rows.swiglu(self.linear(x, w, gate_up), act)
+            rows.swiglu(self.linear(x, w, gate_up, bias), act)
 
     def _pending(self, layer: int, y: torch.Tensor) -> torch.Tensor | None:
         """What the next norm still adds after `layer`: its down projection's output, unless the GEMM added it."""
@@ -132,7 +133,7 @@ class GpuLlama:
         cfg, lw = self.cfg, self.w.layers[i]
         eps = cfg.rms_norm_eps
         rows.rmsnorm(b.h, lw.input_norm, eps, b.x, self._pending(i - 1, b.y))
-        self.linear(b.x, lw.qkv, b.qkv)
+        self.linear(b.x, lw.qkv, b.qkv, lw.qkv_bias)
         rows.rope_kv(b.qkv, meta["positions"], self.cos, self.sin, b.q, b.k, b.v)
         if on_kv is not None:
             on_kv(i, b.k, b.v)
@@ -144,13 +145,13 @@ class GpuLlama:
         if last:  # queries, MLP and head only at the readouts
             torch.index_select(attn, 0, meta["readouts"], out=b.attn_r)
             torch.index_select(b.h, 0, meta["readouts"], out=b.hr)
-            rows.rmsnorm(b.hr, lw.post_norm, eps, b.xr, self.add_linear(b.attn_r, lw.o_proj, b.hr, b.yr))
-            self.gate_up_swiglu(b.xr, lw.gate_up, b.gate_up_r, b.act_r)
-            self.add_linear(b.act_r, lw.down, b.hr, b.yr)
+            rows.rmsnorm(b.hr, lw.post_norm, eps, b.xr, self.add_linear(b.attn_r, lw.o_proj, lw.o_bias, b.hr, b.yr))
+            self.gate_up_swiglu(b.xr, lw.gate_up, lw.gate_up_bias, b.gate_up_r, b.act_r)
+            self.add_linear(b.act_r, lw.down, lw.down_bias, b.hr, b.yr)
         else:
-            rows.rmsnorm(b.h, lw.post_norm, eps, b.x, self.add_linear(attn, lw.o_proj, b.h, b.y))
-            self.gate_up_swiglu(b.x, lw.gate_up, b.gate_up, b.act)
-            self.add_linear(b.act, lw.down, b.h, b.y)
+            rows.rmsnorm(b.h, lw.post_norm, eps, b.x, self.add_linear(attn, lw.o_proj, lw.o_bias, b.h, b.y))
+            self.gate_up_swiglu(b.x, lw.gate_up, lw.gate_up_bias, b.gate_up, b.act)
+            self.add_linear(b.act, lw.down, lw.down_bias, b.h, b.y)
 
     def head(self, b: Buffers) -> torch.Tensor:
         """All 16 readout columns from `b.letters`: rows past a forward's letters are zero, so their columns are 0

@@ -2,8 +2,14 @@
 
 `triton.compile` with a `GPUTarget("cuda", 90, 32)` runs the whole pipeline down to a cubin using the ptxas Triton
 bundles; the bundled `cuobjdump --dump-resource-usage` then reads registers, stack (spills) and shared memory. A
-GEMM that spills, any kernel over the 227 KiB of shared memory an sm_90 block may use, or a BM ≥ 64 GEMM without
-wgmma fails the check; attention spills are reported (they differ between Triton versions).
+GEMM that spills, any kernel over the 227 KiB of shared memory an sm_90 block may use, a BM ≥ 64 GEMM without
+wgmma, or a multi-stage GEMM whose loads are not asynchronous (not pipelined) fails the check; attention spills
+are reported (they differ between Triton versions).
+
+A kernel is compiled as the JIT specialises it at a launch: every pointer 16-byte aligned and every int a
+multiple of 16 (`tt.divisibility`), except the arguments a case names as `unaligned` (a `do_not_specialize` M, a
+pointer into the metadata blob at an odd offset). Without that, Triton cannot vectorise or pipeline the loads:
+the GEMMs compiled single-buffered at ~255 registers and "spilled", a variant no launch ever runs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class Case:
     constexprs: tuple[tuple[str, object], ...]
     warps: int
     stages: int = 1
+    unaligned: tuple[str, ...] = ()  # arguments a launch may pass unaligned / not a multiple of 16
 
 
 @dataclass(frozen=True)
@@ -35,21 +42,22 @@ class Usage:
     shared: int
     wgmma: bool
     mma_sync: bool
+    async_copies: bool = False  # cp.async / TMA loads: the K loop is software-pipelined over its stages
 
 
 def _sig(names: str, types: str) -> tuple[tuple[str, str], ...]:
     return tuple(zip(names.split(), types.split(), strict=True))
 
 
-def gemm_case(tiles, dtype: str = "fp16", epilogue: str = "none") -> Case:
+def gemm_case(tiles, dtype: str = "fp16", epilogue: str = "none", bias: bool = False) -> Case:
     from basal.backends.cuda.gpu.kernel_configs import EPILOGUES
 
-    names = "x_ptr w_ptr y_ptr r_ptr M N K stride_xm stride_wn stride_ym stride_rm"
-    sig = _sig(names, f"*{dtype} " * 4 + "i32 " * 7)
+    names = "x_ptr w_ptr y_ptr r_ptr b_ptr M N K stride_xm stride_wn stride_ym stride_rm"
+    sig = _sig(names, f"*{dtype} " * 5 + "i32 " * 7)
     consts = (("BM", tiles.bm), ("BN", tiles.bn), ("BK", tiles.bk), ("SPLIT_K", 1), ("PRECISION", "ieee"))
-    consts += (("EPILOGUE", EPILOGUES[epilogue]),)
-    label = tiles.name if epilogue == "none" else f"{tiles.name}+{epilogue}"
-    return Case("gemm", label, sig, consts, tiles.warps, tiles.stages)
+    consts += (("EPILOGUE", EPILOGUES[epilogue]), ("HAS_BIAS", bias))
+    label = tiles.name + ("" if epilogue == "none" else f"+{epilogue}") + ("+bias" if bias else "")
+    return Case("gemm", label, sig, consts, tiles.warps, tiles.stages, unaligned=("M",))  # do_not_specialize
 
 
 def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128) -> Case:
@@ -62,7 +70,8 @@ def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128) -> Case:
         ("KVH", kv_heads), ("N_RANGES", 9), ("PRECISION", "tf32x3" if qk == "fp32" else "ieee"),
         ("F32", qk == "fp32"), ("ANCHOR_AT_QUERY", False),
     )  # fmt: skip
-    return Case("attention", f"{cfg.precision}-G{group}-KVH{kv_heads}", sig, consts, cfg.warps, cfg.stages)
+    label = f"{cfg.precision}-G{group}-KVH{kv_heads}"
+    return Case("attention", label, sig, consts, cfg.warps, cfg.stages, unaligned=("count_ptr",))  # counts[1:2]
 
 
 def row_cases(hidden: int, inter: int, heads: int, kv_heads: int, dim: int = 128) -> list[Case]:
@@ -113,7 +122,13 @@ def compile_case(case: Case) -> Usage:
 
     consts = dict(case.constexprs)
     signature = {n: ("constexpr" if n in consts else t) for n, t in case.signature} | dict.fromkeys(consts, "constexpr")
-    src = ASTSource(kernel_function(case.kernel), signature, constexprs=consts)
+    fn = kernel_function(case.kernel)
+    attrs = {
+        (fn.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name, kind in case.signature
+        if name not in consts and name not in case.unaligned and (kind.startswith("*") or kind == "i32")
+    }
+    src = ASTSource(fn, signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(
         src, target=GPUTarget(*SM90), options={"num_warps": case.warps, "num_stages": case.stages}
     )
@@ -133,7 +148,7 @@ def compile_case(case: Case) -> Usage:
 
     ptx = compiled.asm["ptx"]
     shared = max(field("SHARED"), int(compiled.metadata.shared))
-    return Usage(field("REG"), field("STACK"), shared, "wgmma" in ptx, "mma.sync" in ptx)
+    return Usage(field("REG"), field("STACK"), shared, "wgmma" in ptx, "mma.sync" in ptx, "cp.async" in ptx)
 
 
 def problems(case: Case, usage: Usage) -> list[str]:
@@ -146,4 +161,6 @@ def problems(case: Case, usage: Usage) -> list[str]:
             out.append(f"GEMM spills ({usage.stack} B of stack)")
         if dict(case.constexprs)["BM"] >= 64 and not usage.wgmma:
             out.append("BM >= 64 GEMM without wgmma")
+        if case.stages > 1 and not usage.async_copies:
+            out.append(f"GEMM of {case.stages} stages without asynchronous copies (its loads are not pipelined)")
     return out

@@ -10,6 +10,9 @@ fused forward has the bits of an unfused one: `residual` adds the rounded produc
 (`out = round(r + round(acc))`, the norm kernel's add), and `swiglu` runs a second accumulator over the up rows
 of a fused [gate; up] weight with the same K loop and writes `round(round(silu(round(gate))) · round(up))`, so the
 [M, 2F] gate/up activation is never written.
+
+A bias (basal-1.0 checkpoints) is added to the f32 accumulator before its rounding, `round(acc + b)`, in every
+epilogue (for SwiGLU: the gate's and the up's rows of a fused bias), the way a library GEMM's bias epilogue does.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from basal.backends.cuda.gpu.kernel_configs import EPILOGUES, GemmTiles, epilogue_tiles
+from basal.backends.cuda.gpu.kernel_configs import EPILOGUES, GemmTiles, gemm_tiles
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -27,6 +30,7 @@ def gemm_kernel(
     w_ptr,
     y_ptr,
     r_ptr,  # the residual rows (EPILOGUE 1; may be y itself), else unused
+    b_ptr,  # the bias [N] ([2N] with EPILOGUE 2: gate's, then up's) if HAS_BIAS, else unused
     M,
     N,  # output columns; with EPILOGUE 2 the up rows of W start at row N
     K,
@@ -40,6 +44,7 @@ def gemm_kernel(
     SPLIT_K: tl.constexpr,  # 1 on every shipped path; 2 only for the negative control
     PRECISION: tl.constexpr,
     EPILOGUE: tl.constexpr,  # 0 none, 1 + residual, 2 SwiGLU (EPILOGUES)
+    HAS_BIAS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -66,6 +71,10 @@ def gemm_kernel(
             acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
     if SPLIT_K == 2:
         acc = acc + acc_odd
+    if HAS_BIAS:
+        acc = acc + tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if EPILOGUE == 2:
+            acc_up = acc_up + tl.load(b_ptr + N + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     out_ty = y_ptr.dtype.element_ty
     if EPILOGUE == 1:
@@ -93,10 +102,12 @@ def linear(
     split_k: int = 1,
     epilogue: str = "none",
     residual: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] · w [N, K]ᵀ -> [M, N] in x's dtype. `tiles` defaults to the shape's shipped configuration.
-    `epilogue`: "residual" returns residual + that ([M, N]; `out` may be `residual`, updated in place), "swiglu"
-    reads w as [gate; up] ([2F, K]) and returns silu(gate) · up ([M, F]); both keep the unfused bits."""
+    """x [M, K] · w [N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype. `tiles` defaults to the shape's shipped
+    configuration. `epilogue`: "residual" returns residual + that ([M, N]; `out` may be `residual`, updated in
+    place), "swiglu" reads w (and the bias) as [gate; up] ([2F, K]) and returns silu(gate) · up ([M, F]); both
+    keep the unfused bits."""
     m, k = x.shape
     n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
     if w.shape[1] != k or x.stride(1) != 1 or w.stride(1) != 1:
@@ -105,7 +116,9 @@ def linear(
         raise ValueError("linear: a residual is given exactly with the residual epilogue")
     if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):
         raise ValueError(f"linear: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
-    tiles = tiles or epilogue_tiles(w.shape[0], k, epilogue)
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.stride(0) != 1):
+        raise ValueError(f"linear: bias {tuple(bias.shape)} is not a contiguous [{w.shape[0]}]")
+    tiles = tiles or gemm_tiles(w.shape[0], k)  # the weight's: fused or not, the same tile
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     r = out if residual is None else residual
@@ -115,6 +128,7 @@ def linear(
         w,
         out,
         r,
+        out if bias is None else bias,
         m,
         n,
         k,
@@ -128,6 +142,7 @@ def linear(
         SPLIT_K=split_k,
         PRECISION=dot_precision(x.dtype),
         EPILOGUE=EPILOGUES[epilogue],
+        HAS_BIAS=bias is not None,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
     )

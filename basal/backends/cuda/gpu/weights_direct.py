@@ -24,6 +24,11 @@ class DeviceLayer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2F, hidden]: gate rows, then up rows
     down: torch.Tensor
+    # basal-1.0 checkpoints: the biases, fused like their weights (basal-1.5: None)
+    qkv_bias: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
 
 class DeviceWeights:
@@ -32,8 +37,6 @@ class DeviceWeights:
     def __init__(self, model: ModelDir, dtype: torch.dtype, device: torch.device, progress: bool = True):
         started = time.perf_counter()
         self.cfg: LlamaConfig = model.config
-        if self.cfg.bias:
-            raise ValueError("the GPU path serves basal-1.5 checkpoints (no biases); use --backend torch on the CPU")
         self.dtype, self.device = dtype, device
         self._index = model.open_weights()
         files = {name: f.path for name, (f, _) in self._index.items()}
@@ -43,6 +46,9 @@ class DeviceWeights:
         def get(name: str) -> torch.Tensor:
             bar.update()
             return handles[files[name]].get_tensor(self._index[name][1]).to(dtype)
+
+        def bias(*names: str) -> torch.Tensor | None:
+            return torch.cat([get(n) for n in names]) if self.cfg.bias else None
 
         self.embed = get("model.embed_tokens.weight")
         self.layers = []
@@ -57,6 +63,10 @@ class DeviceWeights:
                     post_norm=get(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
                     down=get(m + "down_proj.weight"),
+                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
+                    o_bias=bias(a + "o_proj.bias"),
+                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
+                    down_bias=bias(m + "down_proj.bias"),
                 )
             )
         self.norm = get("model.norm.weight")
@@ -68,7 +78,8 @@ class DeviceWeights:
     @classmethod
     def random(cls, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> DeviceWeights:
         """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk): bench/gpu_check.py
-        on the model shapes, the interpreter tests on toy ones. Norm weights are 1, projections ~ 1/sqrt(k)."""
+        on the model shapes, the interpreter tests on toy ones. Norm weights are 1, projections ~ 1/sqrt(k),
+        biases (where `cfg.bias`) ~ 0.1."""
         g = torch.Generator(device=device).manual_seed(seed)
 
         def rand(*shape: int, scale: float | None = None) -> torch.Tensor:
@@ -81,13 +92,18 @@ class DeviceWeights:
         w = cls.__new__(cls)
         w.cfg, w.dtype, w.device, w._letters, w.load_seconds = cfg, dtype, device, {}, 0.0
         w.embed = rand(cfg.vocab_size, hid, scale=1.0)
-        w.layers = [
-            DeviceLayer(
-                ones(), rand((h + 2 * kvh) * d, hid), rand(hid, h * d), ones(), rand(2 * cfg.intermediate_size, hid),
-                rand(hid, cfg.intermediate_size),
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]  # fmt: skip
+        f = cfg.intermediate_size
+
+        def layer() -> DeviceLayer:
+            qkv, o, gate_up, down = rand((h + 2 * kvh) * d, hid), rand(hid, h * d), rand(2 * f, hid), rand(hid, f)
+            lw = DeviceLayer(ones(), qkv, o, ones(), gate_up, down)
+            if cfg.bias:
+                for name in ("qkv", "o_proj", "gate_up", "down"):
+                    rows = getattr(lw, name).shape[0]
+                    setattr(lw, name.removesuffix("_proj") + "_bias", rand(rows, scale=0.1))
+            return lw
+
+        w.layers = [layer() for _ in range(cfg.num_hidden_layers)]
         w.norm = ones()
         w._lm_head = rand(cfg.vocab_size, hid)
         return w
