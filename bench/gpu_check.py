@@ -471,9 +471,51 @@ def model_checks(size: str, device, dry: bool) -> dict:
 
 # -- P4 -------------------------------------------------------------------------------------------------------
 
+KERNELS = ("gemm", "attention", "rmsnorm", "rope_kv", "swiglu", "letter_readout")
+
+
+def launched_kernels() -> dict[str, list[dict]]:
+    """Every compiled variant of the GPU path's kernels this process launched, as the driver loaded it: warps,
+    stages, shared memory, registers, spills, its constexprs and the arguments the launch marked 16-divisible.
+    The launch's view of what sm90_compile.py checks offline (no spills; one variant per configuration: another
+    specialisation would be a variant the offline check never compiled). Empty under the interpreter."""
+    from basal.backends.cuda.gpu.sm90_compile import kernel_function
+
+    out = {}
+    for name in KERNELS:
+        fn = kernel_function(name)
+        variants = []
+        for cache in getattr(fn, "device_caches", {}).values():  # JITFunction: device -> (kernels by key, ...)
+            for kernel in cache[0].values():
+                src, md = getattr(kernel, "src", None), kernel.metadata
+                constants = {fn.arg_names[k[0]]: str(v) for k, v in getattr(src, "constants", {}).items()}
+                variants.append({
+                    "warps": md.num_warps, "stages": md.num_stages, "shared": md.shared,
+                    "registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
+                    "constexprs": constants,
+                    "divisible": sorted(fn.arg_names[k[0]] for k in getattr(src, "attrs", {})),
+                })  # fmt: skip
+        out[name] = variants
+    return out
+
+
+def kernel_lines(kernels: dict[str, list[dict]]) -> list[str]:
+    if not any(kernels.values()):
+        return []
+    lines = ["", "kernels launched   variants   registers   spills (B)   shared (KiB)"]
+    for name, variants in kernels.items():
+        if not variants:
+            continue
+        regs = [v["registers"] for v in variants if v["registers"] is not None] or [0]
+        spills = max((v["spills"] or 0) for v in variants)
+        shared = max(v["shared"] for v in variants) / 1024
+        lines.append(f"{name:<18} {len(variants):8d}   {min(regs):3d}-{max(regs):<5d} {spills:8d}   {shared:12.0f}")
+    return lines
+
 
 def summary(phases: dict) -> str:
-    """The P3 sizes against the anchors and the weight-streaming floor, then each GEMM against the ceilings."""
+    """The P3 sizes against the anchors and the weight-streaming floor, then each GEMM against the ceilings, and
+    the kernels the run launched (P4's `kernels`)."""
     p0 = phases.get("P0", {})
     copy_tbps, mm_tflops = p0.get("copy_TBps"), p0.get("mm_TFLOPs")
     weights_gb = {"mini": 3.0, "4.5B": 9.25, "max": 21.8}
@@ -532,6 +574,7 @@ def summary(phases: dict) -> str:
     for size, r in warps.items():
         cells = "   ".join(f"{v:.3f}" for k, v in r.items() if k.endswith("_ms"))
         lines.append(f"{size:<27} {cells}   {r['same_bits']}")
+    lines += kernel_lines(phases.get("P4", {}).get("kernels", {}))
     return "\n".join(lines)
 
 
@@ -582,8 +625,9 @@ def main() -> int:
             report.phase(name, result, time.perf_counter() - started)
     if 4 in phases:
         started = time.perf_counter()
+        report.data["phases"]["P4"] = {"kernels": launched_kernels()}
         text = summary(report.data["phases"])
-        report.phase("P4", {"table": text}, time.perf_counter() - started)
+        report.phase("P4", {"table": text, **report.data["phases"]["P4"]}, time.perf_counter() - started)
         print(text)
     model = [r for r in report.data["phases"].get("P3", {}).values() if isinstance(r, dict)]
     model_ok = all("error" not in r and all(r.get("bitwise", {}).values()) for r in model)

@@ -86,3 +86,30 @@ def test_host_work_bench_prints_a_row_per_batch(capsys, monkeypatch):
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [int(r.split()[0]) for r in rows] == [1, 3]
     assert all(float(r.split()[3]) > 0 for r in rows)  # tile plan + blob, ms
+
+
+def test_launched_kernels_reads_the_jit_caches_and_the_table_lists_them(monkeypatch):
+    """What the driver loaded per kernel (read from each JITFunction's per-device cache) goes into P4 and the
+    table; nothing launched (this process, or the interpreter) gives no rows."""
+    from types import SimpleNamespace
+
+    from basal.backends.cuda.gpu import sm90_compile
+
+    assert not any(gpu_check.launched_kernels().values())  # the real kernels, never launched here
+    assert gpu_check.kernel_lines(gpu_check.launched_kernels()) == []
+
+    def compiled(regs, spills, bm):
+        src = SimpleNamespace(constants={(3,): bm}, attrs={(0,): [["tt.divisibility", 16]]})
+        md = SimpleNamespace(num_warps=4, num_stages=4, shared=65536)
+        return SimpleNamespace(src=src, metadata=md, n_regs=regs, n_spills=spills)
+
+    fake = SimpleNamespace(
+        arg_names=["x_ptr", "w_ptr", "M", "BM"],
+        device_caches={0: ({"a": compiled(64, 0, 64), "b": compiled(114, 8, 128)}, None, None, None, None)},
+    )
+    monkeypatch.setattr(sm90_compile, "kernel_function", lambda name: fake if name == "gemm" else object())
+    kernels = gpu_check.launched_kernels()
+    assert [v["constexprs"] for v in kernels["gemm"]] == [{"BM": "64"}, {"BM": "128"}]
+    assert kernels["gemm"][0]["divisible"] == ["x_ptr"] and kernels["attention"] == []
+    table = gpu_check.summary({"P4": {"kernels": kernels}})
+    assert "kernels launched" in table and "gemm" in table and " 64-114 " in table and "attention" not in table

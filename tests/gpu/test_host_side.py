@@ -194,3 +194,34 @@ def test_engine_table_keeps_the_fused_epilogues():
     for s in old["shapes"]:
         del s["fused"], s["fused_detail"]
     assert et.EngineTable.from_json(json.dumps(old)).fused(64, 128) == ""  # a table from before: nothing fused
+
+
+def test_the_library_engine_adds_a_bias():
+    """`lt` with a bias is `addmm`: cuBLASLt's bias epilogue on a GPU, the CPU's GEMM here."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(8, 32, generator=g), torch.randn(16, 32, generator=g), torch.randn(16, generator=g)
+    out = et.lt_linear(x, w, torch.empty(8, 16), b)
+    assert torch.allclose(out, torch.nn.functional.linear(x, w, b), atol=1e-5)
+    assert not torch.allclose(out, et.lt_linear(x, w, torch.empty(8, 16)), atol=1e-3)
+
+
+def test_the_probe_passes_the_bias_and_times_engines_only_where_it_has_a_choice(monkeypatch):
+    import torch
+
+    seen = []
+
+    def by_rows(x, w, out, bias=None):  # one row at a time: invariant over M by construction
+        seen.append(bias is not None)
+        for i in range(x.shape[0]):
+            out[i] = x[i] @ w.T + (0 if bias is None else bias)
+        return out
+
+    monkeypatch.setitem(et.ENGINES, "lt", by_rows)
+    monkeypatch.setitem(et.ENGINES, "tri", by_rows)
+    cpu = torch.device("cpu")
+    one = et.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("tri",), timing_rows=8, bias=True)
+    assert one.shapes[0].bias and all(seen) and one.shapes[0].candidates["tri"].ms is None
+    two = et.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("lt", "tri"), timing_rows=8)
+    assert all(c.ms is not None for c in two.shapes[0].candidates.values()) and not two.shapes[0].bias
