@@ -16,6 +16,27 @@ from basal.core.synth import synth_model
 os.environ.setdefault("BASAL_GEMM_CACHE", "off")
 
 DATA = Path(__file__).parent / "data"
+
+
+def pytest_collection_finish(session) -> None:
+    """Start the background commands of the collected tests that will run (tests/background.py)."""
+    from tests import background
+
+    commands = [
+        marker.args[0]
+        for item in session.items
+        if not any(skip.args and skip.args[0] is True for skip in item.iter_markers("skipif"))
+        for marker in item.iter_markers("background")
+    ]
+    background.start(list(dict.fromkeys(commands)))
+
+
+def pytest_sessionfinish(session) -> None:
+    from tests import background
+
+    background.stop()
+
+
 GOLDEN = DATA / "golden"
 
 

@@ -1,30 +1,44 @@
 """bench/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are never
 spent on a script bug. It runs under image_guard.py (only the imports the GPU machine's image can satisfy); the toy
-model must be bitwise eager = graph = bigger bucket = in a batch."""
+model must be bitwise eager = graph = bigger bucket = in a batch. The script starts in the background when
+collection finishes (tests/background.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests import background
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = ROOT / "tests" / "gpu" / "image_guard.py"  # imports only what the GPU machine's image has
 
 
+def dry_run() -> background.Command:
+    out = tempfile.mkdtemp(prefix="gpu_check_dry_run.")
+    argv = (sys.executable, str(GUARD), str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", out)
+    # the script sets TRITON_INTERPRET itself, before importing triton
+    return background.Command(argv, background.environment(PYTHONPATH=str(ROOT), TRITON_INTERPRET=None), str(ROOT), 900)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (Linux only)")
-def test_gpu_check_dry_run(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)  # the script sets it itself, before importing triton
-    done = subprocess.run(
-        [sys.executable, str(GUARD), str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+@pytest.mark.background.with_args(dry_run)
+def test_gpu_check_dry_run():
+    done = background.result(dry_run)
+    out = Path(done.args[-1])
+    try:
+        _check(done, out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _check(done, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert set(report["phases"]) == {"P0", "P1", "P2", "P3", "P4"}
