@@ -44,6 +44,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--cpu-dry-run", action="store_true", help="toy sizes under the Triton interpreter, on the CPU")
     p.add_argument("--sizes", default="mini,4.5B,max", help="model shapes for P3")
     p.add_argument("--budget-s", type=float, default=230.0, help="skip P3 sizes that would not fit in this many s")
+    p.add_argument("--library-defaults", action="store_true", help=argparse.SUPPRESS)  # P1's child process
     return p.parse_args()
 
 
@@ -162,9 +163,49 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
             "timings": timings,
         }
     table.save(out / "gemm_engines.json")
+    res["lt_library_defaults"] = library_defaults(dry)
     res["bias"] = bias_probe(device, dry, counts, engines)
     res["swiglu_warps"] = swiglu_warps(device, dry)
     return res
+
+
+LIBRARY_DEFAULTS_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]
+
+
+def library_defaults(dry: bool) -> dict:
+    """`lt` as cuBLASLt runs without the R7 settings (its default workspace and split-K heuristics), probed on the
+    4.5B shapes in a child process: the environment must be set before CUDA initialises cuBLAS, and this one has
+    R7. What the probe would have found without R7: per shape, invariant or the first row count that differs."""
+    import subprocess
+
+    argv = [sys.executable, str(Path(__file__).resolve()), "--library-defaults"] + (["--cpu-dry-run"] if dry else [])
+    env = {k: v for k, v in os.environ.items() if k not in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return {"error": (done.stdout + done.stderr)[-1500:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def library_defaults_child(dry: bool) -> int:
+    """The child of `library_defaults`: probes `lt` with the library's defaults, prints one JSON line."""
+    import torch
+
+    from basal.backends.cuda.gpu import engine_table as et
+
+    device = torch.device("cpu" if dry else "cuda")
+    v = SHAPES["4.5B"]
+    shapes = [(32, 64), (64, 128)] if dry else gemm_shapes(v[0], v[1], v[3], v[4])
+    counts = [1, 2, 3, 17, 64] if dry else LIBRARY_DEFAULTS_COUNTS
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    with torch.inference_mode():
+        for n, k in shapes:
+            x = torch.randn(max(counts), k, generator=g).half().to(device)
+            w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
+            ok, detail = et.probe_engine(et.lt_linear, x, w, counts)
+            out[f"{n}x{k}"] = {"invariant": ok, "detail": detail}
+    print(json.dumps(out))
+    return 0
 
 
 def bias_probe(device, dry: bool, counts: list[int], engines) -> dict:
@@ -563,6 +604,10 @@ def summary(phases: dict) -> str:
             f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
             f"{large['TFLOPs']:7.1f} ({of_mm})"
         )
+    defaults = phases.get("P1", {}).get("lt_library_defaults", {})
+    if defaults and "error" not in defaults:
+        flat = ", ".join(f"{shape} {'invariant' if d['invariant'] else d['detail']}" for shape, d in defaults.items())
+        lines += ["", f"cuBLASLt with the library's defaults (no R7; 4.5B shapes): {flat}"]
     biased = phases.get("P1", {}).get("bias", {})
     if biased:
         engines = ", ".join(f"{shape} {b['engine']}" for shape, b in biased.items())
@@ -580,6 +625,8 @@ def summary(phases: dict) -> str:
 
 def main() -> int:
     args = parse()
+    if args.library_defaults:
+        return library_defaults_child(args.cpu_dry_run)
     if args.table is not None:  # a saved report (e.g. bench/results/reports/): the table for bench/README.md
         print(summary(json.loads(args.table.read_text())["phases"]))
         return 0

@@ -49,5 +49,6 @@ def _check(done, tmp_path: Path) -> None:
     assert "two in flight" in done.stdout  # the table's overlap rows
     p1 = report["phases"]["P1"]
     assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())
+    assert "error" not in p1["lt_library_defaults"] and "library's defaults" in done.stdout  # the child ran
     assert p1["swiglu_warps"]["toy"]["same_bits"] and "fused SwiGLU GEMM" in done.stdout
     assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]
