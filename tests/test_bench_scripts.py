@@ -124,3 +124,12 @@ def test_lane_overlap_bench_smoke(demo_model, capsys):
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0][0].isdigit()]
     assert len(rows) == 2 and all(float(x.rstrip("x")) > 0 for x in rows[1][3:6]), out
+
+
+def test_sm90_usage_prints_every_case_of_a_kernel(capsys):
+    pytest.importorskip("triton")
+    from bench import sm90_usage
+
+    assert sm90_usage.main(["--kernel", "swiglu"]) == 0
+    out = capsys.readouterr()
+    assert out.out.count("\nswiglu ") == 3 and "3 cases, 0 with problems" in out.err  # F of mini, 4.5B, max

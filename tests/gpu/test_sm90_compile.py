@@ -17,25 +17,11 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiles need the real Triton frontend"),
 ]
 
-SHAPES = {"mini": (1536, 8960, 12, 2), "4.5B": (2048, 11008, 16, 2), "max": (4096, 14336, 32, 8)}
-
 
 def _shipped_gemms():
-    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
-
-    shapes = [s for h, f, q, kv in SHAPES.values() for s in (((q + 2 * kv) * 128, h), (h, q * 128), (2 * f, h), (h, f))]
-    return sorted({gemm_tiles(n, k) for n, k in shapes}, key=lambda t: t.name)
-
-
-def _all_cases():
     from basal.backends.cuda.gpu import sm90_compile as sc
-    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, GEMM_REGIMES
 
-    cases = [sc.gemm_case(t) for regime in GEMM_REGIMES.values() for t in regime]
-    for h, f, q, kv in SHAPES.values():
-        cases += [sc.attention_case(cfg, q, kv) for cfg in ATTENTION.values()]
-        cases += sc.row_cases(h, f, q, kv)
-    return cases
+    return sc.shipped_gemms()
 
 
 def _check(case):
@@ -49,14 +35,9 @@ def _check(case):
 
 
 def _fused_gemms():
-    """(tiles, epilogue) of every fused GEMM the models ship: SwiGLU on gate_up, the residual add on o and down."""
-    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+    from basal.backends.cuda.gpu import sm90_compile as sc
 
-    cases = set()
-    for h, f, q, _kv in SHAPES.values():
-        cases.add((gemm_tiles(2 * f, h), "swiglu"))
-        cases |= {(gemm_tiles(h, q * 128), "residual"), (gemm_tiles(h, f), "residual")}
-    return sorted(cases, key=lambda c: (c[0].name, c[1]))
+    return sc.fused_gemms()
 
 
 def test_shipped_gemm_configs_compile_for_sm90_without_spills():
@@ -94,7 +75,7 @@ def test_each_other_kernel_compiles_for_sm90():
     from basal.backends.cuda.gpu import sm90_compile as sc
     from basal.backends.cuda.gpu.kernel_configs import ATTENTION
 
-    h, f, q, kv = SHAPES["4.5B"]
+    h, f, q, kv = sc.MODEL_SHAPES["4.5B"]
     usage = _check(sc.attention_case(ATTENTION["f32"], q, kv))
     assert usage.wgmma or usage.mma_sync  # tensor cores
     for case in sc.row_cases(h, f, q, kv):
@@ -103,5 +84,7 @@ def test_each_other_kernel_compiles_for_sm90():
 
 @pytest.mark.slow
 def test_every_kernel_and_config_compiles_for_sm90():
-    for case in _all_cases():
+    from basal.backends.cuda.gpu import sm90_compile as sc
+
+    for case in sc.all_cases():
         _check(case)

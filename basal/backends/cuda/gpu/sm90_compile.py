@@ -102,6 +102,50 @@ def row_cases(hidden: int, inter: int, heads: int, kv_heads: int, dim: int = 128
     ]  # fmt: skip
 
 
+# (hidden, intermediate, heads, kv heads) of the basal model sizes (head dim 128)
+MODEL_SHAPES = {"mini": (1536, 8960, 12, 2), "4.5B": (2048, 11008, 16, 2), "max": (4096, 14336, 32, 8)}
+
+
+def shipped_gemms(shapes=MODEL_SHAPES) -> list:
+    """The GEMM tiles the model sizes ship (one per weight shape: qkv, o, gate_up, down)."""
+    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+
+    weights = [
+        w for h, f, q, kv in shapes.values() for w in (((q + 2 * kv) * 128, h), (h, q * 128), (2 * f, h), (h, f))
+    ]
+    return sorted({gemm_tiles(n, k) for n, k in weights}, key=lambda t: t.name)
+
+
+def fused_gemms(shapes=MODEL_SHAPES) -> list:
+    """(tiles, epilogue) of every fused GEMM the sizes ship: SwiGLU on gate_up, the residual add on o and down."""
+    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+
+    cases = set()
+    for h, f, q, _kv in shapes.values():
+        cases |= {
+            (gemm_tiles(2 * f, h), "swiglu"),
+            (gemm_tiles(h, q * 128), "residual"),
+            (gemm_tiles(h, f), "residual"),
+        }
+    return sorted(cases, key=lambda c: (c[0].name, c[1]))
+
+
+def all_cases(shapes=MODEL_SHAPES) -> list[Case]:
+    """Every kernel × config: the shipped GEMMs plain, fused and with a bias, the GEMM regime candidates, and
+    attention (both precisions) and the row kernels at every model size."""
+    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, GEMM_REGIMES
+
+    tiles = sorted(
+        {*shipped_gemms(shapes), *(t for regime in GEMM_REGIMES.values() for t in regime)}, key=lambda t: t.name
+    )
+    cases = [gemm_case(t, bias=b) for t in tiles for b in (False, True)]
+    cases += [gemm_case(t, epilogue=e, bias=b) for t, e in fused_gemms(shapes) for b in (False, True)]
+    for h, f, q, kv in shapes.values():
+        cases += [attention_case(cfg, q, kv) for cfg in ATTENTION.values()]
+        cases += row_cases(h, f, q, kv)
+    return cases
+
+
 def kernel_function(name: str):
     from basal.backends.cuda.gpu import triton_attention, triton_gemm, triton_rowwise
 
