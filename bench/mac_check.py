@@ -5,6 +5,7 @@ against plain MLX, and exits non-zero if any check fails.
     python -m bench.mac_check --preset 4.5B          # basal-1.5-4.5B shapes (~9 GB in f16)
     python -m bench.mac_check --layers 8             # quicker
     python -m bench.mac_check --model DIR            # a real Basal model directory
+    python -m bench.mac_check --bias                 # the basal-1.0 layout (attention and MLP biases)
     python -m bench.mac_check --device cpu --preset demo --dtypes f32 --quick   # any machine (the CI smoke test)
 
 Checks (each isolated: one failing does not stop the others): bitwise invariance per dtype — alone vs batched at
@@ -447,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="a Basal model directory (default: synthesize --preset)")
     ap.add_argument("--preset", default="mini", help="mini, 4.5B, ... or several: mini,4.5B")
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--bias", action="store_true", help="synthesize the basal-1.0 layout (attention and MLP biases)")
     ap.add_argument("--device", default="metal", choices=["metal", "cpu"])
     ap.add_argument("--dtypes", default="f16,bf16,f32")
     ap.add_argument("--runs", type=int, default=20)
@@ -468,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         sources = [Path(a.model)] if a.model else [None] * len(a.preset.split(","))
         for i, source in enumerate(sources):
             preset = a.preset.split(",")[i]
-            path = source or synth_model(Path(tmp) / preset, preset, layers=a.layers)
+            path = source or synth_model(Path(tmp) / preset, preset, layers=a.layers, bias=a.bias)
             model = ModelDir.load(path)
             report = Report(environment(a.device, model))
             env = report.environment

@@ -7,15 +7,16 @@ import pytest
 from bench import mac_check
 
 
-def test_mac_check_smoke_on_cpu(tmp_path, capsys):
+@pytest.mark.parametrize("bias", [False, True], ids=["basal-1.5", "basal-1.0 biases"])
+def test_mac_check_smoke_on_cpu(tmp_path, capsys, bias):
     """The Mac check on the CPU: every judged check passes, and its negative control was caught (chunking off
-    changed the bits), so the same checks can fail."""
+    changed the bits), so the same checks can fail; also on a model in the basal-1.0 layout (`--bias`)."""
     import json
 
     report, requests, exports = tmp_path / "mac.json", tmp_path / "requests.jsonl", tmp_path / "exports"
     requests.write_text(mac_check.DEFAULT_REQUESTS.read_text().splitlines()[0] + "\n")  # one request: quick
     argv = ["--device", "cpu", "--preset", "demo", "--dtypes", "f32", "--quick", "--runs", "2", "--long-words", "120"]
-    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)]
+    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)] + ["--bias"] * bias
     assert mac_check.main(argv) == 0
     data = json.loads(report.read_text())
     judged = {c["name"]: c["ok"] for c in data["checks"] if c["ok"] is not None}
