@@ -163,10 +163,19 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
             "timings": timings,
         }
     table.save(out / "gemm_engines.json")
-    res["lt_library_defaults"] = library_defaults(dry)
-    res["bias"] = bias_probe(device, dry, counts, engines)
-    res["swiglu_warps"] = swiglu_warps(device, dry)
+    # extra evidence, each on its own: a failure is recorded there and costs the phase nothing else
+    res["lt_library_defaults"] = isolated(lambda: library_defaults(dry))
+    res["bias"] = isolated(lambda: bias_probe(device, dry, counts, engines))
+    res["swiglu_warps"] = isolated(lambda: swiglu_warps(device, dry))
     return res
+
+
+def isolated(check) -> dict:
+    """check() -> dict, or {"error": ...} when it raises."""
+    try:
+        return check()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
 
 
 LIBRARY_DEFAULTS_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]
@@ -604,21 +613,29 @@ def summary(phases: dict) -> str:
             f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
             f"{large['TFLOPs']:7.1f} ({of_mm})"
         )
-    defaults = phases.get("P1", {}).get("lt_library_defaults", {})
+    p1 = phases.get("P1", {})
+    for key, title in (
+        ("lt_library_defaults", "cuBLASLt with the library's defaults (no R7; 4.5B shapes)"),
+        ("bias", "GEMMs with a bias (basal-1.0, 4.5B shapes)"),
+        ("swiglu_warps", "fused SwiGLU GEMM"),
+    ):
+        if "error" in p1.get(key, {}):
+            lines += ["", f"{title}: ERROR {p1[key]['error']}"]
+    defaults = p1.get("lt_library_defaults", {})
     if defaults and "error" not in defaults:
         flat = ", ".join(f"{shape} {'invariant' if d['invariant'] else d['detail']}" for shape, d in defaults.items())
         lines += ["", f"cuBLASLt with the library's defaults (no R7; 4.5B shapes): {flat}"]
-    biased = phases.get("P1", {}).get("bias", {})
-    if biased:
+    biased = p1.get("bias", {})
+    if biased and "error" not in biased:
         engines = ", ".join(f"{shape} {b['engine']}" for shape, b in biased.items())
         lines += ["", f"GEMMs with a bias (basal-1.0, 4.5B shapes): {engines}"]
-    warps = phases.get("P1", {}).get("swiglu_warps", {})
-    if warps:
+    warps = p1.get("swiglu_warps", {})
+    if warps and "error" not in warps:
         columns = [k.removesuffix("_ms") for k in next(iter(warps.values())) if k.endswith("_ms")]
         lines += ["", f"{'fused SwiGLU GEMM, ms at':<27} " + "   ".join(columns) + "   same bits"]
-    for size, r in warps.items():
-        cells = "   ".join(f"{v:.3f}" for k, v in r.items() if k.endswith("_ms"))
-        lines.append(f"{size:<27} {cells}   {r['same_bits']}")
+        for size, r in warps.items():
+            cells = "   ".join(f"{v:.3f}" for k, v in r.items() if k.endswith("_ms"))
+            lines.append(f"{size:<27} {cells}   {r['same_bits']}")
     lines += kernel_lines(phases.get("P4", {}).get("kernels", {}))
     return "\n".join(lines)
 
@@ -680,7 +697,8 @@ def main() -> int:
     model_ok = all("error" not in r and all(r.get("bitwise", {}).values()) for r in model)
     attention = report.data["phases"].get("P2", {}).values()
     attention_ok = all(r.get("bitwise_equal", True) for r in attention if isinstance(r, dict))
-    return 1 if failed or not model_ok or not attention_ok else 0
+    bias_ok = "error" not in report.data["phases"].get("P1", {}).get("bias", {})  # basal-1.0 served invariantly
+    return 1 if failed or not model_ok or not attention_ok or not bias_ok else 0
 
 
 if __name__ == "__main__":

@@ -113,3 +113,12 @@ def test_launched_kernels_reads_the_jit_caches_and_the_table_lists_them(monkeypa
     assert kernels["gemm"][0]["divisible"] == ["x_ptr"] and kernels["attention"] == []
     table = gpu_check.summary({"P4": {"kernels": kernels}})
     assert "kernels launched" in table and "gemm" in table and " 64-114 " in table and "attention" not in table
+
+
+def test_a_failing_extra_p1_check_is_recorded_and_shown_without_costing_the_others():
+    failed = gpu_check.isolated(lambda: 1 / 0)
+    assert failed["error"].startswith("ZeroDivisionError") and "traceback" in failed
+    assert gpu_check.isolated(lambda: {"ok": True}) == {"ok": True}
+    table = gpu_check.summary({"P1": {"bias": failed, "swiglu_warps": {"toy": {"w4@16_ms": 1.0, "same_bits": True}}}})
+    assert "GEMMs with a bias (basal-1.0, 4.5B shapes): ERROR ZeroDivisionError" in table
+    assert "fused SwiGLU GEMM, ms at" in table and "1.000" in table
