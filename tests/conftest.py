@@ -22,6 +22,8 @@ def pytest_collection_finish(session) -> None:
     """Start the background commands of the collected tests that will run (tests/background.py)."""
     from tests import background
 
+    if session.config.option.collectonly:
+        return
     commands = [
         marker.args[0]
         for item in session.items
