@@ -225,3 +225,14 @@ def test_the_probe_passes_the_bias_and_times_engines_only_where_it_has_a_choice(
     assert one.shapes[0].bias and all(seen) and one.shapes[0].candidates["tri"].ms is None
     two = et.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("lt", "tri"), timing_rows=8)
     assert all(c.ms is not None for c in two.shapes[0].candidates.values()) and not two.shapes[0].bias
+
+
+def test_an_engine_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, caplog):
+    pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
+    from basal.backends.cuda.gpu.backend import keep_table
+
+    table = et.EngineTable({"gpu": "H200"}, [4], [et.ShapeEntry(16, 32, "tri")])
+    assert keep_table(table, tmp_path / "gpu" / "t.json") and (tmp_path / "gpu" / "t.json").is_file()
+    (tmp_path / "file").write_text("")
+    assert not keep_table(table, tmp_path / "file" / "gpu" / "t.json")  # its parent is a file: OSError
+    assert "not saved" in caplog.text

@@ -46,6 +46,17 @@ GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run a
 READOUT_CAP = 1024
 
 
+def keep_table(table: et.EngineTable, path) -> bool:
+    """Save the probed table for `basal doctor`. Serving does not need it, so a read-only home must not stop a
+    start: a failure is a warning."""
+    try:
+        table.save(path)
+        return True
+    except OSError as e:
+        log.warning("GEMM engine table not saved (%s): basal doctor will not show it; set BASAL_HOME", e)
+        return False
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A forward's tile plan packed into its metadata blob, on the host (`GpuBackend.prepare`)."""
@@ -141,7 +152,7 @@ class GpuBackend:
             bias=self.weights.cfg.bias,
         )  # fmt: skip
         if self.dev.type == "cuda":
-            table.save(et.table_path(self.dtype))
+            keep_table(table, et.table_path(self.dtype))
         log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])
         return table
 
