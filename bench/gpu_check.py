@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (hidden, intermediate, layers, heads, kv heads) per model shape (docs/gpu-path.md §1)
-SHAPES = {"mini": (1536, 8960, 32, 12, 2), "4.5B": (2048, 11008, 60, 16, 2), "max": (4096, 14336, 50, 32, 8)}
+from basal.backends.cuda.gpu.kernel_configs import MODEL_SHAPES as SHAPES  # noqa: E402 (plain Python, after sys.path)
+from basal.backends.cuda.gpu.kernel_configs import weight_shapes  # noqa: E402
+
 TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
 # H100 single decision, ms: upstream / basal-rs (docs/gpu-path.md §1), and the H200 targets of issue 10
 ANCHORS = {"mini": (4.8, 6.2, 2.5), "4.5B": (9.8, 13.2, 6.0), "max": (14.5, 17.5, 11.0)}
@@ -126,8 +127,14 @@ def phase_env(device, dry: bool) -> dict:
 # -- P1 -------------------------------------------------------------------------------------------------------
 
 
-def gemm_shapes(hidden: int, inter: int, heads: int, kv: int, head_dim: int = 128) -> list[tuple[int, int]]:
-    return [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+def gemm_shapes(size: str) -> list[tuple[int, int]]:
+    hidden, inter, _, heads, kv = SHAPES[size]
+    return list(weight_shapes(hidden, inter, heads, kv).values())
+
+
+def biased_shapes(dry: bool) -> list[tuple[int, int]]:
+    """The GEMM shapes of basal-1.0-4.5B (those of 4.5B); toy ones in the dry run."""
+    return [(32, 64), (64, 128)] if dry else gemm_shapes("4.5B")
 
 
 def phase_gemm(device, dry: bool, out: Path) -> dict:
@@ -141,7 +148,7 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
     if dry:
         shapes, counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
     else:
-        shapes = [s for v in SHAPES.values() for s in gemm_shapes(v[0], v[1], v[3], v[4])]
+        shapes = [s for size in SHAPES for s in gemm_shapes(size)]
         counts, engines = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192], et.PREFERENCE
     table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, None)
     res = {"shapes": {}, "tri_configs_equal": {}}
@@ -191,7 +198,9 @@ def library_defaults(dry: bool) -> dict:
     import subprocess
 
     argv = [sys.executable, str(Path(__file__).resolve()), "--library-defaults"] + (["--cpu-dry-run"] if dry else [])
-    env = {k: v for k, v in os.environ.items() if k not in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE")}
+    from basal.backends.cuda.gpu.environment import CUBLAS_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in CUBLAS_ENV}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         return {"error": (done.stdout + done.stderr)[-1500:]}
@@ -205,13 +214,11 @@ def library_defaults_child(dry: bool) -> int:
     from basal.backends.cuda.gpu import engine_table as et
 
     device = torch.device("cpu" if dry else "cuda")
-    v = SHAPES["4.5B"]
-    shapes = [(32, 64), (64, 128)] if dry else gemm_shapes(v[0], v[1], v[3], v[4])
     counts = [1, 2, 3, 17, 64] if dry else LIBRARY_DEFAULTS_COUNTS
     g = torch.Generator().manual_seed(0)
     out = {}
     with torch.inference_mode():
-        for n, k in shapes:
+        for n, k in biased_shapes(dry):
             x = torch.randn(max(counts), k, generator=g).half().to(device)
             w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
             ok, detail = et.probe_engine(et.lt_linear, x, w, counts)
@@ -228,9 +235,8 @@ def bias_probe(device, dry: bool, counts: list[int], engines) -> dict:
     from basal.backends.cuda.gpu import engine_table as et
     from basal.backends.cuda.gpu.environment import versions
 
-    v = SHAPES["4.5B"]
-    shapes = [(32, 64), (64, 128)] if dry else gemm_shapes(v[0], v[1], v[3], v[4])
-    table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, bias=True)
+    key = et.table_key(versions(device), "f16")
+    table = et.probe(biased_shapes(dry), torch.float16, device, counts, key, engines, bias=True)
     return {
         f"{e.n}x{e.k}": {"engine": e.engine, "invariant": {c: v.invariant for c, v in e.candidates.items()}}
         for e in table.shapes
@@ -246,7 +252,7 @@ def swiglu_warps(device, dry: bool) -> dict:
     from basal.backends.cuda.gpu.kernel_configs import GemmTiles, gemm_tiles
     from basal.backends.cuda.gpu.triton_gemm import linear
 
-    sizes = {"toy": (64, 32)} if dry else {name: (2 * v[1], v[0]) for name, v in SHAPES.items()}
+    sizes = {"toy": (64, 32)} if dry else {size: gemm_shapes(size)[2] for size in SHAPES}  # [gate; up]
     g, res = torch.Generator().manual_seed(2), {}
     for name, (n, k) in sizes.items():
         x = torch.randn(16 if dry else 2048, k, generator=g).half().to(device)
@@ -524,15 +530,13 @@ def model_checks(size: str, device, dry: bool) -> dict:
 
 # -- P4 -------------------------------------------------------------------------------------------------------
 
-KERNELS = ("gemm", "attention", "rmsnorm", "rope_kv", "swiglu", "letter_readout")
-
 
 def launched_kernels() -> dict[str, list[dict]]:
     """Every compiled variant of the GPU path's kernels this process launched, as the driver loaded it: warps,
     stages, shared memory, registers, spills, its constexprs and the arguments the launch marked 16-divisible.
     The launch's view of what sm90_compile.py checks offline (no spills; one variant per configuration: another
     specialisation would be a variant the offline check never compiled). Empty under the interpreter."""
-    from basal.backends.cuda.gpu.sm90_compile import kernel_function
+    from basal.backends.cuda.gpu.sm90_compile import KERNELS, kernel_function
 
     out = {}
     for name in KERNELS:

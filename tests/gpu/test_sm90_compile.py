@@ -73,9 +73,9 @@ def test_negative_control_a_gemm_compiled_without_the_launch_specialisation_is_c
 
 def test_each_other_kernel_compiles_for_sm90():
     from basal.backends.cuda.gpu import sm90_compile as sc
-    from basal.backends.cuda.gpu.kernel_configs import ATTENTION
+    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, MODEL_SHAPES
 
-    h, f, q, kv = sc.MODEL_SHAPES["4.5B"]
+    h, f, _, q, kv = MODEL_SHAPES["4.5B"]
     usage = _check(sc.attention_case(ATTENTION["f32"], q, kv))
     assert usage.wgmma or usage.mma_sync  # tensor cores
     for case in sc.row_cases(h, f, q, kv):

@@ -28,7 +28,7 @@ from basal.backends.cuda.gpu.buckets import (
 )
 from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
 from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
-from basal.backends.cuda.gpu.kernel_configs import ATTENTION, READOUT_LETTERS
+from basal.backends.cuda.gpu.kernel_configs import ATTENTION, FUSED_EPILOGUES, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
@@ -137,9 +137,9 @@ class GpuBackend:
         return [tuple(w.shape) for w in (lw.qkv, lw.o_proj, lw.gate_up, lw.down)]
 
     def _epilogues(self) -> dict[tuple[int, int], str]:
-        """The epilogue each weight shape's `tri` GEMM would carry: o and down the residual add, gate_up SwiGLU."""
-        _qkv, o_proj, gate_up, down = self._shapes()
-        return {o_proj: "residual", down: "residual", gate_up: "swiglu"}
+        """The epilogue each weight shape's `tri` GEMM would carry (kernel_configs.FUSED_EPILOGUES)."""
+        lw = self.weights.layers[0]
+        return {tuple(getattr(lw, name).shape): epilogue for name, epilogue in FUSED_EPILOGUES.items()}
 
     def _probe_engines(self, arena_tokens: int, fuse_epilogues: bool) -> et.EngineTable:
         started = time.perf_counter()

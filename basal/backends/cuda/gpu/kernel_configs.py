@@ -15,6 +15,20 @@ BK = 64  # GEMM K step, everywhere (R1)
 READOUT_LETTERS = 16  # letter logits per readout row, padded with a mask
 READOUT_CHUNK = 512  # hidden elements per step of the letter readout
 EPILOGUES = {"none": 0, "residual": 1, "swiglu": 2}  # the `tri` GEMM's fused epilogues (triton_gemm.py)
+FUSED_EPILOGUES = {"o_proj": "residual", "gate_up": "swiglu", "down": "residual"}  # what each `tri` GEMM carries
+
+# (hidden, intermediate, layers, heads, kv heads) of the basal sizes, head dim 128 (docs/gpu-path.md §1)
+MODEL_SHAPES = {"mini": (1536, 8960, 32, 12, 2), "4.5B": (2048, 11008, 60, 16, 2), "max": (4096, 14336, 50, 32, 8)}
+
+
+def weight_shapes(hidden: int, inter: int, heads: int, kv: int, head_dim: int = 128) -> dict[str, tuple[int, int]]:
+    """[N, K] of a layer's GEMM weights, q/k/v and gate/up fused, by their names in `DeviceLayer`."""
+    return {
+        "qkv": ((heads + 2 * kv) * head_dim, hidden),
+        "o_proj": (hidden, heads * head_dim),
+        "gate_up": (2 * inter, hidden),
+        "down": (hidden, inter),
+    }
 
 
 @dataclass(frozen=True)

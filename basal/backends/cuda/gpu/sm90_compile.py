@@ -102,45 +102,37 @@ def row_cases(hidden: int, inter: int, heads: int, kv_heads: int, dim: int = 128
     ]  # fmt: skip
 
 
-# (hidden, intermediate, heads, kv heads) of the basal model sizes (head dim 128)
-MODEL_SHAPES = {"mini": (1536, 8960, 12, 2), "4.5B": (2048, 11008, 16, 2), "max": (4096, 14336, 32, 8)}
+KERNELS = ("gemm", "attention", "rmsnorm", "rope_kv", "swiglu", "letter_readout")
 
 
-def shipped_gemms(shapes=MODEL_SHAPES) -> list:
+def shipped_gemms() -> list:
     """The GEMM tiles the model sizes ship (one per weight shape: qkv, o, gate_up, down)."""
-    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+    from basal.backends.cuda.gpu.kernel_configs import MODEL_SHAPES, gemm_tiles, weight_shapes
 
-    weights = [
-        w for h, f, q, kv in shapes.values() for w in (((q + 2 * kv) * 128, h), (h, q * 128), (2 * f, h), (h, f))
-    ]
+    weights = [w for h, f, _, q, kv in MODEL_SHAPES.values() for w in weight_shapes(h, f, q, kv).values()]
     return sorted({gemm_tiles(n, k) for n, k in weights}, key=lambda t: t.name)
 
 
-def fused_gemms(shapes=MODEL_SHAPES) -> list:
-    """(tiles, epilogue) of every fused GEMM the sizes ship: SwiGLU on gate_up, the residual add on o and down."""
-    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+def fused_gemms() -> list:
+    """(tiles, epilogue) of every fused GEMM the sizes ship (kernel_configs.FUSED_EPILOGUES)."""
+    from basal.backends.cuda.gpu.kernel_configs import FUSED_EPILOGUES, MODEL_SHAPES, gemm_tiles, weight_shapes
 
     cases = set()
-    for h, f, q, _kv in shapes.values():
-        cases |= {
-            (gemm_tiles(2 * f, h), "swiglu"),
-            (gemm_tiles(h, q * 128), "residual"),
-            (gemm_tiles(h, f), "residual"),
-        }
+    for h, f, _, q, kv in MODEL_SHAPES.values():
+        weights = weight_shapes(h, f, q, kv)
+        cases |= {(gemm_tiles(*weights[name]), epilogue) for name, epilogue in FUSED_EPILOGUES.items()}
     return sorted(cases, key=lambda c: (c[0].name, c[1]))
 
 
-def all_cases(shapes=MODEL_SHAPES) -> list[Case]:
+def all_cases() -> list[Case]:
     """Every kernel × config: the shipped GEMMs plain, fused and with a bias, the GEMM regime candidates, and
     attention (both precisions) and the row kernels at every model size."""
-    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, GEMM_REGIMES
+    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, GEMM_REGIMES, MODEL_SHAPES
 
-    tiles = sorted(
-        {*shipped_gemms(shapes), *(t for regime in GEMM_REGIMES.values() for t in regime)}, key=lambda t: t.name
-    )
+    tiles = sorted({*shipped_gemms(), *(t for regime in GEMM_REGIMES.values() for t in regime)}, key=lambda t: t.name)
     cases = [gemm_case(t, bias=b) for t in tiles for b in (False, True)]
-    cases += [gemm_case(t, epilogue=e, bias=b) for t, e in fused_gemms(shapes) for b in (False, True)]
-    for h, f, q, kv in shapes.values():
+    cases += [gemm_case(t, epilogue=e, bias=b) for t, e in fused_gemms() for b in (False, True)]
+    for h, f, _, q, kv in MODEL_SHAPES.values():
         cases += [attention_case(cfg, q, kv) for cfg in ATTENTION.values()]
         cases += row_cases(h, f, q, kv)
     return cases
