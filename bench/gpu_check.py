@@ -97,6 +97,19 @@ def cuda_timer(fn, repeats: int, device) -> list[float]:
 # -- P0 -------------------------------------------------------------------------------------------------------
 
 
+def read_clocks() -> str:
+    """`nvidia-smi -q -d CLOCK`, read only (the clocks are left alone, §8.2); without nvidia-smi in the image, a
+    line that says so: the ceilings P0 measures still count."""
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK"], capture_output=True, text=True, timeout=5).stdout[
+            -1500:
+        ]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"not read: {type(e).__name__}: {e}"
+
+
 def phase_env(device, dry: bool) -> dict:
     import torch
 
@@ -104,13 +117,7 @@ def phase_env(device, dry: bool) -> dict:
 
     res = {"versions": versions(device)}
     if device.type == "cuda":
-        import subprocess
-
-        try:  # read-only: the clocks are left alone (§8.2)
-            smi = subprocess.run(["nvidia-smi", "-q", "-d", "CLOCK"], capture_output=True, text=True, timeout=5)
-            res["clocks"] = smi.stdout[-1500:]
-        except (OSError, subprocess.TimeoutExpired) as e:  # no nvidia-smi in the image: the ceilings still count
-            res["clocks"] = f"not read: {type(e).__name__}: {e}"
+        res["clocks"] = read_clocks()
     n = (1 << 16) if dry else (1 << 29)  # f16 elements: 1 GiB on the GPU
     src = torch.randn(n, device=device).half()
     dst = torch.empty_like(src)

@@ -122,3 +122,13 @@ def test_a_failing_extra_p1_check_is_recorded_and_shown_without_costing_the_othe
     table = gpu_check.summary({"P1": {"bias": failed, "swiglu_warps": {"toy": {"w4@16_ms": 1.0, "same_bits": True}}}})
     assert "GEMMs with a bias (basal-1.0, 4.5B shapes): ERROR ZeroDivisionError" in table
     assert "fused SwiGLU GEMM, ms at" in table and "1.000" in table
+
+
+def test_clocks_without_nvidia_smi_are_a_line_not_a_failed_phase(monkeypatch):
+    import subprocess
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert gpu_check.read_clocks().startswith("not read: FileNotFoundError")
