@@ -241,6 +241,7 @@ def _bench(a: argparse.Namespace) -> int:
                 f"({bench.limit.rows}-row F.linear: {rates})",
                 file=sys.stderr,
             )
+        hf_device, hf_dtype = bench.baseline_placement
         context = {
             "model": model_shape(model),
             "backend": bench.backend.name,
@@ -248,6 +249,7 @@ def _bench(a: argparse.Namespace) -> int:
             "dtype": bench.backend.dtype,
             "quick": not a.full,
             "gemm_limit": bench.limit.as_dict() if bench.limit else None,
+            "transformers_baseline": {"device": hf_device, "dtype": hf_dtype} if bench.transformers else None,
             # threads, GEMM chunks, compiled CPU kernels: how the numbers were computed (torch backend)
             "compute": bench.backend.describe() if hasattr(bench.backend, "describe") else None,
         }

@@ -113,6 +113,7 @@ def test_basal_bench_records_how_it_computed(demo_dir, tmp_path):
     data = json.loads((tmp_path / "single.json").read_text())
     assert data["compute"]["cpu_kernels"] == cpu_kernels.kind() and data["compute"]["threads"] >= 1
     assert data["gemm_limit"]["combined_gflops"] > 0 and data["compute"]["gemm_chunks"]
+    assert data["transformers_baseline"] is None  # --no-transformers
 
 
 def test_lane_overlap_bench_smoke(demo_model, capsys):
@@ -134,3 +135,26 @@ def test_sm90_usage_prints_every_case_of_a_kernel(capsys):
     assert sm90_usage.main(["--kernel", "swiglu"]) == 0
     out = capsys.readouterr()
     assert out.out.count("\nswiglu ") == 3 and "3 cases, 0 with problems" in out.err  # F of mini, 4.5B, max
+
+
+def test_the_transformers_baseline_runs_where_basal_runs(demo_model):
+    """On CUDA the baseline takes basal's device and dtype (a CPU f32 baseline would compare machines, not
+    engines); elsewhere the CPU in f32, which this machine runs."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from basal.benchsuite.suites import Bench
+    from basal.benchsuite.workloads import bench_items
+
+    def placed(device: str, dtype: str) -> tuple[str, str]:
+        bench = Bench.__new__(Bench)
+        bench.backend = SimpleNamespace(device=device, dtype=dtype)
+        return bench.baseline_placement
+
+    assert placed("cuda:0", "f16") == ("cuda:0", "f16") and placed("cuda", "bf16") == ("cuda", "bf16")
+    assert placed("cpu", "bf16") == ("cpu", "f32") and placed("gpu", "f16") == ("cpu", "f32")  # MLX's "gpu"
+    bench = Bench(demo_model)
+    assert bench.hf(bench.plan(bench_items(1, seed=0)[0])) > 0
+    weight = next(bench._hf.parameters())
+    assert (weight.device.type, weight.dtype) == ("cpu", torch.float32)

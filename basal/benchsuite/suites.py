@@ -7,8 +7,9 @@
     concurrency  one question on a 512-token state over HTTP, 1..32 concurrent clients
     mixed        a mixed workload (short states, multi-question, long documents): HRRN vs FIFO, long lane on/off
 
-Baselines: transformers' LlamaForCausalLM running every option-order prompt separately (upstream-1.0 style),
-and basal with tree packing off (one question per row). `quick` shrinks counts and sizes for a 2-core CPU.
+Baselines: transformers' LlamaForCausalLM running every option-order prompt separately (upstream-1.0 style; on
+CUDA on basal's device in basal's dtype, elsewhere on the CPU in f32), and basal with tree packing off (one
+question per row). `quick` shrinks counts and sizes for a 2-core CPU.
 
 Against the machine's limit: at the start of the run `Bench` measures the library's GEMM rate on the model's own
 weight shapes (`limits.measure`, torch backends), and the in-process suites report each basal row's achieved
@@ -88,24 +89,37 @@ class Bench:
     def basal(self, request: DecisionRequest, tree: bool = True) -> float:
         return self.timed(lambda: (self.tree if tree else self.flat).decide(request))
 
+    @property
+    def baseline_placement(self) -> tuple[str, str]:
+        """(device, dtype) of the transformers baseline: where basal runs on CUDA, in its dtype, so the ratio
+        compares engines rather than machines; elsewhere the CPU in f32 (transformers has no MLX path)."""
+        device = str(self.backend.device)
+        if device.startswith("cuda"):
+            return device, self.backend.dtype
+        return "cpu", "f32"
+
     def hf(self, request: DecisionRequest) -> float:
-        """transformers, every option-order prompt run whole and alone (f32, SDPA, logits at the last token)."""
+        """transformers, every option-order prompt run whole and alone (SDPA, logits at the last token), on
+        `baseline_placement`."""
         import torch
 
+        device, dtype = self.baseline_placement
         if self._hf is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from transformers import LlamaForCausalLM
 
             self._hf = LlamaForCausalLM.from_pretrained(
-                self.model.path, dtype=torch.float32, attn_implementation="sdpa"
-            ).eval()
+                self.model.path, dtype=limits.TORCH_DTYPE[dtype], attn_implementation="sdpa"
+            ).to(device).eval()  # fmt: skip
         prompts = [p for t in self.tree.tokenize([q for q in request.questions if q.needs_model]) for p in t.prompts]
         letters = self.tree.letter_ids
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
         def run() -> None:
             with torch.inference_mode():
                 for p in prompts:
-                    self._hf(torch.tensor([p]), logits_to_keep=1).logits[0, -1, letters]
+                    self._hf(torch.tensor([p], device=device), logits_to_keep=1).logits[0, -1, letters].cpu()
+            sync()
 
         return self.timed(run)
 
