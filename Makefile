@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast test-all determinism bench lint serve clean
+.PHONY: venv test test-fast test-all determinism gpu-image-check bench lint serve clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,23 @@ test-all: $(STAMP)
 # the cross-backend determinism suite alone, with a one-line verdict per backend x dtype
 determinism: $(STAMP)
 	$(PY) -m pytest -q tests/determinism
+
+# the GPU path's CPU checks on the GPU image's versions (tests/gpu/image-versions.txt: Python 3.12, torch 2.11,
+# Triton 3.6, numpy 2.5) in a venv of their own: the gpu_check dry run with only the image's imports, the kernels
+# under the interpreter and the host-side tests. Not in `make test`: PyPI's torch 2.11 is a CUDA build (about
+# 4.7 GB with its libraries). pytest and msgspec are for the test suite's conftest; the dry run refuses msgspec.
+IMAGE_PYTHON ?= python3.12
+IMAGE_VENV   ?= .venv-image
+gpu-image-check:
+	test -x $(IMAGE_VENV)/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt pytest msgspec
+	rm -rf $(IMAGE_VENV)/dry-run
+	PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/gpu_check.py --cpu-dry-run \
+		--out $(IMAGE_VENV)/dry-run
+	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
+		tests/gpu/interpreter
+	PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not background" \
+		tests/gpu/test_host_side.py tests/gpu/test_pacing.py tests/gpu/test_sm90_compile.py
 
 # every benchmark suite, CPU-sized (mini shapes cut to 2 layers; about 15 min on 2 cores), tables and plots in
 # bench/results; progress per suite on standard error

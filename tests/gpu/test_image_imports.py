@@ -51,3 +51,25 @@ def test_the_guard_refuses_what_the_image_lacks(tmp_path):
     done = run_guarded(tmp_path, "import basal.core.evidence\n")
     assert done.returncode != 0
     assert "No module named 'msgspec' on the GPU machine's image" in done.stderr
+
+
+def image_versions() -> dict[str, str | None]:
+    """tests/gpu/image-versions.txt as {import name: pinned version or None}."""
+    pins: dict[str, str | None] = {}
+    for line in (ROOT / "tests" / "gpu" / "image-versions.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            pins[IMPORT_NAME.get(name.lower(), name.lower())] = version or None
+    return pins
+
+
+def test_the_image_versions_file_lists_only_what_the_image_has():
+    pins = image_versions()
+    assert {"torch", "triton", "numpy"} <= set(pins) <= IMAGE_HAS
+
+
+def test_the_pinned_triton_is_the_images():
+    """The Triton that make test compiles and interprets the kernels with is the one the GPU will run."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [s for s in dependencies if s.startswith("triton")]
+    assert spec.split(";")[0].strip() == f"triton=={image_versions()['triton']}"
