@@ -4,7 +4,8 @@
 
 Phases (each with its own deadline; results appended to $OUT/gpu_check.json after every phase, so a timeout still
 returns data): P0 environment and ceilings, P1 GEMM engines, P2 attention, P3 whole model on mini / 4.5B / max
-shapes with synthetic weights, P4 the summary table against the anchors and the physical limit. Needs only the
+shapes with synthetic weights, then `basal serve`'s path on checkpoints on disk (basal-1.5 and basal-1.0 layouts),
+P4 the summary table against the anchors and the physical limit. Needs only the
 image's torch and triton and this repository. `--cpu-dry-run` runs every phase at toy sizes under the Triton
 interpreter (with the order-fixed dot), so GPU minutes are never spent on a script bug; `make test` runs it.
 """
@@ -34,6 +35,11 @@ DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 110, "P4": 5}
 # seconds a P3 size needs at least (synthetic weights, engine probe, compiles, checks, timings); with less of the
 # budget left the size is skipped, so the run still ends with its table inside the device window
 SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
+# P3 after the sizes: `basal serve`'s path on a checkpoint on disk, per layout (name -> attention and MLP biases)
+CHECKPOINTS = {"basal-1.5": False, "basal-1.0": True}
+CHECKPOINT_NEEDS_S = 20
+CHECKPOINT_LAYERS = 2  # with 1 the last layer, run at the readouts only, would be almost all of the model
+CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
 
 
@@ -385,20 +391,27 @@ def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: in
 
 
 def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: float) -> dict:
-    """Every size on its own: a failure is recorded with its traceback and the next size still runs; the results
-    are written after every size; a size that would not fit before `deadline` (perf_counter) is skipped."""
+    """Every size, then every checkpoint layout, on its own: a failure is recorded with its traceback and the next
+    one still runs; the results are written after each; one that would not fit before `deadline` (perf_counter)
+    is skipped."""
     import torch
 
+    items = [(size, SIZE_NEEDS_S.get(size, 45), lambda size=size: model_checks(size, device, dry)) for size in sizes]
+    items += [
+        (f"checkpoint {name}", CHECKPOINT_NEEDS_S, lambda bias=bias: checkpoint_checks(device, dry, bias))
+        for name, bias in CHECKPOINTS.items()
+        if not dry or bias  # the dry run checks the script on one layout, the one with more code: biases
+    ]
     res = {}
-    for size in sizes:
+    for key, needs, check in items:
         left = deadline - time.perf_counter()
-        if left < SIZE_NEEDS_S.get(size, 45):
-            res[size] = {"skipped": f"{left:.0f} s of the budget left, {SIZE_NEEDS_S.get(size, 45)} s needed"}
+        if left < needs:
+            res[key] = {"skipped": f"{left:.0f} s of the budget left, {needs} s needed"}
         else:
             try:
-                res[size] = model_checks(size, device, dry)
+                res[key] = check()
             except Exception as e:
-                res[size] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                res[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         report.partial("P3", res)
@@ -535,6 +548,76 @@ def model_checks(size: str, device, dry: bool) -> dict:
     return out
 
 
+def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
+    """`basal serve`'s path, which the synthetic device weights above skip: a checkpoint on disk (bf16 safetensors,
+    mini shapes cut to 2 layers; the demo model's in the dry run), `load_backend(model, "auto")` (on CUDA the torch
+    backend hands over to the GPU path, f16, weights read straight to the device), a template prefix, the serve
+    start's CUDA graphs (`warm_up`), then a question: alone = in a batch and the warm graph = an eager pass,
+    bitwise, and close to the torch CPU f32 backend on the same checkpoint."""
+    import tempfile
+
+    import numpy as np
+
+    from basal.backends.base import load_backend
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.backends.cuda.gpu.backend import GpuBackend
+    from basal.core.compute import run_to_end
+    from basal.core.model_dir import ModelDir
+    from basal.core.synth import synth_model
+    from basal.core.tree import plan_forwards
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_model.") as tmp:
+        preset = "demo" if dry else "mini"
+        model = ModelDir.load(synth_model(Path(tmp) / "model", preset, layers=CHECKPOINT_LAYERS, bias=bias))
+        written = time.perf_counter()
+        picked = load_backend(model, "auto")
+        be = picked if device.type == "cuda" else GpuBackend.load(model, "f16", "cpu", arena_tokens=64, progress=False)
+        loaded = time.perf_counter()
+        rng = random.Random(1)
+        vocab = model.config.vocab_size
+        prefix = tuple(rng.randrange(vocab) for _ in range(10 if dry else 66))
+        be.prefix("en", prefix)
+        prefixed = time.perf_counter()
+        graphs = be.warm_up()
+        warmed = time.perf_counter()
+        state_len = 8 if dry else 100
+        qs = questions(2, rng, prefix, state_len, vocab)
+        letters = list(range(10))
+        (alone,) = plan_forwards(qs[:1], letters, {"en": prefix})
+        (both,) = plan_forwards(qs, letters, {"en": prefix})
+        first = run_to_end(be.run(alone.batch))  # a warm bucket on CUDA: replayed from its first use
+        eager = run_to_end(be.run(alone.batch, preemptible=True))  # the long lane's way: eager, layer by layer
+        in_batch = run_to_end(be.run(both.batch))
+        cpu = TorchBackend.load(model, dtype="f32", device="cpu") if device.type == "cuda" else picked  # f32, CPU
+        cpu.prefix("en", prefix)
+        reference = run_to_end(cpu.run(both.batch))
+    error = float(np.abs(in_batch - reference).max()) / max(1.0, float(np.abs(reference).max()))
+    row = both.readout_of[(0, 0)]
+    expected = "GpuBackend" if device.type == "cuda" else "TorchBackend"  # auto on a machine without CUDA: the CPU
+    return {
+        "checks": {
+            "auto_picks_gpu_path" if device.type == "cuda" else "auto_picks_cpu": type(picked).__name__ == expected,
+            "f16": be.dtype == "f16",
+            "alone=in_batch": first[alone.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
+            "warm_graph=eager": first.tobytes() == eager.tobytes(),
+            "finite": bool(np.isfinite(in_batch).all()),
+            "close_to_cpu_f32": error <= CLOSE_TO_CPU,
+        },
+        "preset": f"{preset}, {CHECKPOINT_LAYERS} layers" + (", biases" if bias else ""),
+        "backend": type(picked).__name__,
+        "max_rel_error_vs_cpu_f32": error,
+        "same_decisions_as_cpu": bool((in_batch[:, :2].argmax(1) == reference[:, :2].argmax(1)).all()),
+        "write_s": written - started,
+        "load_s": loaded - written,
+        "weights_load_s": getattr(be.weights, "load_seconds", None),
+        "prefix_s": prefixed - loaded,
+        "warm_up_graphs": graphs,
+        "warm_up_s": warmed - prefixed,
+        "seconds": time.perf_counter() - started,
+    }
+
+
 # -- P4 -------------------------------------------------------------------------------------------------------
 
 
@@ -577,6 +660,24 @@ def kernel_lines(kernels: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def checkpoint_lines(rows: dict[str, dict]) -> list[str]:
+    """P3's checkpoints on disk: what `auto` picked, the load and warm-up times, the error against the CPU."""
+    if not rows:
+        return []
+    lines = ["", "serve path, checkpoint on disk   backend         load s   warm-up graphs (s)   vs CPU f32   checks"]
+    for key, r in rows.items():
+        name = key.removeprefix("checkpoint ")
+        if "checks" not in r:
+            lines.append(f"{name:<32} {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}")
+            continue
+        failed = [k for k, ok in r["checks"].items() if not ok]
+        lines.append(
+            f"{name:<32} {r['backend']:<14} {r['load_s']:7.2f}   {r['warm_up_graphs']:>6d} ({r['warm_up_s']:6.2f})"
+            f"       {r['max_rel_error_vs_cpu_f32']:9.2e}   {'NO ' + ','.join(failed) if failed else 'yes'}"
+        )
+    return lines
+
+
 def summary(phases: dict) -> str:
     """The P3 sizes against the anchors and the weight-streaming floor, then each GEMM against the ceilings, and
     the kernels the run launched (P4's `kernels`)."""
@@ -588,7 +689,8 @@ def summary(phases: dict) -> str:
         "size   single ms (p90)   H100 upstream / basal-rs   H200 target   floor @copy BW   decisions/s @2k / @4k"
         "   bitwise",
     ]
-    for size, r in phases.get("P3", {}).items():
+    model_rows = {k: r for k, r in phases.get("P3", {}).items() if not k.startswith("checkpoint")}
+    for size, r in model_rows.items():
         if not isinstance(r, dict):
             continue
         if "bitwise" not in r:
@@ -602,6 +704,7 @@ def summary(phases: dict) -> str:
             f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
             f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"
         )
+    lines += checkpoint_lines({k: r for k, r in phases.get("P3", {}).items() if k.startswith("checkpoint")})
     overlaps = {k: r["overlap"] for k, r in phases.get("P3", {}).items() if isinstance(r, dict) and "overlap" in r}
     if overlaps:
         lines += ["", "single decisions back to back   ms/forward one by one   two in flight   speedup"]
@@ -707,12 +810,18 @@ def main() -> int:
         text = summary(report.data["phases"])
         report.phase("P4", {"table": text, **report.data["phases"]["P4"]}, time.perf_counter() - started)
         print(text)
-    model = [r for r in report.data["phases"].get("P3", {}).values() if isinstance(r, dict)]
-    model_ok = all("error" not in r and all(r.get("bitwise", {}).values()) for r in model)
-    attention = report.data["phases"].get("P2", {}).values()
+    return 1 if failed or not checks_passed(report.data["phases"]) else 0
+
+
+def checks_passed(phases: dict) -> bool:
+    """The run's verdict: every P3 size and checkpoint ran and passed its checks, attention was bitwise equal, and
+    the GEMMs with a bias were probed (basal-1.0 is served invariantly)."""
+    model = [r for r in phases.get("P3", {}).values() if isinstance(r, dict)]
+    model_ok = all("error" not in r and all({**r.get("bitwise", {}), **r.get("checks", {})}.values()) for r in model)
+    attention = phases.get("P2", {}).values()
     attention_ok = all(r.get("bitwise_equal", True) for r in attention if isinstance(r, dict))
-    bias_ok = "error" not in report.data["phases"].get("P1", {}).get("bias", {})  # basal-1.0 served invariantly
-    return 1 if failed or not model_ok or not attention_ok or not bias_ok else 0
+    bias_ok = "error" not in phases.get("P1", {}).get("bias", {})
+    return model_ok and attention_ok and bias_ok
 
 
 if __name__ == "__main__":

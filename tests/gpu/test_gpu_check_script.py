@@ -21,9 +21,25 @@ GOOD = {
 }
 
 
+CHECKPOINT = {
+    "checks": {"auto_picks_gpu_path": True, "alone=in_batch": True},
+    "backend": "GpuBackend",
+    "load_s": 1.5,
+    "warm_up_graphs": 37,
+    "warm_up_s": 2.25,
+    "max_rel_error_vs_cpu_f32": 1e-3,
+}
+
+
 @pytest.fixture
 def report(tmp_path):
     return gpu_check.Report(tmp_path / "gpu_check.json", {"dry_run": False})
+
+
+@pytest.fixture(autouse=True)
+def no_checkpoint_on_disk(monkeypatch):
+    """phase_model's checkpoint checks write and load a real model: these tests stand in for them."""
+    monkeypatch.setattr(gpu_check, "checkpoint_checks", lambda device, dry, bias: dict(CHECKPOINT))
 
 
 def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeypatch):
@@ -37,8 +53,35 @@ def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeyp
     assert res["mini"]["error"] == "RuntimeError: capture failed"
     assert "Traceback" in res["mini"]["traceback"]
     assert res["4.5B"]["bitwise"] == {"eager=graph": True}
+    assert set(res) == {"mini", "4.5B", "checkpoint basal-1.5", "checkpoint basal-1.0"}  # the serve path after
     on_disk = json.loads(report.path.read_text())["phases"]["P3"]  # written after every size
     assert on_disk["partial"] and set(on_disk) >= {"mini", "4.5B"}
+
+
+def test_a_failing_checkpoint_is_recorded_the_other_runs_and_the_verdict_fails(report, monkeypatch):
+    def checkpoint(device, dry, bias):
+        if bias:
+            raise OSError("no space left on device")
+        return {**CHECKPOINT, "checks": {"auto_picks_gpu_path": False, "alone=in_batch": True}}
+
+    monkeypatch.setattr(gpu_check, "model_checks", lambda size, device, dry: dict(GOOD))
+    monkeypatch.setattr(gpu_check, "checkpoint_checks", checkpoint)
+    res = gpu_check.phase_model(CPU, False, ["mini"], report, math.inf)
+    assert res["checkpoint basal-1.0"]["error"] == "OSError: no space left on device"
+    text = gpu_check.summary({"P3": res})
+    assert "basal-1.5" in text and "NO auto_picks_gpu_path" in text and "ERROR OSError" in text
+    assert "checkpoint" not in text.split("serve path")[0]  # not among the model sizes' rows
+    assert not gpu_check.checks_passed({"P3": res})
+    assert gpu_check.checks_passed({"P3": {"mini": GOOD, "checkpoint basal-1.5": CHECKPOINT}})
+
+
+def test_the_dry_run_checks_one_checkpoint_layout(report, monkeypatch):
+    layouts = []
+    monkeypatch.setattr(gpu_check, "model_checks", lambda size, device, dry: dict(GOOD))
+    monkeypatch.setattr(gpu_check, "checkpoint_checks", lambda device, dry, bias: layouts.append(bias) or CHECKPOINT)
+    gpu_check.phase_model(CPU, True, ["toy"], report, math.inf)
+    gpu_check.phase_model(CPU, False, ["mini"], report, math.inf)
+    assert layouts == [True, False, True]  # dry: basal-1.0 (biases); on the device both
 
 
 def test_a_size_that_does_not_fit_the_budget_is_skipped_and_said(report, monkeypatch):

@@ -40,6 +40,7 @@ def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
         "import runpy\n"
         "import basal.backends.cuda.gpu.backend, basal.backends.cuda.gpu.attention_cases\n"
         "import basal.core.compute, basal.core.tree, basal.core.model_dir\n"
+        "import basal.backends.base, basal.core.synth  # gpu_check's checkpoint on disk, loaded as basal serve does\n"
         f"runpy.run_path({str(ROOT / 'bench' / 'gpu_check.py')!r}, run_name='gpu_check')\n"
         "print('imported')\n",
     )
