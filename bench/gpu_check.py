@@ -103,6 +103,24 @@ def cuda_timer(fn, repeats: int, device) -> list[float]:
 # -- P0 -------------------------------------------------------------------------------------------------------
 
 
+def difference(a, b) -> dict:
+    """How two results that should have the same bits differ (recorded where a check fails, so one GPU run
+    says whether it is a last-bit rounding difference or a wrong value): elements that differ, the largest
+    absolute difference, and the first differing flat index."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        return {"shapes": [list(a.shape), list(b.shape)]}
+    unequal = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
+    return {
+        "differing": int(unequal.size),
+        "of": int(a.size),
+        "max_abs": float(np.abs(a - b)[unequal].max()) if unequal.size else 0.0,
+        "first_index": int(unequal[0]) if unequal.size else None,
+    }
+
+
 def read_clocks() -> str:
     """`nvidia-smi -q -d CLOCK`, read only (the clocks are left alone, §8.2); without nvidia-smi in the image, a
     line that says so: the ceilings P0 measures still count."""
@@ -303,7 +321,7 @@ def phase_attention(device, dry: bool) -> dict:
         bn = cfg.bn
         prefixes = [1, bn + 1] if dry else [1, bn - 1, bn, bn + 1, 2 * bn + 5, 137]
         for name, (heads, kv) in layouts.items():
-            worst, equal = 0.0, True
+            worst, equal, differences = 0.0, True, {}
             for keys in prefixes:
                 n, cached = keys + 1, min(5, keys)
                 dt = torch.float16
@@ -327,9 +345,14 @@ def phase_attention(device, dry: bool) -> dict:
                     args = [t.to(device) for t in (q.to(att), k.to(att), v.to(dt), pk, pv)]
                     tree_attention(*args, o, tiles.to(device), count.to(device), ranges.to(device), cfg)
                     outs.append(o[row].cpu())
-                equal &= all(torch.equal(outs[0].view(torch.int16), x.view(torch.int16)) for x in outs[1:])
+                for variant, x in zip(("tree", "readout_only"), outs[1:], strict=True):
+                    if not torch.equal(outs[0].view(torch.int16), x.view(torch.int16)):
+                        equal = False
+                        differences[f"prefix {keys}, {variant}"] = difference(outs[0].float(), x.float())
                 worst = max(worst, float((outs[0].double() - reference(chain, n - 1)).abs().max()))
             res[f"{precision}/{name}"] = {"bitwise_equal": equal, "max_abs_error_vs_f64": worst}
+            if differences:
+                res[f"{precision}/{name}"]["differences"] = differences
             if not dry or name == "G6":
                 res[f"{precision}/{name}"]["timing"] = attention_timing(device, dry, heads, kv, dim, cfg)
     return res
@@ -512,13 +535,16 @@ def model_checks(size: str, device, dry: bool) -> dict:
     (batched,) = plan_forwards(single + others, letters, {"en": prefix})
     in_batch = run_to_end(be.run(batched.batch))
     row = batched.readout_of[(0, 0)]
-    same = {
-        "eager=graph": eager.tobytes() == graph.tobytes() == replay.tobytes(),
-        "=bigger_bucket": eager.tobytes() == bigger.tobytes(),
-        "=in_batch": eager[fwd.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
-        "=eager_evidence_pass": eager.tobytes() == with_hidden.tobytes(),
-        "finite": bool(np.isfinite(eager).all() and np.isfinite(in_batch).all()),
+    pairs = {
+        "eager=graph": (eager, graph),
+        "graph=replay": (graph, replay),
+        "=bigger_bucket": (eager, bigger),
+        "=in_batch": (eager[fwd.readout_of[(0, 0)]], in_batch[row]),
+        "=eager_evidence_pass": (eager, with_hidden),
     }
+    same = {name: a.tobytes() == b.tobytes() for name, (a, b) in pairs.items()}
+    same["finite"] = bool(np.isfinite(eager).all() and np.isfinite(in_batch).all())
+    differences = {name: difference(*pairs[name]) for name, ok in same.items() if name in pairs and not ok}
     ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
     overlap = overlap_check(be, fwd.batch, eager, device, dry)
     same["=overlapped"] = overlap.pop("bitwise")
@@ -532,6 +558,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
     described = be.describe()
     out = {
         "bitwise": same,
+        **({"differences": differences} if differences else {}),
         "single_tokens": int(fwd.batch.n_tokens),
         "single_ms_median": statistics.median(ms),
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
@@ -594,17 +621,18 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
         reference = run_to_end(cpu.run(both.batch))
     error = float(np.abs(in_batch - reference).max()) / max(1.0, float(np.abs(reference).max()))
     row = both.readout_of[(0, 0)]
+    pairs = {"alone=in_batch": (first[alone.readout_of[(0, 0)]], in_batch[row]), "warm_graph=eager": (first, eager)}
     expected = "GpuBackend" if device.type == "cuda" else "TorchBackend"  # auto on a machine without CUDA: the CPU
     return {
         "checks": {
             "auto_picks_gpu_path" if device.type == "cuda" else "auto_picks_cpu": type(picked).__name__ == expected,
             "f16": be.dtype == "f16",
-            "alone=in_batch": first[alone.readout_of[(0, 0)]].tobytes() == in_batch[row].tobytes(),
-            "warm_graph=eager": first.tobytes() == eager.tobytes(),
+            **{name: a.tobytes() == b.tobytes() for name, (a, b) in pairs.items()},
             "finite": bool(np.isfinite(in_batch).all()),
             "close_to_cpu_f32": error <= CLOSE_TO_CPU,
         },
         "preset": f"{preset}, {CHECKPOINT_LAYERS} layers" + (", biases" if bias else ""),
+        "differences": {name: difference(a, b) for name, (a, b) in pairs.items() if a.tobytes() != b.tobytes()},
         "backend": type(picked).__name__,
         "max_rel_error_vs_cpu_f32": error,
         "same_decisions_as_cpu": bool((in_batch[:, :2].argmax(1) == reference[:, :2].argmax(1)).all()),
@@ -753,8 +781,23 @@ def summary(phases: dict) -> str:
         for size, r in warps.items():
             cells = "   ".join(f"{v:.3f}" for k, v in r.items() if k.endswith("_ms"))
             lines.append(f"{size:<27} {cells}   {r['same_bits']}")
+    lines += difference_lines(phases)
     lines += kernel_lines(phases.get("P4", {}).get("kernels", {}))
     return "\n".join(lines)
+
+
+def difference_lines(phases: dict) -> list[str]:
+    """Each failed bitwise comparison of P2 and P3, with how its values differ."""
+    rows = [
+        f"{where} {check}: {d['differing']} of {d['of']} values differ, by up to {d['max_abs']:.3g}"
+        if "differing" in d
+        else f"{where} {check}: shapes {d['shapes']}"
+        for phase in ("P2", "P3")
+        for where, r in phases.get(phase, {}).items()
+        if isinstance(r, dict)
+        for check, d in r.get("differences", {}).items()
+    ]
+    return ["", "bitwise checks that failed", *rows] if rows else []
 
 
 def main() -> int:

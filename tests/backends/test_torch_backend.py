@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from basal.backends.base import load_backend, pick_backend
 from basal.backends.cuda.backend import TorchBackend
@@ -12,8 +13,6 @@ from basal.core.pipeline import Pipeline, Stats, model_resolver
 
 
 def test_defaults_and_selection(demo_model):
-    import torch
-
     from basal.backends.base import _apple_silicon, load_backend_class
 
     if torch.cuda.is_available():
@@ -88,3 +87,22 @@ def test_letter_logits_are_float32_for_k_letters(demo_model):
 
     (orders,) = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
     assert len(orders) == 2 and all(o.dtype == np.float32 and o.shape == (10,) for o in orders)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="stands in for CUDA on a machine without it")
+def test_on_cuda_load_hands_over_to_the_gpu_path_and_says_when_it_cannot(demo_model, monkeypatch, caplog):
+    """With Triton the GPU path serves (`basal serve` picks it by itself); without, the portable path serves and
+    the log says why it is slow and what to install."""
+    import importlib.util
+
+    from basal.backends.cuda.gpu.backend import GpuBackend
+
+    handed = []
+    monkeypatch.setattr(GpuBackend, "load", classmethod(lambda cls, model, dtype, device: handed.append(device)))
+    TorchBackend.load(demo_model, device="cuda")
+    assert handed == ["cuda"] and "without Triton" not in caplog.text
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    with pytest.raises((AssertionError, RuntimeError)):  # this CPU build of torch has no CUDA to load onto
+        TorchBackend.load(demo_model, device="cuda")
+    assert handed == ["cuda"] and "CUDA without Triton" in caplog.text and "pip install triton" in caplog.text

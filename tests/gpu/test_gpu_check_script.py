@@ -175,3 +175,20 @@ def test_clocks_without_nvidia_smi_are_a_line_not_a_failed_phase(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", missing)
     assert gpu_check.read_clocks().startswith("not read: FileNotFoundError")
+
+
+def test_a_failed_bitwise_check_records_how_the_values_differ():
+    """One GPU run must say whether a failure is a last-bit difference or a wrong value."""
+    import numpy as np
+
+    a = np.array([[1.0, 2.0, np.nan], [4.0, 5.0, 6.0]], dtype=np.float32)
+    b = a.copy()
+    assert gpu_check.difference(a, b) == {"differing": 0, "of": 6, "max_abs": 0.0, "first_index": None}
+    b[1, 1] = np.nextafter(np.float32(5.0), np.float32(6.0))
+    d = gpu_check.difference(a, b)
+    assert d["differing"] == 1 and d["first_index"] == 4 and 0 < d["max_abs"] < 1e-6
+    assert gpu_check.difference(a, b[:1]) == {"shapes": [[6], [3]]}
+    phases = {"P3": {"mini": {**GOOD, "bitwise": {"=in_batch": False}, "differences": {"=in_batch": d}}}}
+    text = gpu_check.summary(phases)
+    assert "bitwise checks that failed" in text and "mini =in_batch: 1 of 6 values differ" in text
+    assert "bitwise checks that failed" not in gpu_check.summary({"P3": {"mini": GOOD}})

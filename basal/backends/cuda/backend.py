@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Generator, Sequence
 
 import numpy as np
@@ -15,6 +16,8 @@ from basal.backends.cuda.threads import configure_threads
 from basal.core.compute import Backend
 from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
+
+log = logging.getLogger(__name__)
 
 
 class TorchBackend:
@@ -63,10 +66,15 @@ class TorchBackend:
         with Triton installed the GPU path (basal.backends.cuda.gpu) serves; `fixed_shapes=False` keeps this
         class's plain path there too (the negative control)."""
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dev.type == "cuda" and fixed_shapes and importlib.util.find_spec("triton") is not None:
-            from basal.backends.cuda.gpu.backend import GpuBackend
+        if dev.type == "cuda" and fixed_shapes:
+            if importlib.util.find_spec("triton") is not None:
+                from basal.backends.cuda.gpu.backend import GpuBackend
 
-            return GpuBackend.load(model, dtype, str(dev))
+                return GpuBackend.load(model, dtype, str(dev))
+            log.warning(
+                "CUDA without Triton: the portable torch path serves (bitwise invariant, but many times slower "
+                "than the GPU path); `pip install triton==3.6.0` (Linux) to get the GPU path"
+            )
         if dtype is None:
             dtype = "f16" if dev.type == "cuda" else "f32"
         if dev.type == "cpu":
