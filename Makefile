@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast test-all determinism gpu-image-check bench lint serve clean
+.PHONY: venv test test-fast test-all determinism gpu-wheels gpu-image-check bench lint serve clean
 
 venv: $(STAMP)
 
@@ -37,18 +37,31 @@ test-all: $(STAMP)
 determinism: $(STAMP)
 	$(PY) -m pytest -q tests/determinism
 
+# what `basal serve` needs beyond the GPU machine's image (tests/gpu/serve-wheels.txt), as Python 3.12 wheels in
+# .whl/ (about 9 MB, git-ignored): a device run carries them (docs/gpu-path.md §8.2)
+WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+gpu-wheels:
+	grep -v '^#' tests/gpu/serve-wheels.txt | xargs $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
+		$(WHEEL_TAGS) -d .whl
+
 # the GPU path's CPU checks on the GPU image's versions (tests/gpu/image-versions.txt: Python 3.12, torch 2.11,
-# Triton 3.6, numpy 2.5) in a venv of their own: the gpu_check dry run with only the image's imports, the kernels
-# under the interpreter and the host-side tests. Not in `make test`: PyPI's torch 2.11 is a CUDA build (about
-# 4.7 GB with its libraries). pytest and msgspec are for the test suite's conftest; the dry run refuses msgspec.
+# Triton 3.6, numpy 2.5) in a venv of their own: the gpu_check dry run with only the image's imports (and
+# `basal serve` from the carried wheels, as on the device), the kernels under the interpreter and the host-side
+# tests. Not in `make test`: PyPI's torch 2.11 is a CUDA build (about 4.7 GB with its libraries). IMAGE_ALSO: what
+# the image has that basal serve uses (unpinned: the image's versions are not all known); pytest and msgspec are
+# for the test suite's conftest (the dry run refuses msgspec).
 IMAGE_PYTHON ?= python3.12
 IMAGE_VENV   ?= .venv-image
-gpu-image-check:
+IMAGE_ALSO   := anyio click httpx multidict rich h11 uvloop
+IMAGE_SITE    = $(abspath $(IMAGE_VENV))/site
+gpu-image-check: gpu-wheels
 	test -x $(IMAGE_VENV)/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_VENV)
-	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt pytest msgspec
-	rm -rf $(IMAGE_VENV)/dry-run
-	PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/gpu_check.py --cpu-dry-run \
-		--out $(IMAGE_VENV)/dry-run
+	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec
+	rm -rf $(IMAGE_SITE) $(IMAGE_VENV)/dry-run
+	$(IMAGE_VENV)/bin/python -m pip install -q --no-index --no-deps --no-compile --target $(IMAGE_SITE) .whl/*.whl
+	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/gpu_check.py \
+		--cpu-dry-run --out $(IMAGE_VENV)/dry-run
 	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
 		tests/gpu/interpreter
 	PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow and not background" \

@@ -4,10 +4,11 @@
 
 Phases (each with its own deadline; results appended to $OUT/gpu_check.json after every phase, so a timeout still
 returns data): P0 environment and ceilings, P1 GEMM engines, P2 attention, P3 whole model on mini / 4.5B / max
-shapes with synthetic weights, then `basal serve`'s path on checkpoints on disk (basal-1.5 and basal-1.0 layouts),
-P4 the summary table against the anchors and the physical limit. Needs only the
-image's torch and triton and this repository. `--cpu-dry-run` runs every phase at toy sizes under the Triton
-interpreter (with the order-fixed dot), so GPU minutes are never spent on a script bug; `make test` runs it.
+shapes with synthetic weights, then `basal serve`'s path on checkpoints on disk (basal-1.5 and basal-1.0 layouts)
+and `basal serve` itself over HTTP (its packages carried as wheels: `make gpu-wheels`), P4 the summary table
+against the anchors and the physical limit. Needs only the image's torch and triton and this repository.
+`--cpu-dry-run` runs every phase at toy sizes under the Triton interpreter (with the order-fixed dot), so GPU
+minutes are never spent on a script bug; `make test` runs it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
 CHECKPOINTS = {"basal-1.5": False, "basal-1.0": True}
 CHECKPOINT_NEEDS_S = 20
 CHECKPOINT_LAYERS = 2  # with 1 the last layer, run at the readouts only, would be almost all of the model
+SERVE_NEEDS_S = 40  # P3's last item: `basal serve` in a child process, over HTTP
+SERVE_REQUESTS = 20  # sequential single decisions timed over HTTP
+SERVE_PACKAGES = ("litestar", "msgspec", "uvicorn")  # what the GPU image lacks: tests/gpu/serve-wheels.txt
 CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
 
@@ -425,6 +429,7 @@ def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: f
         for name, bias in CHECKPOINTS.items()
         if not dry or bias  # the dry run checks the script on one layout, the one with more code: biases
     ]
+    items.append(("serve", SERVE_NEEDS_S, lambda: serve_checks(device, dry, deadline)))
     res = {}
     for key, needs, check in items:
         left = deadline - time.perf_counter()
@@ -646,6 +651,133 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
     }
 
 
+SERVE_BODY = {  # the README's first request
+    "model": "jev-latest",
+    "state": "Help! My payouts have been failing for 3 days.",
+    "questions": {
+        "urgent": {"type": "noul", "instructions": "Does this convey urgency?"},
+        "team": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "Payments, invoicing, refunds", "technical": "Bugs, outages"},
+        },
+    },
+}
+BASAL_BODY = {
+    "state": "Order 42 arrived two weeks late.",
+    "questions": {"late": {"type": "noul", "instructions": "Late?"}},
+}
+
+
+def http(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, dict, object]:
+    """(status, headers, parsed JSON) of a GET, or of a POST of `body`; an HTTP error status is a result too."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"content-type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, dict(r.headers), json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), json.loads(e.read() or b"null")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, server, until: float) -> bool:
+    """Poll /health until it answers 200, the server exits, or `until` (perf_counter) passes."""
+    import urllib.error
+
+    while time.perf_counter() < until and server.poll() is None:
+        try:
+            if http(url + "/health", timeout=2)[0] == 200:
+                return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def serve_checks(device, dry: bool, deadline: float) -> dict:
+    """`basal serve` itself, in a child process, on a checkpoint on disk (mini shapes cut to 2 layers; the demo's
+    in the dry run): it starts by itself on the GPU path (/v1/models' `compute`), answers the README's System One
+    request twice with the same bytes and a basal-dialect one, with its `x-basal-*` timing headers; then single
+    decisions one after another over HTTP, timed. Skipped where its packages are missing (the GPU image: carry
+    them, `make gpu-wheels`)."""
+    import signal
+    import subprocess
+    import tempfile
+
+    from basal.core.synth import synth_model
+
+    probe = subprocess.run([sys.executable, "-c", "import " + ", ".join(SERVE_PACKAGES)], capture_output=True)
+    if probe.returncode != 0:
+        missing = probe.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        return {"skipped": f"basal serve's packages are not importable ({'; '.join(missing)}): run `make gpu-wheels`"
+                " and carry .whl (docs/gpu-path.md §8.2)"}  # fmt: skip
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_serve.") as tmp:
+        model = synth_model(Path(tmp) / "model", "demo" if dry else "mini", layers=CHECKPOINT_LAYERS)
+        port, log_path = free_port(), Path(tmp) / "serve.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env.pop("TRITON_INTERPRET", None)  # the dry run's server is a plain CPU one
+        argv = [sys.executable, "-m", "basal", "serve", "--model", str(model), "--addr", f"127.0.0.1:{port}"]
+        with open(log_path, "w") as log:
+            server = subprocess.Popen([*argv, "--no-access-log"], stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            healthy = wait_healthy(url, server, min(deadline, time.perf_counter() + 300))
+            ready_s = time.perf_counter() - started
+            if not healthy:
+                return {"error": "basal serve did not become healthy", "log": log_path.read_text()[-3000:]}
+            _, _, models = http(url + "/v1/models")
+            compute = models["models"][0]["compute"]
+            first, second = http(url + "/v1/systemone", SERVE_BODY), http(url + "/v1/systemone", SERVE_BODY)
+            basal = http(url + "/v1/basal", BASAL_BODY)
+            single = {**SERVE_BODY, "questions": {"urgent": SERVE_BODY["questions"]["urgent"]}}
+            wall, compute_ms = [], []
+            for _ in range(SERVE_REQUESTS):
+                t = time.perf_counter()
+                _, headers, _ = http(url + "/v1/systemone", single)
+                wall.append((time.perf_counter() - t) * 1e3)
+                compute_ms.append(float(headers.get("x-basal-compute-ms", "nan")))
+        finally:
+            server.send_signal(signal.SIGTERM)  # what a supervisor sends: drain, shut down, re-raise the signal
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        on_gpu = str(compute.get("path", "")).startswith("gpu") and str(compute["device"]).startswith("cuda")
+        checks = {
+            "gpu_path" if device.type == "cuda" else "cpu": on_gpu
+            if device.type == "cuda"
+            else compute["device"] == "cpu",
+            "systemone_200": first[0] == 200 and set(first[2]["answers"]) == set(SERVE_BODY["questions"]),
+            "same_answers_twice": first[2] == second[2],
+            "basal_200": basal[0] == 200,
+            "timing_headers": "x-basal-compute-ms" in first[1] and "x-basal-queue-ms" in first[1],
+            "graceful_shutdown": server.returncode in (0, -signal.SIGTERM)
+            and "Application shutdown complete" in log_path.read_text(),
+        }
+        return {
+            "checks": checks,
+            "compute": compute,
+            "ready_s": ready_s,
+            "http_single_ms_median": statistics.median(wall),
+            "http_single_ms_p90": sorted(wall)[int(0.9 * (len(wall) - 1))],
+            "compute_ms_median": statistics.median(compute_ms),
+            "log_tail": log_path.read_text()[-1500:],
+            "seconds": time.perf_counter() - started,
+        }
+
+
 # -- P4 -------------------------------------------------------------------------------------------------------
 
 
@@ -706,6 +838,23 @@ def checkpoint_lines(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def serve_lines(r: dict | None) -> list[str]:
+    """P3's `basal serve` over HTTP: where it ran, how long it took to start, single decisions over HTTP."""
+    if r is None:
+        return []
+    if "checks" not in r:
+        return ["", f"basal serve over HTTP: {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}"]
+    failed = [k for k, ok in r["checks"].items() if not ok]
+    c = r["compute"]
+    return [
+        "",
+        f"basal serve over HTTP ({c['backend']} {c['device']} {c['dtype']}, {c.get('path', 'portable path')}): ready in"
+        f" {r['ready_s']:.1f} s; single decision {r['http_single_ms_median']:.2f} ms over HTTP (p90"
+        f" {r['http_single_ms_p90']:.2f}), compute {r['compute_ms_median']:.2f} ms;"
+        f" checks {'NO ' + ','.join(failed) if failed else 'yes'}",
+    ]
+
+
 def summary(phases: dict) -> str:
     """The P3 sizes against the anchors and the weight-streaming floor, then each GEMM against the ceilings, and
     the kernels the run launched (P4's `kernels`)."""
@@ -717,7 +866,7 @@ def summary(phases: dict) -> str:
         "size   single ms (p90)   H100 upstream / basal-rs   H200 target   floor @copy BW   decisions/s @2k / @4k"
         "   bitwise",
     ]
-    model_rows = {k: r for k, r in phases.get("P3", {}).items() if not k.startswith("checkpoint")}
+    model_rows = {k: r for k, r in phases.get("P3", {}).items() if not k.startswith("checkpoint") and k != "serve"}
     for size, r in model_rows.items():
         if not isinstance(r, dict):
             continue
@@ -733,6 +882,7 @@ def summary(phases: dict) -> str:
             f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"
         )
     lines += checkpoint_lines({k: r for k, r in phases.get("P3", {}).items() if k.startswith("checkpoint")})
+    lines += serve_lines(phases.get("P3", {}).get("serve"))
     overlaps = {k: r["overlap"] for k, r in phases.get("P3", {}).items() if isinstance(r, dict) and "overlap" in r}
     if overlaps:
         lines += ["", "single decisions back to back   ms/forward one by one   two in flight   speedup"]

@@ -1,7 +1,8 @@
 """bench/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are never
 spent on a script bug. It runs under image_guard.py (only the imports the GPU machine's image can satisfy); the toy
-model must be bitwise eager = graph = bigger bucket = in a batch, and a checkpoint on disk must load and agree with
-the CPU. The script starts in the background when collection finishes (tests/background.py)."""
+model must be bitwise eager = graph = bigger bucket = in a batch, a checkpoint on disk must load and agree with the
+CPU, and `basal serve` must answer over HTTP. The script starts in the background when collection finishes
+(tests/background.py)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def _check(done, tmp_path: Path) -> None:
     checkpoint = report["phases"]["P3"]["checkpoint basal-1.0"]  # basal serve's path: a model directory on disk
     assert all(checkpoint["checks"].values()) and len(checkpoint["checks"]) == 6, checkpoint
     assert "serve path, checkpoint on disk" in done.stdout
+    serve = report["phases"]["P3"]["serve"]  # basal serve itself, over HTTP, in a child process (CPU here)
+    assert all(serve["checks"].values()) and serve["compute"]["device"] == "cpu", serve
+    assert "basal serve over HTTP (torch cpu" in done.stdout
     p1 = report["phases"]["P1"]
     assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())
     assert "error" not in p1["lt_library_defaults"] and "library's defaults" in done.stdout  # the child ran

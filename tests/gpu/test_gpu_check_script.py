@@ -36,10 +36,21 @@ def report(tmp_path):
     return gpu_check.Report(tmp_path / "gpu_check.json", {"dry_run": False})
 
 
+SERVE = {
+    "checks": {"gpu_path": True, "systemone_200": True},
+    "compute": {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels)"},
+    "ready_s": 12.5,
+    "http_single_ms_median": 3.25,
+    "http_single_ms_p90": 4.5,
+    "compute_ms_median": 1.75,
+}
+
+
 @pytest.fixture(autouse=True)
 def no_checkpoint_on_disk(monkeypatch):
-    """phase_model's checkpoint checks write and load a real model: these tests stand in for them."""
+    """phase_model's checkpoint and serve checks write and load a real model: these tests stand in for them."""
     monkeypatch.setattr(gpu_check, "checkpoint_checks", lambda device, dry, bias: dict(CHECKPOINT))
+    monkeypatch.setattr(gpu_check, "serve_checks", lambda device, dry, deadline: dict(SERVE))
 
 
 def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeypatch):
@@ -53,7 +64,7 @@ def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeyp
     assert res["mini"]["error"] == "RuntimeError: capture failed"
     assert "Traceback" in res["mini"]["traceback"]
     assert res["4.5B"]["bitwise"] == {"eager=graph": True}
-    assert set(res) == {"mini", "4.5B", "checkpoint basal-1.5", "checkpoint basal-1.0"}  # the serve path after
+    assert set(res) == {"mini", "4.5B", "checkpoint basal-1.5", "checkpoint basal-1.0", "serve"}  # serve's after
     on_disk = json.loads(report.path.read_text())["phases"]["P3"]  # written after every size
     assert on_disk["partial"] and set(on_disk) >= {"mini", "4.5B"}
 
@@ -192,3 +203,25 @@ def test_a_failed_bitwise_check_records_how_the_values_differ():
     text = gpu_check.summary(phases)
     assert "bitwise checks that failed" in text and "mini =in_batch: 1 of 6 values differ" in text
     assert "bitwise checks that failed" not in gpu_check.summary({"P3": {"mini": GOOD}})
+
+
+def test_basal_serve_over_http_is_in_the_table_and_the_verdict(monkeypatch):
+    text = gpu_check.summary({"P3": {"mini": GOOD, "serve": SERVE}})
+    assert "basal serve over HTTP (torch cuda:0 f16, gpu (Triton kernels)): ready in 12.5 s" in text
+    assert "3.25 ms over HTTP (p90 4.50), compute 1.75 ms; checks yes" in text
+    assert "serve" not in text.split("basal serve over HTTP")[0]  # not among the model sizes' rows
+    failed = {**SERVE, "checks": {"gpu_path": False, "systemone_200": True}}
+    assert "checks NO gpu_path" in gpu_check.summary({"P3": {"serve": failed}})
+    assert not gpu_check.checks_passed({"P3": {"serve": failed}})
+    skipped = {"skipped": "basal serve's packages are not importable"}
+    assert gpu_check.checks_passed({"P3": {"serve": skipped}})  # the image without the wheels: said, not failed
+    assert "basal serve over HTTP: basal serve's packages are not importable" in gpu_check.summary(
+        {"P3": {"serve": skipped}}
+    )
+
+
+def test_serve_is_skipped_with_what_to_do_where_its_packages_are_missing(monkeypatch):
+    monkeypatch.undo()  # the real serve_checks
+    monkeypatch.setattr(gpu_check, "SERVE_PACKAGES", ("litestar", "no_such_package_here"))
+    skipped = gpu_check.serve_checks(CPU, True, math.inf)
+    assert "no_such_package_here" in skipped["skipped"] and "make gpu-wheels" in skipped["skipped"]

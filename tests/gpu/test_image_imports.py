@@ -74,3 +74,23 @@ def test_the_pinned_triton_is_the_images():
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (spec,) = [s for s in dependencies if s.startswith("triton")]
     assert spec.split(";")[0].strip() == f"triton=={image_versions()['triton']}"
+
+
+def test_the_serve_wheels_carry_what_the_image_lacks_at_basals_pins():
+    """`make gpu-wheels` downloads tests/gpu/serve-wheels.txt: every dependency of basal the image lacks (but MLX
+    and Ray, which basal serve on a GPU does not import), at the version pyproject.toml pins."""
+
+    def pins(lines) -> dict[str, str]:
+        out = {}
+        for line in lines:
+            spec = line.split(";")[0].strip()
+            if spec and not spec.startswith("#") and "==" in spec:
+                name, version = spec.split("==")
+                out[re.sub(r"\[.*\]", "", name).lower()] = version
+        return out
+
+    wheels = pins((ROOT / "tests" / "gpu" / "serve-wheels.txt").read_text().splitlines())
+    basal = pins(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    lacking = {name for name in basal if IMPORT_NAME.get(name, name) in IMAGE_LACKS - {"mlx", "ray"}}
+    assert lacking and lacking <= set(wheels), sorted(lacking - set(wheels))
+    assert {name: wheels[name] for name in lacking} == {name: basal[name] for name in lacking}
