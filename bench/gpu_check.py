@@ -32,7 +32,7 @@ from basal.backends.cuda.gpu.kernel_configs import weight_shapes  # noqa: E402
 TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
 # H100 single decision, ms: upstream / basal-rs (docs/gpu-path.md §1), and the H200 targets of issue 10
 ANCHORS = {"mini": (4.8, 6.2, 2.5), "4.5B": (9.8, 13.2, 6.0), "max": (14.5, 17.5, 11.0)}
-DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 110, "P4": 5}
+DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 170, "P4": 5}
 # seconds a P3 size needs at least (synthetic weights, engine probe, compiles, checks, timings); with less of the
 # budget left the size is skipped, so the run still ends with its table inside the device window
 SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
@@ -418,18 +418,21 @@ def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: in
 
 
 def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: float) -> dict:
-    """Every size, then every checkpoint layout, on its own: a failure is recorded with its traceback and the next
-    one still runs; the results are written after each; one that would not fit before `deadline` (perf_counter)
-    is skipped."""
+    """Every size, then `basal serve`'s path (a checkpoint per layout, and serve itself over HTTP), each on its own:
+    a failure is recorded with its traceback and the next one still runs; the results are written after each; one
+    that would not fit before `deadline` (perf_counter) is skipped, so the order is the priority: the sizes' speed
+    and invariance, the basal-1.5 checkpoint (what auto picks), serve over HTTP, the basal-1.0 layout."""
     import torch
 
+    def checkpoint(name: str):
+        bias = CHECKPOINTS[name]
+        return f"checkpoint {name}", CHECKPOINT_NEEDS_S, lambda: checkpoint_checks(device, dry, bias)
+
     items = [(size, SIZE_NEEDS_S.get(size, 45), lambda size=size: model_checks(size, device, dry)) for size in sizes]
-    items += [
-        (f"checkpoint {name}", CHECKPOINT_NEEDS_S, lambda bias=bias: checkpoint_checks(device, dry, bias))
-        for name, bias in CHECKPOINTS.items()
-        if not dry or bias  # the dry run checks the script on one layout, the one with more code: biases
-    ]
+    if not dry:  # the dry run checks the script on one layout, the one with more code: biases
+        items.append(checkpoint("basal-1.5"))
     items.append(("serve", SERVE_NEEDS_S, lambda: serve_checks(device, dry, deadline)))
+    items.append(checkpoint("basal-1.0"))
     res = {}
     for key, needs, check in items:
         left = deadline - time.perf_counter()
