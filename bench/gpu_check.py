@@ -1,6 +1,6 @@
 """One script that proves the GPU path's invariance and measures its speed on an NVIDIA GPU (docs/gpu-path.md §8.2).
 
-    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/log.txt
+    PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT 2>&1 | tee $OUT/log.txt   # or: bash bench/gpu_run.sh
 
 Phases (each with its own deadline; results appended to $OUT/gpu_check.json after every phase, so a timeout still
 returns data): P0 environment and ceilings, P1 GEMM engines, P2 attention, P3 whole model on mini / 4.5B / max

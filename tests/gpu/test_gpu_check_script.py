@@ -225,3 +225,23 @@ def test_serve_is_skipped_with_what_to_do_where_its_packages_are_missing(monkeyp
     monkeypatch.setattr(gpu_check, "SERVE_PACKAGES", ("litestar", "no_such_package_here"))
     skipped = gpu_check.serve_checks(CPU, True, math.inf)
     assert "no_such_package_here" in skipped["skipped"] and "make gpu-wheels" in skipped["skipped"]
+
+
+def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
+    """bench/gpu_run.sh, the one command a GPU window runs: the check's report and log land in $OUT and its exit
+    code comes back (here a dry run of P0; without CUDA and without --cpu-dry-run, gpu_check's 2)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(gpu_check.ROOT)
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "bench/gpu_run.sh", "--cpu-dry-run", "--phases", "0"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["phases"]["P0"]["versions"]["triton"]
+    assert "[P0]" in (tmp_path / "log.txt").read_text()
+    if not torch.cuda.is_available():
+        plain = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
+        assert plain.returncode == 2
