@@ -736,10 +736,16 @@ def serve_checks(device, dry: bool, deadline: float) -> dict:
             server = subprocess.Popen([*argv, "--no-access-log"], stdout=log, stderr=subprocess.STDOUT, env=env)
         url = f"http://127.0.0.1:{port}"
         try:
-            healthy = wait_healthy(url, server, min(deadline, time.perf_counter() + 300))
+            patience = min(300.0, max(90.0, deadline - time.perf_counter()))  # a start may outlast the budget
+            healthy = wait_healthy(url, server, time.perf_counter() + patience)
             ready_s = time.perf_counter() - started
             if not healthy:
-                return {"error": "basal serve did not become healthy", "log": log_path.read_text()[-3000:]}
+                why = (
+                    f"exited with {server.returncode}"
+                    if server.poll() is not None
+                    else f"not healthy in {patience:.0f} s"
+                )
+                return {"error": f"basal serve {why}", "log": log_path.read_text()[-3000:]}
             _, _, models = http(url + "/v1/models")
             compute = models["models"][0]["compute"]
             first, second = http(url + "/v1/systemone", SERVE_BODY), http(url + "/v1/systemone", SERVE_BODY)

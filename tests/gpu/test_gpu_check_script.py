@@ -245,3 +245,13 @@ def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
     if not torch.cuda.is_available():
         plain = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
         assert plain.returncode == 2
+
+
+def test_a_server_that_cannot_start_is_an_error_with_its_log(monkeypatch, tmp_path):
+    """The serve check's failure path, with a real `basal serve` child that exits at once (no such model)."""
+    import basal.core.synth
+
+    monkeypatch.undo()  # the real serve_checks
+    monkeypatch.setattr(basal.core.synth, "synth_model", lambda out, *a, **k: tmp_path / "no-such-model")
+    failed = gpu_check.serve_checks(CPU, True, math.inf)
+    assert failed["error"].startswith("basal serve exited with") and "no-such-model" in failed["log"]
