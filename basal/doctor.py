@@ -118,6 +118,23 @@ def gpu_engine_tables() -> list[str]:
     return lines or ["  GEMM engine tables: none yet (the GPU path writes one at its first start on a GPU)"]
 
 
+def cuda_line() -> str:
+    """The CUDA device, and which torch path would serve on it: the GPU path needs Triton (Linux)."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return "CUDA: not available"
+    device = torch.cuda.get_device_name(0)
+    if importlib.util.find_spec("triton") is None:
+        return (
+            f"CUDA: available: {device}; Triton is not installed, so the portable torch path serves (many times "
+            "slower): pip install triton==3.6.0"
+        )
+    return f"CUDA: available: {device}; the GPU path serves (Triton kernels, docs/gpu-path.md)"
+
+
 def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True) -> str:
     """The whole report (stdout's); while the checks run, `basal.progress` shows which one on standard error."""
     lines = ["versions:"] + [f"  {k:<12} {v}" for k, v in versions().items()]
@@ -130,10 +147,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
         lines.append(f"Metal: {'available' if mx.metal.is_available() else 'not available (MLX runs on the CPU)'}")
     except ImportError:
         lines.append("Metal: MLX is not installed")
-    import torch
-
-    cuda = f"available: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "not available"
-    lines.append(f"CUDA: {cuda}")
+    lines.append(cuda_line())
     lines += gpu_engine_tables()
     from basal.backends.cuda import cpu_kernels
 

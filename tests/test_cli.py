@@ -81,6 +81,25 @@ def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
     assert "    attention tile GEMMs: " in out
 
 
+def test_doctor_says_which_torch_path_serves_on_cuda(monkeypatch):
+    """On a CUDA machine the doctor names the path that will serve: the GPU path with Triton, else the portable
+    one, with what to install."""
+    import importlib.util
+
+    import torch
+
+    from basal.doctor import cuda_line
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_line() == "CUDA: not available"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    assert cuda_line().startswith("CUDA: available: NVIDIA H200; the GPU path serves")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
+    assert "portable torch path serves" in cuda_line() and "pip install triton==3.6.0" in cuda_line()
+
+
 def test_a_missing_request_file_is_a_message_not_a_traceback(tmp_path, capsys):
     assert main(["decide", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err
