@@ -420,17 +420,17 @@ def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: in
 def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: float) -> dict:
     """Every size, then `basal serve`'s path (a checkpoint per layout, and serve itself over HTTP), each on its own:
     a failure is recorded with its traceback and the next one still runs; the results are written after each; one
-    that would not fit before `deadline` (perf_counter) is skipped, so the order is the priority: the sizes' speed
-    and invariance, the basal-1.5 checkpoint (what auto picks), serve over HTTP, the basal-1.0 layout."""
+    that would not fit before `deadline` (perf_counter) is skipped, so the order is the priority: the basal-1.5
+    checkpoint first (what auto picks; cheap, and it compiles the kernels of mini's shapes for the mini size), the
+    sizes' invariance and speed, serve over HTTP, the basal-1.0 layout."""
     import torch
 
     def checkpoint(name: str):
         bias = CHECKPOINTS[name]
         return f"checkpoint {name}", CHECKPOINT_NEEDS_S, lambda: checkpoint_checks(device, dry, bias)
 
-    items = [(size, SIZE_NEEDS_S.get(size, 45), lambda size=size: model_checks(size, device, dry)) for size in sizes]
-    if not dry:  # the dry run checks the script on one layout, the one with more code: biases
-        items.append(checkpoint("basal-1.5"))
+    items = [checkpoint("basal-1.5")] if not dry else []  # the dry run checks one layout, the one with more code
+    items += [(size, SIZE_NEEDS_S.get(size, 45), lambda size=size: model_checks(size, device, dry)) for size in sizes]
     items.append(("serve", SERVE_NEEDS_S, lambda: serve_checks(device, dry, deadline)))
     items.append(checkpoint("basal-1.0"))
     res = {}
