@@ -42,6 +42,7 @@ CHECKPOINT_NEEDS_S = 20
 CHECKPOINT_LAYERS = 2  # with 1 the last layer, run at the readouts only, would be almost all of the model
 SERVE_NEEDS_S = 40  # P3's last item: `basal serve` in a child process, over HTTP
 SERVE_REQUESTS = 20  # sequential single decisions timed over HTTP
+SERVE_LOAD = 16  # concurrent requests, half of them the same: their answers must not change in a batch
 SERVE_PACKAGES = ("litestar", "msgspec", "uvicorn")  # what the GPU image lacks: tests/gpu/serve-wheels.txt
 CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
@@ -708,6 +709,30 @@ def wait_healthy(url: str, server, until: float) -> bool:
     return False
 
 
+def under_load(url: str, n: int) -> dict:
+    """`n` requests at once, every other one the README's request and the rest on other states, so the engine
+    batches them: the README's answers must keep the bits they have alone. -> statuses, the README's (status,
+    answers), the largest batch the server reported, the wall time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [
+        SERVE_BODY if i % 2 == 0 else {**SERVE_BODY, "state": f"Ticket {i}: the invoice for order {i} is wrong."}
+        for i in range(n)
+    ]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        done = list(pool.map(lambda body: http(url + "/v1/systemone", body), bodies))
+    return {
+        "requests": n,
+        "statuses": [status for status, _, _ in done],
+        "readme_answers": [
+            (status, answers) for (status, _, answers), b in zip(done, bodies, strict=True) if b is SERVE_BODY
+        ],
+        "largest_batch": max(int(headers.get("x-basal-batch-requests", 0)) for _, headers, _ in done),
+        "wall_ms": (time.perf_counter() - started) * 1e3,
+    }
+
+
 def serve_checks(device, dry: bool, deadline: float) -> dict:
     """`basal serve` itself, in a child process, on a checkpoint on disk (mini shapes cut to 2 layers; the demo's
     in the dry run): it starts by itself on the GPU path (/v1/models' `compute`), answers the README's System One
@@ -750,6 +775,7 @@ def serve_checks(device, dry: bool, deadline: float) -> dict:
             compute = models["models"][0]["compute"]
             first, second = http(url + "/v1/systemone", SERVE_BODY), http(url + "/v1/systemone", SERVE_BODY)
             basal = http(url + "/v1/basal", BASAL_BODY)
+            burst = under_load(url, SERVE_LOAD)
             single = {**SERVE_BODY, "questions": {"urgent": SERVE_BODY["questions"]["urgent"]}}
             wall, compute_ms = [], []
             for _ in range(SERVE_REQUESTS):
@@ -770,6 +796,8 @@ def serve_checks(device, dry: bool, deadline: float) -> dict:
             else compute["device"] == "cpu",
             "systemone_200": first[0] == 200 and set(first[2]["answers"]) == set(SERVE_BODY["questions"]),
             "same_answers_twice": first[2] == second[2],
+            "same_answers_under_load": all(r == (200, first[2]) for r in burst["readme_answers"]),
+            "under_load_all_200": burst["statuses"] == [200] * len(burst["statuses"]),
             "basal_200": basal[0] == 200,
             "timing_headers": "x-basal-compute-ms" in first[1] and "x-basal-queue-ms" in first[1],
             "graceful_shutdown": server.returncode in (0, -signal.SIGTERM)
@@ -782,6 +810,7 @@ def serve_checks(device, dry: bool, deadline: float) -> dict:
             "http_single_ms_median": statistics.median(wall),
             "http_single_ms_p90": sorted(wall)[int(0.9 * (len(wall) - 1))],
             "compute_ms_median": statistics.median(compute_ms),
+            "under_load": {k: v for k, v in burst.items() if k != "readme_answers"},
             "log_tail": log_path.read_text()[-1500:],
             "seconds": time.perf_counter() - started,
         }
@@ -854,12 +883,13 @@ def serve_lines(r: dict | None) -> list[str]:
     if "checks" not in r:
         return ["", f"basal serve over HTTP: {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}"]
     failed = [k for k, ok in r["checks"].items() if not ok]
-    c = r["compute"]
+    c, u = r["compute"], r.get("under_load")
+    load = f" {u['requests']} requests at once in batches of up to {u['largest_batch']};" if u else ""
     return [
         "",
         f"basal serve over HTTP ({c['backend']} {c['device']} {c['dtype']}, {c.get('path', 'portable path')}): ready in"
         f" {r['ready_s']:.1f} s; single decision {r['http_single_ms_median']:.2f} ms over HTTP (p90"
-        f" {r['http_single_ms_p90']:.2f}), compute {r['compute_ms_median']:.2f} ms;"
+        f" {r['http_single_ms_p90']:.2f}), compute {r['compute_ms_median']:.2f} ms;{load}"
         f" checks {'NO ' + ','.join(failed) if failed else 'yes'}",
     ]
 

@@ -53,6 +53,7 @@ def _check(done, tmp_path: Path) -> None:
     assert "serve path, checkpoint on disk" in done.stdout
     serve = report["phases"]["P3"]["serve"]  # basal serve itself, over HTTP, in a child process (CPU here)
     assert all(serve["checks"].values()) and serve["compute"]["device"] == "cpu", serve
+    assert {"same_answers_under_load", "graceful_shutdown"} <= set(serve["checks"])
     assert "basal serve over HTTP (torch cpu" in done.stdout
     p1 = report["phases"]["P1"]
     assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())

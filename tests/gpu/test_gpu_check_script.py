@@ -43,6 +43,7 @@ SERVE = {
     "http_single_ms_median": 3.25,
     "http_single_ms_p90": 4.5,
     "compute_ms_median": 1.75,
+    "under_load": {"requests": 16, "largest_batch": 9},
 }
 
 
@@ -208,7 +209,9 @@ def test_a_failed_bitwise_check_records_how_the_values_differ():
 def test_basal_serve_over_http_is_in_the_table_and_the_verdict(monkeypatch):
     text = gpu_check.summary({"P3": {"mini": GOOD, "serve": SERVE}})
     assert "basal serve over HTTP (torch cuda:0 f16, gpu (Triton kernels)): ready in 12.5 s" in text
-    assert "3.25 ms over HTTP (p90 4.50), compute 1.75 ms; checks yes" in text
+    assert (
+        "3.25 ms over HTTP (p90 4.50), compute 1.75 ms; 16 requests at once in batches of up to 9; checks yes" in text
+    )
     assert "serve" not in text.split("basal serve over HTTP")[0]  # not among the model sizes' rows
     failed = {**SERVE, "checks": {"gpu_path": False, "systemone_200": True}}
     assert "checks NO gpu_path" in gpu_check.summary({"P3": {"serve": failed}})
