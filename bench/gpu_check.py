@@ -736,9 +736,9 @@ def under_load(url: str, n: int) -> dict:
 def serve_checks(device, dry: bool, deadline: float) -> dict:
     """`basal serve` itself, in a child process, on a checkpoint on disk (mini shapes cut to 2 layers; the demo's
     in the dry run): it starts by itself on the GPU path (/v1/models' `compute`), answers the README's System One
-    request twice with the same bytes and a basal-dialect one, with its `x-basal-*` timing headers; then single
-    decisions one after another over HTTP, timed. Skipped where its packages are missing (the GPU image: carry
-    them, `make gpu-wheels`)."""
+    request with the same bytes twice and among concurrent requests it is batched with, and a basal-dialect one,
+    with its `x-basal-*` timing headers; then single decisions one after another over HTTP, timed. Skipped where
+    its packages are missing (the GPU image: carry them, `make gpu-wheels`)."""
     import signal
     import subprocess
     import tempfile
@@ -789,11 +789,14 @@ def serve_checks(device, dry: bool, deadline: float) -> dict:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
-        on_gpu = str(compute.get("path", "")).startswith("gpu") and str(compute["device"]).startswith("cuda")
+        if device.type == "cuda":
+            where = {
+                "gpu_path": str(compute.get("path", "")).startswith("gpu") and compute["device"].startswith("cuda")
+            }
+        else:
+            where = {"cpu": compute["device"] == "cpu"}  # the dry run: auto on a machine without CUDA
         checks = {
-            "gpu_path" if device.type == "cuda" else "cpu": on_gpu
-            if device.type == "cuda"
-            else compute["device"] == "cpu",
+            **where,
             "systemone_200": first[0] == 200 and set(first[2]["answers"]) == set(SERVE_BODY["questions"]),
             "same_answers_twice": first[2] == second[2],
             "same_answers_under_load": all(r == (200, first[2]) for r in burst["readme_answers"]),
