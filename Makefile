@@ -56,6 +56,9 @@ IMAGE_VENV   ?= .venv-image
 IMAGE_ALSO   := anyio click httpx multidict rich h11 uvloop
 IMAGE_SITE    = $(abspath $(IMAGE_VENV))/site
 gpu-image-check: gpu-wheels
+	@test -x $(IMAGE_VENV)/bin/python || $(IMAGE_PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+		|| { echo "gpu-image-check needs the image's Python 3.12: make gpu-image-check IMAGE_PYTHON=/path/to/python3.12" \
+		"(pyenv: IMAGE_PYTHON=\$$(pyenv root)/versions/3.12.1/bin/python)"; exit 2; }
 	test -x $(IMAGE_VENV)/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_VENV)
 	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec
 	rm -rf $(IMAGE_SITE) $(IMAGE_VENV)/dry-run
