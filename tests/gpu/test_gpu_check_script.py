@@ -51,7 +51,7 @@ SERVE = {
 def no_checkpoint_on_disk(monkeypatch):
     """phase_model's checkpoint and serve checks write and load a real model: these tests stand in for them."""
     monkeypatch.setattr(gpu_check, "checkpoint_checks", lambda device, dry, bias: dict(CHECKPOINT))
-    monkeypatch.setattr(gpu_check, "serve_checks", lambda device, dry, deadline: dict(SERVE))
+    monkeypatch.setattr(gpu_check, "serve_checks", lambda cuda, demo, deadline: dict(SERVE))
 
 
 def test_a_failing_size_is_recorded_and_the_next_size_still_runs(report, monkeypatch):
@@ -223,13 +223,6 @@ def test_basal_serve_over_http_is_in_the_table_and_the_verdict(monkeypatch):
     )
 
 
-def test_serve_is_skipped_with_what_to_do_where_its_packages_are_missing(monkeypatch):
-    monkeypatch.undo()  # the real serve_checks
-    monkeypatch.setattr(gpu_check, "SERVE_PACKAGES", ("litestar", "no_such_package_here"))
-    skipped = gpu_check.serve_checks(CPU, True, math.inf)
-    assert "no_such_package_here" in skipped["skipped"] and "make gpu-wheels" in skipped["skipped"]
-
-
 def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
     """bench/gpu_run.sh, the one command a GPU window runs: the check's report and log land in $OUT and its exit
     code comes back (here a dry run of P0; without CUDA and without --cpu-dry-run, gpu_check's 2)."""
@@ -248,13 +241,3 @@ def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
     if not torch.cuda.is_available():
         plain = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
         assert plain.returncode == 2
-
-
-def test_a_server_that_cannot_start_is_an_error_with_its_log(monkeypatch, tmp_path):
-    """The serve check's failure path, with a real `basal serve` child that exits at once (no such model)."""
-    import basal.core.synth
-
-    monkeypatch.undo()  # the real serve_checks
-    monkeypatch.setattr(basal.core.synth, "synth_model", lambda out, *a, **k: tmp_path / "no-such-model")
-    failed = gpu_check.serve_checks(CPU, True, math.inf)
-    assert failed["error"].startswith("basal serve exited with") and "no-such-model" in failed["log"]
