@@ -430,7 +430,9 @@ def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: f
 
     items = [checkpoint("basal-1.5")] if not dry else []  # the dry run checks one layout, the one with more code
     items += [(size, SIZE_NEEDS_S.get(size, 45), lambda size=size: model_checks(size, device, dry)) for size in sizes]
-    items.append(("serve", SERVE_NEEDS_S, lambda: serve_checks(device.type == "cuda", dry, deadline)))
+    items.append(
+        ("serve", SERVE_NEEDS_S, lambda: serve_checks("cuda" if device.type == "cuda" else "cpu", dry, deadline))
+    )
     items.append(checkpoint("basal-1.0"))
     res = {}
     for key, needs, check in items:

@@ -15,7 +15,9 @@ row-invariant at many row counts; a negative control (chunking off must change b
 nothing); f32 agreement with the torch CPU reference (max |Δ logit| <= 1e-4, enforced) and 16-bit decisions; f32
 matmuls at full precision (MLX_ENABLE_TF32). Speed: a single decision and a 16-question batch with basal, plain MLX
 (bench/plain_mlx.py, the mlx-lm way) and mlx-lm itself where installed, on the same prompts. Per dtype, a
-`basal export` of a request file (--requests) compared with a torch CPU f32 export (`basal compare`). Writes a JSON
+`basal export` of a request file (--requests) compared with a torch CPU f32 export (`basal compare`). `basal serve`
+itself over HTTP (bench/serve_check.py): it must pick MLX on Metal by itself, answer both dialects, give the same
+answers twice and in a batch of concurrent requests, and shut down gracefully (--no-serve skips it). Writes a JSON
 report (--json) and the exports (--exports), and prints a table.
 
 Nobody on the project has a Mac: none of this has run on Apple hardware yet. Please send the JSON report and
@@ -61,6 +63,7 @@ from basal.core.pipeline import Pipeline
 from basal.core.prompt import option_orders, render_prompt
 from basal.core.synth import synth_model
 from basal.core.tree import TokenizedQuestion, plan_forwards
+from bench.serve_check import serve_checks, serve_lines
 
 DEFAULT_REQUESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "export_requests.jsonl"
 AGREEMENT_BOUND = 1e-4  # f32 letter logits vs the torch CPU reference (tests/determinism/test_cross_backend.py)
@@ -420,6 +423,16 @@ def release() -> None:
     mx.clear_cache()
 
 
+def serve_over_http(quick: bool) -> tuple[bool | None, str]:
+    """`basal serve --backend auto` on a synthetic checkpoint (the demo's with --quick, else mini cut to 2 layers):
+    on a Mac with Metal it must serve MLX on Metal, elsewhere the CPU."""
+    expect = "metal" if "metal" in MLXBackend.devices() else "cpu"
+    result = serve_checks(expect, demo=quick)
+    if "checks" not in result:  # its packages are missing (skipped), or the server did not start (error)
+        return (None, result["skipped"]) if "skipped" in result else (False, result["error"])
+    return all(result["checks"].values()), serve_lines(result)[-1].removeprefix("basal serve over HTTP ")
+
+
 def check_model(report: Report, model: ModelDir, a) -> None:
     report.run("f32 matmuls at full precision", lambda: precision_check(a.device))
     results: dict[str, DtypeResult] = {}
@@ -441,6 +454,8 @@ def check_model(report: Report, model: ModelDir, a) -> None:
                 report.run(
                     f"{dtype} decisions vs f32", lambda r=r: decisions_16_bit(r.decision_logits, f32.decision_logits)
                 )
+    if a.serve:
+        report.run("basal serve over HTTP", lambda: serve_over_http(a.quick))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         help="request file for the exports ('' for none)",
     )
     ap.add_argument("--exports", default="mac_check_exports", help="where the exports go (send them with the report)")
+    ap.add_argument("--no-serve", dest="serve", action="store_false", help="skip `basal serve` over HTTP")
     a = ap.parse_args(argv)
     if a.device not in MLXBackend.devices():
         print(f"MLX device {a.device} is not available here (devices: {', '.join(MLXBackend.devices())})")

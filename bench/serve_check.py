@@ -20,6 +20,11 @@ LAYERS = 2  # the checkpoint: mini shapes (demo in the dry run) cut to 2 layers
 SERVE_REQUESTS = 20  # sequential single decisions timed over HTTP
 SERVE_LOAD = 16  # concurrent requests, half of them the same: their answers must not change in a batch
 SERVE_PACKAGES = ("litestar", "msgspec", "uvicorn")  # what the GPU image lacks: tests/gpu/serve-wheels.txt
+PATHS = {  # where `basal serve --backend auto` should run, judged from /v1/models' `compute`
+    "cuda": lambda c: str(c.get("path", "")).startswith("gpu") and str(c["device"]).startswith("cuda"),
+    "metal": lambda c: c["backend"] == "mlx" and c["device"] == "metal",
+    "cpu": lambda c: c["device"] == "cpu",
+}
 
 SERVE_BODY = {  # the README's first request
     "model": "jev-latest",
@@ -99,10 +104,10 @@ def under_load(url: str, n: int) -> dict:
     }
 
 
-def serve_checks(cuda: bool, demo: bool, deadline: float = math.inf) -> dict:
+def serve_checks(expect: str, demo: bool, deadline: float = math.inf) -> dict:
     """`basal serve` in a child process on a checkpoint on disk (mini shapes cut to 2 layers, or the demo model's
-    with `demo`): it must start by itself on the GPU path where `cuda` (/v1/models' `compute`; elsewhere on the
-    CPU), answer the README's System One request with the same bytes twice and among concurrent requests it is
+    with `demo`): it must start by itself on the `expect`ed path (`PATHS`: the GPU path on "cuda", MLX on "metal",
+    the CPU), answer the README's System One request with the same bytes twice and among concurrent requests it is
     batched with, and a basal-dialect one, with its `x-basal-*` timing headers; then single decisions one after
     another over HTTP, timed. Skipped where its packages are missing (the GPU image: carry them, `make
     gpu-wheels`). `deadline` (perf_counter): the budget it should keep to; a start gets 90 s at least."""
@@ -156,14 +161,8 @@ def serve_checks(cuda: bool, demo: bool, deadline: float = math.inf) -> dict:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
-        if cuda:
-            where = {
-                "gpu_path": str(compute.get("path", "")).startswith("gpu") and compute["device"].startswith("cuda")
-            }
-        else:
-            where = {"cpu": compute["device"] == "cpu"}  # auto on a machine without CUDA
         checks = {
-            **where,
+            f"{expect}_path": PATHS[expect](compute),
             "systemone_200": first[0] == 200 and set(first[2]["answers"]) == set(SERVE_BODY["questions"]),
             "same_answers_twice": first[2] == second[2],
             "same_answers_under_load": all(r == (200, first[2]) for r in burst["readme_answers"]),

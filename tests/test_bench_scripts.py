@@ -16,7 +16,8 @@ def test_mac_check_smoke_on_cpu(tmp_path, capsys, bias):
     report, requests, exports = tmp_path / "mac.json", tmp_path / "requests.jsonl", tmp_path / "exports"
     requests.write_text(mac_check.DEFAULT_REQUESTS.read_text().splitlines()[0] + "\n")  # one request: quick
     argv = ["--device", "cpu", "--preset", "demo", "--dtypes", "f32", "--quick", "--runs", "2", "--long-words", "120"]
-    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)] + ["--bias"] * bias
+    argv += ["--json", str(report), "--requests", str(requests), "--exports", str(exports)]
+    argv += ["--bias", "--no-serve"] if bias else []  # serve over HTTP once: it starts a server
     assert mac_check.main(argv) == 0
     data = json.loads(report.read_text())
     judged = {c["name"]: c["ok"] for c in data["checks"] if c["ok"] is not None}
@@ -24,6 +25,7 @@ def test_mac_check_smoke_on_cpu(tmp_path, capsys, bias):
     assert judged["negative control (f32)"] and "differ" in capsys.readouterr().out
     assert {"basal", "plain MLX"} <= set(data["speed"][0]["rows"]) and data["environment"]["packages"]["mlx"]
     assert judged["f32 export vs CPU f32 export"] and len(list(exports.glob("*.jsonl"))) == 2
+    assert ("basal serve over HTTP" in judged) != bias and judged.get("basal serve over HTTP", True)
 
 
 def test_mac_check_report_isolates_failures():

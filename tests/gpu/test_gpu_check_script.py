@@ -37,7 +37,7 @@ def report(tmp_path):
 
 
 SERVE = {
-    "checks": {"gpu_path": True, "systemone_200": True},
+    "checks": {"cuda_path": True, "systemone_200": True},
     "compute": {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels)"},
     "ready_s": 12.5,
     "http_single_ms_median": 3.25,
@@ -213,8 +213,8 @@ def test_basal_serve_over_http_is_in_the_table_and_the_verdict(monkeypatch):
         "3.25 ms over HTTP (p90 4.50), compute 1.75 ms; 16 requests at once in batches of up to 9; checks yes" in text
     )
     assert "serve" not in text.split("basal serve over HTTP")[0]  # not among the model sizes' rows
-    failed = {**SERVE, "checks": {"gpu_path": False, "systemone_200": True}}
-    assert "checks NO gpu_path" in gpu_check.summary({"P3": {"serve": failed}})
+    failed = {**SERVE, "checks": {"cuda_path": False, "systemone_200": True}}
+    assert "checks NO cuda_path" in gpu_check.summary({"P3": {"serve": failed}})
     assert not gpu_check.checks_passed({"P3": {"serve": failed}})
     skipped = {"skipped": "basal serve's packages are not importable"}
     assert gpu_check.checks_passed({"P3": {"serve": skipped}})  # the image without the wheels: said, not failed
