@@ -120,18 +120,15 @@ def gpu_engine_tables() -> list[str]:
 
 def cuda_line() -> str:
     """The CUDA device, and which torch path would serve on it: the GPU path needs Triton (Linux)."""
-    import importlib.util
-
     import torch
+
+    from basal.backends.cuda.backend import NO_TRITON, gpu_path_installed
 
     if not torch.cuda.is_available():
         return "CUDA: not available"
     device = torch.cuda.get_device_name(0)
-    if importlib.util.find_spec("triton") is None:
-        return (
-            f"CUDA: available: {device}; Triton is not installed, so the portable torch path serves (many times "
-            "slower): pip install triton==3.6.0"
-        )
+    if not gpu_path_installed():
+        return f"CUDA: available: {device}; Triton is not installed, so {NO_TRITON}"
     return f"CUDA: available: {device}; the GPU path serves (Triton kernels, docs/gpu-path.md)"
 
 

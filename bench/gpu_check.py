@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from basal.backends.cuda.gpu.kernel_configs import MODEL_SHAPES as SHAPES  # noqa: E402 (plain Python, after sys.path)
 from basal.backends.cuda.gpu.kernel_configs import weight_shapes  # noqa: E402
-from bench.serve_check import serve_checks, serve_lines  # noqa: E402
+from bench.serve_check import LAYERS as CHECKPOINT_LAYERS  # noqa: E402
+from bench.serve_check import not_run, serve_checks, serve_lines, verdict  # noqa: E402
 
 TOY = {"toy": (64, 128, 2, 6, 1)}  # GQA 6: unused rows in every attention tile
 # H100 single decision, ms: upstream / basal-rs (docs/gpu-path.md §1), and the H200 targets of issue 10
@@ -40,10 +41,10 @@ SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
 # P3 after the sizes: `basal serve`'s path on a checkpoint on disk, per layout (name -> attention and MLP biases)
 CHECKPOINTS = {"basal-1.5": False, "basal-1.0": True}
 CHECKPOINT_NEEDS_S = 20
-CHECKPOINT_LAYERS = 2  # with 1 the last layer, run at the readouts only, would be almost all of the model
 SERVE_NEEDS_S = 40  # P3's `basal serve` over HTTP (bench/serve_check.py)
 CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
+PROBE_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]  # P1's row counts on the GPU
 
 
 def parse() -> argparse.Namespace:
@@ -124,6 +125,12 @@ def difference(a, b) -> dict:
     }
 
 
+def bitwise(pairs: dict[str, tuple]) -> tuple[dict[str, bool], dict[str, dict]]:
+    """Named pairs of results that must have the same bits -> (name: equal, name: `difference` of the unequal)."""
+    same = {name: a.tobytes() == b.tobytes() for name, (a, b) in pairs.items()}
+    return same, {name: difference(*pairs[name]) for name, ok in same.items() if not ok}
+
+
 def read_clocks() -> str:
     """`nvidia-smi -q -d CLOCK`, read only (the clocks are left alone, §8.2); without nvidia-smi in the image, a
     line that says so: the ceilings P0 measures still count."""
@@ -183,7 +190,7 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
         shapes, counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
     else:
         shapes = [s for size in SHAPES for s in gemm_shapes(size)]
-        counts, engines = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192], et.PREFERENCE
+        counts, engines = PROBE_COUNTS, et.PREFERENCE
     table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, None)
     res = {"shapes": {}, "tri_configs_equal": {}}
     g = torch.Generator().manual_seed(1)
@@ -222,9 +229,6 @@ def isolated(check) -> dict:
         return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
 
 
-LIBRARY_DEFAULTS_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]
-
-
 def library_defaults(dry: bool) -> dict:
     """`lt` as cuBLASLt runs without the R7 settings (its default workspace and split-K heuristics), probed on the
     4.5B shapes in a child process: the environment must be set before CUDA initialises cuBLAS, and this one has
@@ -248,7 +252,7 @@ def library_defaults_child(dry: bool) -> int:
     from basal.backends.cuda.gpu import engine_table as et
 
     device = torch.device("cpu" if dry else "cuda")
-    counts = [1, 2, 3, 17, 64] if dry else LIBRARY_DEFAULTS_COUNTS
+    counts = [1, 2, 3, 17, 64] if dry else PROBE_COUNTS
     g = torch.Generator().manual_seed(0)
     out = {}
     with torch.inference_mode():
@@ -551,9 +555,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "=in_batch": (eager[fwd.readout_of[(0, 0)]], in_batch[row]),
         "=eager_evidence_pass": (eager, with_hidden),
     }
-    same = {name: a.tobytes() == b.tobytes() for name, (a, b) in pairs.items()}
+    same, differences = bitwise(pairs)
     same["finite"] = bool(np.isfinite(eager).all() and np.isfinite(in_batch).all())
-    differences = {name: difference(*pairs[name]) for name, ok in same.items() if name in pairs and not ok}
     ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
     overlap = overlap_check(be, fwd.batch, eager, device, dry)
     same["=overlapped"] = overlap.pop("bitwise")
@@ -630,18 +633,20 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
         reference = run_to_end(cpu.run(both.batch))
     error = float(np.abs(in_batch - reference).max()) / max(1.0, float(np.abs(reference).max()))
     row = both.readout_of[(0, 0)]
-    pairs = {"alone=in_batch": (first[alone.readout_of[(0, 0)]], in_batch[row]), "warm_graph=eager": (first, eager)}
+    same, differences = bitwise(
+        {"alone=in_batch": (first[alone.readout_of[(0, 0)]], in_batch[row]), "warm_graph=eager": (first, eager)}
+    )
     expected = "GpuBackend" if device.type == "cuda" else "TorchBackend"  # auto on a machine without CUDA: the CPU
     return {
         "checks": {
             "auto_picks_gpu_path" if device.type == "cuda" else "auto_picks_cpu": type(picked).__name__ == expected,
             "f16": be.dtype == "f16",
-            **{name: a.tobytes() == b.tobytes() for name, (a, b) in pairs.items()},
+            **same,
             "finite": bool(np.isfinite(in_batch).all()),
             "close_to_cpu_f32": error <= CLOSE_TO_CPU,
         },
         "preset": f"{preset}, {CHECKPOINT_LAYERS} layers" + (", biases" if bias else ""),
-        "differences": {name: difference(a, b) for name, (a, b) in pairs.items() if a.tobytes() != b.tobytes()},
+        "differences": differences,
         "backend": type(picked).__name__,
         "max_rel_error_vs_cpu_f32": error,
         "same_decisions_as_cpu": bool((in_batch[:, :2].argmax(1) == reference[:, :2].argmax(1)).all()),
@@ -705,12 +710,11 @@ def checkpoint_lines(rows: dict[str, dict]) -> list[str]:
     for key, r in rows.items():
         name = key.removeprefix("checkpoint ")
         if "checks" not in r:
-            lines.append(f"{name:<32} {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}")
+            lines.append(f"{name:<32} {not_run(r)}")
             continue
-        failed = [k for k, ok in r["checks"].items() if not ok]
         lines.append(
             f"{name:<32} {r['backend']:<14} {r['load_s']:7.2f}   {r['warm_up_graphs']:>6d} ({r['warm_up_s']:6.2f})"
-            f"       {r['max_rel_error_vs_cpu_f32']:9.2e}   {'NO ' + ','.join(failed) if failed else 'yes'}"
+            f"       {r['max_rel_error_vs_cpu_f32']:9.2e}   {verdict(r['checks'])}"
         )
     return lines
 
@@ -731,12 +735,12 @@ def summary(phases: dict) -> str:
         if not isinstance(r, dict):
             continue
         if "bitwise" not in r:
-            lines.append(f"{size:<6} {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}")
+            lines.append(f"{size:<6} {not_run(r)}")
             continue
         up, rs, target = ANCHORS.get(size, (float("nan"),) * 3)
         floor = weights_gb.get(size, 0) / copy_tbps if copy_tbps else float("nan")
         rates = " / ".join(f"{t['decisions_per_s']:.0f}" for t in r.get("throughput", {}).values())
-        ok = "yes" if all(r["bitwise"].values()) else "NO " + ",".join(k for k, v in r["bitwise"].items() if not v)
+        ok = verdict(r["bitwise"])
         lines.append(
             f"{size:<6} {r['single_ms_median']:7.2f} ({r['single_ms_p90']:.2f})   {up:5.1f} / {rs:5.1f}"
             f"                {target:5.1f}         {floor:6.2f} ms      {rates:<21}   {ok}"

@@ -10,9 +10,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +53,6 @@ BASAL_BODY = {
 
 def http(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, dict, object]:
     """(status, headers, parsed JSON) of a GET, or of a POST of `body`; an HTTP error status is a result too."""
-    import urllib.error
-    import urllib.request
-
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data, {"content-type": "application/json"} if data else {})
     try:
@@ -59,8 +63,6 @@ def http(url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -68,8 +70,6 @@ def free_port() -> int:
 
 def wait_healthy(url: str, server, until: float) -> bool:
     """Poll /health until it answers 200, the server exits, or `until` (perf_counter) passes."""
-    import urllib.error
-
     while time.perf_counter() < until and server.poll() is None:
         try:
             if http(url + "/health", timeout=2)[0] == 200:
@@ -84,8 +84,6 @@ def under_load(url: str, n: int) -> dict:
     """`n` requests at once, every other one the README's request and the rest on other states, so the engine
     batches them: the README's answers must keep the bits they have alone. -> statuses, the README's (status,
     answers), the largest batch the server reported, the wall time."""
-    from concurrent.futures import ThreadPoolExecutor
-
     bodies = [
         SERVE_BODY if i % 2 == 0 else {**SERVE_BODY, "state": f"Ticket {i}: the invoice for order {i} is wrong."}
         for i in range(n)
@@ -111,10 +109,6 @@ def serve_checks(expect: str, demo: bool, deadline: float = math.inf) -> dict:
     batched with, and a basal-dialect one, with its `x-basal-*` timing headers; then single decisions one after
     another over HTTP, timed. Skipped where its packages are missing (the GPU image: carry them, `make
     gpu-wheels`). `deadline` (perf_counter): the budget it should keep to; a start gets 90 s at least."""
-    import signal
-    import subprocess
-    import tempfile
-
     from basal.core.synth import synth_model
 
     probe = subprocess.run([sys.executable, "-c", "import " + ", ".join(SERVE_PACKAGES)], capture_output=True)
@@ -185,13 +179,23 @@ def serve_checks(expect: str, demo: bool, deadline: float = math.inf) -> dict:
         }
 
 
+def verdict(checks: dict[str, bool]) -> str:
+    """A table's cell for named checks: "yes", or "NO " and the ones that failed."""
+    failed = [name for name, ok in checks.items() if not ok]
+    return "NO " + ",".join(failed) if failed else "yes"
+
+
+def not_run(result: dict) -> str:
+    """A table's cell for a part that did not give results: its error, or why it was skipped."""
+    return "ERROR " + result["error"] if "error" in result else result.get("skipped", "?")
+
+
 def serve_lines(r: dict | None) -> list[str]:
     """P3's `basal serve` over HTTP: where it ran, how long it took to start, single decisions over HTTP."""
     if r is None:
         return []
     if "checks" not in r:
-        return ["", f"basal serve over HTTP: {'ERROR ' + r['error'] if 'error' in r else r.get('skipped', '?')}"]
-    failed = [k for k, ok in r["checks"].items() if not ok]
+        return ["", f"basal serve over HTTP: {not_run(r)}"]
     c, u = r["compute"], r.get("under_load")
     load = f" {u['requests']} requests at once in batches of up to {u['largest_batch']};" if u else ""
     return [
@@ -199,5 +203,5 @@ def serve_lines(r: dict | None) -> list[str]:
         f"basal serve over HTTP ({c['backend']} {c['device']} {c['dtype']}, {c.get('path', 'portable path')}): ready in"
         f" {r['ready_s']:.1f} s; single decision {r['http_single_ms_median']:.2f} ms over HTTP (p90"
         f" {r['http_single_ms_p90']:.2f}), compute {r['compute_ms_median']:.2f} ms;{load}"
-        f" checks {'NO ' + ','.join(failed) if failed else 'yes'}",
+        f" checks {verdict(r['checks'])}",
     ]

@@ -18,6 +18,16 @@ from basal.core.model_dir import ModelDir
 from basal.core.tree import PackedBatch
 
 log = logging.getLogger(__name__)
+# said where CUDA is there but Triton is not (the load's warning, `basal doctor`)
+NO_TRITON = (
+    "the portable torch path serves (bitwise invariant, but many times slower than the GPU path): "
+    "pip install triton==3.6.0 (Linux) for the GPU path"
+)
+
+
+def gpu_path_installed() -> bool:
+    """Whether the GPU path (basal.backends.cuda.gpu) can serve on a CUDA device here: it needs Triton."""
+    return importlib.util.find_spec("triton") is not None
 
 
 class TorchBackend:
@@ -67,14 +77,11 @@ class TorchBackend:
         class's plain path there too (the negative control)."""
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dev.type == "cuda" and fixed_shapes:
-            if importlib.util.find_spec("triton") is not None:
+            if gpu_path_installed():
                 from basal.backends.cuda.gpu.backend import GpuBackend
 
                 return GpuBackend.load(model, dtype, str(dev))
-            log.warning(
-                "CUDA without Triton: the portable torch path serves (bitwise invariant, but many times slower "
-                "than the GPU path); `pip install triton==3.6.0` (Linux) to get the GPU path"
-            )
+            log.warning("CUDA without Triton: %s", NO_TRITON)
         if dtype is None:
             dtype = "f16" if dev.type == "cuda" else "f32"
         if dev.type == "cpu":
