@@ -454,8 +454,6 @@ def check_model(report: Report, model: ModelDir, a) -> None:
                 report.run(
                     f"{dtype} decisions vs f32", lambda r=r: decisions_16_bit(r.decision_logits, f32.decision_logits)
                 )
-    if a.serve:
-        report.run("basal serve over HTTP", lambda: serve_over_http(a.quick))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(report)
             if source is None:
                 shutil.rmtree(path, ignore_errors=True)  # several GB each
+    if a.serve:  # once per run: it serves a checkpoint of its own, whatever the presets
+        reports[-1].run("basal serve over HTTP", lambda: serve_over_http(a.quick))
     Path(a.json).write_text(
         json.dumps([asdict(r) for r in reports] if len(reports) > 1 else asdict(reports[0]), indent=2)
     )
