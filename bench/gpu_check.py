@@ -682,10 +682,16 @@ def launched_kernels() -> dict[str, list[dict]]:
                     "warps": md.num_warps, "stages": md.num_stages, "shared": md.shared,
                     "registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
                     "constexprs": constants,
-                    "divisible": sorted(fn.arg_names[k[0]] for k in getattr(src, "attrs", {})),
+                    "divisible": divisible(fn, getattr(src, "attrs", {})),
                 })  # fmt: skip
         out[name] = variants
     return out
+
+
+def divisible(fn, attrs: dict) -> list[str]:
+    """The arguments a launch marked 16-divisible. Triton records an entry for every specialised argument, the
+    unaligned ones with an empty list, so the key alone says nothing: the `tt.divisibility` 16 inside it does."""
+    return sorted(fn.arg_names[k[0]] for k, v in attrs.items() if ["tt.divisibility", 16] in [list(a) for a in v])
 
 
 def kernel_lines(kernels: dict[str, list[dict]]) -> list[str]:
