@@ -426,7 +426,6 @@ def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: f
     that would not fit before `deadline` (perf_counter) is skipped, so the order is the priority: the basal-1.5
     checkpoint first (what auto picks; cheap, and it compiles the kernels of mini's shapes for the mini size), the
     sizes' invariance and speed, serve over HTTP, the basal-1.0 layout."""
-    import torch
 
     def checkpoint(name: str):
         bias = CHECKPOINTS[name]
@@ -448,10 +447,22 @@ def phase_model(device, dry: bool, sizes: list[str], report: Report, deadline: f
                 res[key] = check()
             except Exception as e:
                 res[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            release_memory(device)
         report.partial("P3", res)
     return res
+
+
+def release_memory(device) -> None:
+    """Give the last item's device memory back before the next one. A GpuBackend refers to itself (its model holds
+    its bound methods), so dropping the last name frees nothing until the cycle collector runs: without it the
+    weights, arenas and graph pools of every size and checkpoint would pile up on the device."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
@@ -583,7 +594,6 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "graphs": len(be.graphs.graphs),
         "seconds": time.perf_counter() - started,
     }
-    del be
     return out
 
 

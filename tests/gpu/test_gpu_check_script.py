@@ -242,3 +242,28 @@ def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
     if not torch.cuda.is_available():
         plain = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
         assert plain.returncode == 2
+
+
+def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
+    """A GpuBackend is cyclic (its model holds its bound methods): without the cycle collector the weights of every
+    size and checkpoint would stay on the device until the run ends."""
+    import gc
+    import weakref
+
+    class Cyclic:
+        def __init__(self):
+            self.engine_for = self.method
+
+        def method(self):
+            pass
+
+    gc.disable()
+    try:
+        backend = Cyclic()
+        alive = weakref.ref(backend)
+        del backend
+        assert alive() is not None  # dropping the name alone frees nothing
+        gpu_check.release_memory(torch.device("cpu"))
+        assert alive() is None
+    finally:
+        gc.enable()
