@@ -236,3 +236,36 @@ def test_an_engine_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, ca
     (tmp_path / "file").write_text("")
     assert not keep_table(table, tmp_path / "file" / "gpu" / "t.json")  # its parent is a file: OSError
     assert "not saved" in caplog.text
+
+
+def test_graph_capture_is_thread_local(monkeypatch):
+    """`basal serve` captures a new bucket on one lane's thread while another lane polls its batch's event; in CUDA's
+    default global mode that poll would invalidate the capture. The capture must ask for thread-local mode."""
+    import torch
+
+    from basal.backends.cuda.gpu.graphs import CudaCapture
+
+    seen = {}
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            seen["mode"] = capture_error_mode
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    ran = []
+    assert CudaCapture("cuda:0")(lambda: ran.append(1)) == "graph"
+    assert ran == [1] and seen["mode"] == "thread_local"

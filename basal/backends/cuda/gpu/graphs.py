@@ -42,7 +42,15 @@ class GraphCache:
 
 
 class CudaCapture:
-    """Captures a forward into a CUDA graph on a side stream; every graph shares one memory pool."""
+    """Captures a forward into a CUDA graph on a side stream; every graph shares one memory pool.
+
+    The capture is thread-local: `basal serve` captures a new bucket on one lane's thread while another lane's
+    thread may poll the event of a batch still in flight (`pacing.until_done`) or pin a one-off staging slot. In
+    CUDA's default (global) mode such a call from any thread during a capture invalidates it, failing both
+    batches; thread-local mode forbids unsafe calls only on the capturing thread, which makes none.
+    """
+
+    MODE = "thread_local"
 
     def __init__(self, device):
         import torch
@@ -55,7 +63,7 @@ class CudaCapture:
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=self.MODE):
             run()
         current.wait_stream(self.stream)
         return graph
