@@ -269,3 +269,16 @@ def test_graph_capture_is_thread_local(monkeypatch):
     ran = []
     assert CudaCapture("cuda:0")(lambda: ran.append(1)) == "graph"
     assert ran == [1] and seen["mode"] == "thread_local"
+
+
+def test_row_ranges_keep_every_range_inside_32_bit_offsets():
+    from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT, ROW_ALIGN, row_ranges
+
+    assert row_ranges(8192, 28672) == [(0, 8192)]  # every graph bucket: one launch
+    width = 2 * 14336  # max's [T, 2F] gate/up rows
+    ranges = row_ranges(200_000, width)
+    assert ranges[0] == (0, 74752) and ranges[-1][1] == 200_000  # 74 899 rows would pass 2^31 elements
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    assert all(start % ROW_ALIGN == 0 and (end - start) * width < OFFSET_LIMIT for start, end in ranges)
+    with pytest.raises(ValueError, match="too wide"):
+        row_ranges(1000, OFFSET_LIMIT // 100)  # not even ROW_ALIGN rows fit

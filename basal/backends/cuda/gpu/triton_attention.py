@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from basal.backends.cuda.gpu.kernel_configs import AttentionConfig
+from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT
 from basal.core.tile_plan import RANGES
 
 
@@ -146,6 +147,11 @@ def tree_attention(
     group = heads // kv_heads
     if not (k.stride() == v.stride() == prefix_k.stride() == prefix_v.stride()) or q.stride(2) != 1 or k.stride(2) != 1:
         raise ValueError("tree_attention: K/V buffers need one row layout and contiguous head vectors")
+    if max(t.shape[0] * t.stride(0) for t in (q, k, prefix_k, out)) >= OFFSET_LIMIT:  # keys span every row: no split
+        raise ValueError(
+            f"tree_attention: {q.shape[0]} tokens of {heads} heads pass the kernel's 32-bit offsets; lower "
+            "tree_max_tokens or max_request_tokens"
+        )
     f32 = cfg.precision == "f32"
     tree_attention_kernel[(tiles.shape[0], kv_heads)](
         q,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from basal.backends.cuda.gpu.kernel_configs import EPILOGUES, GemmTiles, gemm_tiles
+from basal.backends.cuda.gpu.row_chunks import in_row_ranges
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -107,7 +108,7 @@ def linear(
     """x [M, K] · w [N, K]ᵀ (+ bias [N]) -> [M, N] in x's dtype. `tiles` defaults to the shape's shipped
     configuration. `epilogue`: "residual" returns residual + that ([M, N]; `out` may be `residual`, updated in
     place), "swiglu" reads w (and the bias) as [gate; up] ([2F, K]) and returns silu(gate) · up ([M, F]); both
-    keep the unfused bits."""
+    keep the unfused bits. A call whose rows pass 32-bit offsets runs as several launches (row_chunks.py)."""
     m, k = x.shape
     n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
     if w.shape[1] != k or x.stride(1) != 1 or w.stride(1) != 1:
@@ -122,28 +123,28 @@ def linear(
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     r = out if residual is None else residual
-    grid = (triton.cdiv(m, tiles.bm), triton.cdiv(n, tiles.bn))
-    gemm_kernel[grid](
-        x,
-        w,
-        out,
-        r,
-        out if bias is None else bias,
-        m,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        out.stride(0),
-        r.stride(0),
-        BM=tiles.bm,
-        BN=tiles.bn,
-        BK=tiles.bk,
-        SPLIT_K=split_k,
-        PRECISION=dot_precision(x.dtype),
-        EPILOGUE=EPILOGUES[epilogue],
-        HAS_BIAS=bias is not None,
-        num_warps=tiles.warps,
-        num_stages=tiles.stages,
-    )
+    for xs, ys, rs in in_row_ranges(max(x.stride(0), out.stride(0), r.stride(0)), x, out, r):
+        gemm_kernel[(triton.cdiv(xs.shape[0], tiles.bm), triton.cdiv(n, tiles.bn))](
+            xs,
+            w,
+            ys,
+            rs,
+            ys if bias is None else bias,
+            xs.shape[0],
+            n,
+            k,
+            xs.stride(0),
+            w.stride(0),
+            ys.stride(0),
+            rs.stride(0),
+            BM=tiles.bm,
+            BN=tiles.bn,
+            BK=tiles.bk,
+            SPLIT_K=split_k,
+            PRECISION=dot_precision(x.dtype),
+            EPILOGUE=EPILOGUES[epilogue],
+            HAS_BIAS=bias is not None,
+            num_warps=tiles.warps,
+            num_stages=tiles.stages,
+        )
     return out

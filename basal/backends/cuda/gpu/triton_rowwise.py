@@ -19,6 +19,7 @@ from basal.backends.cuda.gpu.kernel_configs import (
     elementwise_block,
     norm_config,
 )
+from basal.backends.cuda.gpu.row_chunks import in_row_ranges
 
 
 @triton.jit(do_not_specialize=["eps"])
@@ -46,25 +47,26 @@ def rmsnorm(
     h: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """out = RMSNorm(h + residual)·w; with `residual`, h is updated in place first. All [M, H] rows."""
-    rows, hidden = h.shape
+    hidden = h.shape[1]
     y = h if residual is None else residual
     if h.stride(1) != 1 or y.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("rmsnorm: rows must be contiguous")
     cfg = norm_config(hidden)
-    rmsnorm_kernel[(rows,)](
-        h,
-        y,
-        w,
-        out,
-        hidden,
-        eps,
-        h.stride(0),
-        y.stride(0),
-        out.stride(0),
-        HAS_Y=residual is not None,
-        BLOCK=cfg.block,
-        num_warps=cfg.warps,
-    )
+    for hs, ys, xs in in_row_ranges(max(h.stride(0), y.stride(0), out.stride(0)), h, y, out):
+        rmsnorm_kernel[(hs.shape[0],)](
+            hs,
+            ys,
+            w,
+            xs,
+            hidden,
+            eps,
+            hs.stride(0),
+            ys.stride(0),
+            xs.stride(0),
+            HAS_Y=residual is not None,
+            BLOCK=cfg.block,
+            num_warps=cfg.warps,
+        )
     return out
 
 
@@ -121,14 +123,26 @@ def rope_kv(
     v: torch.Tensor,
 ) -> None:
     """Split the fused qkv output [T, (H + 2 KVH) D] into rotated Q [T, H, D], rotated K and plain V [T, KVH, D]."""
-    rows = qkv.shape[0]
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or qkv.stride(1) != 1:
         raise ValueError("rope_kv: contiguous Q/K/V buffers needed")
     slots = 1 << (heads + 2 * kv_heads - 1).bit_length()
-    rope_kv_kernel[(rows,)](
-        qkv, positions, cos, sin, q, k, v, qkv.stride(0), H=heads, KVH=kv_heads, D=dim, SLOTS=slots, num_warps=4
-    )
+    for qkv_s, pos_s, q_s, k_s, v_s in in_row_ranges(max(qkv.stride(0), q.stride(0)), qkv, positions, q, k, v):
+        rope_kv_kernel[(qkv_s.shape[0],)](
+            qkv_s,
+            pos_s,
+            cos,
+            sin,
+            q_s,
+            k_s,
+            v_s,
+            qkv_s.stride(0),
+            H=heads,
+            KVH=kv_heads,
+            D=dim,
+            SLOTS=slots,
+            num_warps=4,
+        )
 
 
 @triton.jit
@@ -145,10 +159,10 @@ def swiglu_kernel(gu_ptr, a_ptr, F, stride_gu, stride_a, BLOCK: tl.constexpr):
 
 
 def swiglu(gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    rows, width = gate_up.shape
-    f = width // 2
+    f = gate_up.shape[1] // 2
     block = elementwise_block(f)
-    swiglu_kernel[(rows, triton.cdiv(f, block))](gate_up, out, f, gate_up.stride(0), out.stride(0), BLOCK=block)
+    for gu, a in in_row_ranges(max(gate_up.stride(0), out.stride(0)), gate_up, out):
+        swiglu_kernel[(gu.shape[0], triton.cdiv(f, block))](gu, a, f, gu.stride(0), a.stride(0), BLOCK=block)
     return out
 
 
@@ -169,17 +183,18 @@ def letter_readout_kernel(x_ptr, w_ptr, out_ptr, H, L, stride_x, BL: tl.constexp
 
 def letter_readout(x: torch.Tensor, letter_rows: torch.Tensor, n_letters: int, out: torch.Tensor) -> torch.Tensor:
     """x [R, H] (final-normed) · letter_rows [16, H] f32 -> out [R, 16] f32."""
-    rows, hidden = x.shape
+    hidden = x.shape[1]
     if letter_rows.shape != (READOUT_LETTERS, hidden) or out.shape[1] != READOUT_LETTERS:
         raise ValueError(f"letter_readout: letter rows must be [{READOUT_LETTERS}, {hidden}]")
-    letter_readout_kernel[(rows,)](
-        x,
-        letter_rows,
-        out,
-        hidden,
-        n_letters,
-        x.stride(0),
-        BL=READOUT_LETTERS,
-        CHUNK=min(READOUT_CHUNK, 1 << (hidden - 1).bit_length()),
-    )
+    for xs, outs in in_row_ranges(max(x.stride(0), READOUT_LETTERS), x, out):
+        letter_readout_kernel[(xs.shape[0],)](
+            xs,
+            letter_rows,
+            outs,
+            hidden,
+            n_letters,
+            x.stride(0),
+            BL=READOUT_LETTERS,
+            CHUNK=min(READOUT_CHUNK, 1 << (hidden - 1).bit_length()),
+        )
     return out
