@@ -44,7 +44,9 @@ CHECKPOINT_NEEDS_S = 20
 SERVE_NEEDS_S = 40  # P3's `basal serve` over HTTP (bench/serve_check.py)
 CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
-PROBE_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]  # P1's row counts on the GPU
+# P1 also probes every engine at these row counts (docs/gpu-path.md §8.2), most of which serving never passes (M = 1
+# may be another library kernel): reported beside the verdict, which is taken on the buckets (`served_counts`)
+PROBE_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]
 
 
 def parse() -> argparse.Namespace:
@@ -178,6 +180,13 @@ def biased_shapes(dry: bool) -> list[tuple[int, int]]:
     return [(32, 64), (64, 128)] if dry else gemm_shapes("4.5B")
 
 
+def served_counts(dry: bool) -> list[int]:
+    """The row counts a GEMM of `basal serve` passes (its buckets, as the backend's own probe runs them)."""
+    from basal.backends.cuda.gpu.buckets import probed_row_counts
+
+    return probed_row_counts(64 if dry else 8192)
+
+
 def phase_gemm(device, dry: bool, out: Path) -> dict:
     import torch
 
@@ -186,21 +195,20 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
     from basal.backends.cuda.gpu.environment import versions
     from basal.backends.cuda.gpu.kernel_configs import GEMM_REGIMES
 
+    counts = served_counts(dry)
     if dry:
-        shapes, counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
+        shapes, any_counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
     else:
         shapes = [s for size in SHAPES for s in gemm_shapes(size)]
-        counts, engines = PROBE_COUNTS, et.PREFERENCE
+        any_counts, engines = PROBE_COUNTS, et.PREFERENCE
     table = et.probe(shapes, torch.float16, device, counts, et.table_key(versions(device), "f16"), engines, None)
-    res = {"shapes": {}, "tri_configs_equal": {}}
-    g = torch.Generator().manual_seed(1)
+    res = {"shapes": {}, "tri_configs_equal": {}, "row_counts": counts, "any_row_counts": any_counts}
+    g = torch.Generator(device=device).manual_seed(1)
     for entry in table.shapes:
         n, k = entry.n, entry.k
-        x = torch.randn(max(counts), k, generator=g).half().to(device)
-        w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
-        configs = [t for regime in GEMM_REGIMES.values() for t in regime]
-        bits = {t.name: triton_gemm.linear(x, w, tiles=t).view(torch.int16).cpu().numpy().tobytes() for t in configs}
-        res["tri_configs_equal"][f"{n}x{k}"] = len(set(bits.values())) == 1
+        x, w, _ = et.random_operands(max(counts + any_counts), n, k, torch.float16, g)
+        first, *others = (triton_gemm.linear(x, w, tiles=t) for regime in GEMM_REGIMES.values() for t in regime)
+        res["tri_configs_equal"][f"{n}x{k}"] = all(same_bits(first, o) for o in others)  # compared on the device
         timings, copies = {}, et.weight_copies(w)
         for name in engines:
             for m in [16, 128] if dry else [16, 128, 512, 2048, 8192]:
@@ -211,6 +219,7 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
         res["shapes"][f"{n}x{k}"] = {
             "engine": entry.engine,
             "candidates": {c: vars(v) for c, v in entry.candidates.items()},
+            "any_row_count": {name: et.probe_engine(et.ENGINES[name], x, w, any_counts) for name in engines},
             "timings": timings,
         }
     table.save(out / "gemm_engines.json")
@@ -219,6 +228,13 @@ def phase_gemm(device, dry: bool, out: Path) -> dict:
     res["bias"] = isolated(lambda: bias_probe(device, dry, counts, engines))
     res["swiglu_warps"] = isolated(lambda: swiglu_warps(device, dry))
     return res
+
+
+def same_bits(a, b) -> bool:
+    """Two 16-bit results bit for bit, on their device (no copy of [8192, N] outputs to the host)."""
+    import torch
+
+    return bool(torch.equal(a.view(torch.int16), b.view(torch.int16)))
 
 
 def isolated(check) -> dict:
@@ -230,9 +246,10 @@ def isolated(check) -> dict:
 
 
 def library_defaults(dry: bool) -> dict:
-    """`lt` as cuBLASLt runs without the R7 settings (its default workspace and split-K heuristics), probed on the
-    4.5B shapes in a child process: the environment must be set before CUDA initialises cuBLAS, and this one has
-    R7. What the probe would have found without R7: per shape, invariant or the first row count that differs."""
+    """`lt` as cuBLASLt runs without the rest of R7 (its default workspace, split-K and reduced-precision
+    reductions), probed on the 4.5B shapes at serving's row counts in a child process: the environment must be set
+    before CUDA initialises cuBLAS, and this one has R7. What the probe would have found without R7: per shape,
+    invariant or the first row count that differs."""
     import subprocess
 
     argv = [sys.executable, str(Path(__file__).resolve()), "--library-defaults"] + (["--cpu-dry-run"] if dry else [])
@@ -246,19 +263,21 @@ def library_defaults(dry: bool) -> dict:
 
 
 def library_defaults_child(dry: bool) -> int:
-    """The child of `library_defaults`: probes `lt` with the library's defaults, prints one JSON line."""
+    """The child of `library_defaults`: probes `lt` with the library's defaults, prints one JSON line. It asks for
+    cuBLASLt, as the backend does: without that torch runs its GEMMs on cuBLAS, another library."""
     import torch
 
     from basal.backends.cuda.gpu import engine_table as et
 
     device = torch.device("cpu" if dry else "cuda")
-    counts = [1, 2, 3, 17, 64] if dry else PROBE_COUNTS
-    g = torch.Generator().manual_seed(0)
+    if device.type == "cuda":
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    counts = served_counts(dry)
+    g = torch.Generator(device=device).manual_seed(0)
     out = {}
     with torch.inference_mode():
         for n, k in biased_shapes(dry):
-            x = torch.randn(max(counts), k, generator=g).half().to(device)
-            w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
+            x, w, _ = et.random_operands(max(counts), n, k, torch.float16, g)
             ok, detail = et.probe_engine(et.lt_linear, x, w, counts)
             out[f"{n}x{k}"] = {"invariant": ok, "detail": detail}
     print(json.dumps(out))
@@ -291,22 +310,21 @@ def swiglu_warps(device, dry: bool) -> dict:
     from basal.backends.cuda.gpu.triton_gemm import linear
 
     sizes = {"toy": (64, 32)} if dry else {size: gemm_shapes(size)[2] for size in SHAPES}  # [gate; up]
-    g, res = torch.Generator().manual_seed(2), {}
+    g, res = torch.Generator(device=device).manual_seed(2), {}
     for name, (n, k) in sizes.items():
-        x = torch.randn(16 if dry else 2048, k, generator=g).half().to(device)
-        w = (torch.randn(n, k, generator=g) * k**-0.5).half().to(device)
+        x, w, _ = et.random_operands(16 if dry else 2048, n, k, torch.float16, g)
         plain, copies = gemm_tiles(n, k), et.weight_copies(w)
-        entry, bits = {}, set()
+        entry, outputs = {}, []
         for warps in (plain.warps, 2 * plain.warps):
             tiles = GemmTiles(plain.bm, plain.bn, warps, plain.stages, plain.bk)
 
             def fused(xs, ws, _out, tiles=tiles):
                 return linear(xs, ws, epilogue="swiglu", tiles=tiles)
 
-            bits.add(fused(x, w, None).view(torch.int16).cpu().numpy().tobytes())
+            outputs.append(fused(x, w, None))
             for m in (16,) if dry else (128, 2048):
                 entry[f"w{warps}@{m}_ms"] = et.time_engine(fused, x, w, m, repeats=3 if dry else 20, copies=copies)
-        res[name] = {**entry, "same_bits": len(bits) == 1}
+        res[name] = {**entry, "same_bits": same_bits(*outputs)}
     return res
 
 
@@ -718,6 +736,21 @@ def kernel_lines(kernels: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def any_row_count_lines(gemms: dict[str, dict]) -> list[str]:
+    """Per engine, on how many shapes it is also invariant over P1's other row counts (M = 1, 2, 3, 17, ...),
+    which serving never passes; the shapes where it is not, with the first row that differs."""
+    found: dict[str, list[tuple[str, bool, str]]] = {}
+    for shape, g in gemms.items():
+        for engine, (ok, detail) in g.get("any_row_count", {}).items():
+            found.setdefault(engine, []).append((shape, ok, detail))
+    lines = ["", "invariant at any row count (not only serving's buckets):"] if found else []
+    for engine, rows in found.items():
+        failed = "; ".join(f"{shape} {detail}" for shape, ok, detail in rows if not ok)
+        passed = sum(ok for _, ok, _ in rows)
+        lines.append(f"  {engine}: {passed} of {len(rows)} shapes" + (f" (not: {failed})" if failed else ""))
+    return lines
+
+
 def checkpoint_lines(rows: dict[str, dict]) -> list[str]:
     """P3's checkpoints on disk: what `auto` picked, the load and warm-up times, the error against the CPU."""
     if not rows:
@@ -788,6 +821,7 @@ def summary(phases: dict) -> str:
             f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
             f"{large['TFLOPs']:7.1f} ({of_mm})"
         )
+    lines += any_row_count_lines(gemms)
     p1 = phases.get("P1", {})
     for key, title in (
         ("lt_library_defaults", "cuBLASLt with the library's defaults (no R7; 4.5B shapes)"),

@@ -267,3 +267,18 @@ def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_p1_reports_the_row_counts_serving_never_passes_beside_its_verdict():
+    """The engine verdict is taken on serving's buckets (as the backend's probe); M = 1, 2, 3, 17, ... are reported
+    per engine, with the shapes that differ there."""
+    shape = {"engine": "lt", "timings": {}}
+    gemms = {
+        "2048x1536": {**shape, "any_row_count": {"lt": [False, "row 0 differs at M=2"], "tri": [True, "ok"]}},
+        "1536x1536": {**shape, "any_row_count": {"lt": [True, "ok"], "tri": [True, "ok"]}},
+    }
+    text = gpu_check.summary({"P1": {"shapes": gemms}})
+    assert "lt: 1 of 2 shapes (not: 2048x1536 row 0 differs at M=2)" in text
+    assert "tri: 2 of 2 shapes" in text and "tri: 2 of 2 shapes (" not in text
+    assert all(m in gpu_check.served_counts(dry=False) for m in (4, 16, 128, 1024, 8192))
+    assert not {1, 2, 3, 17, 100, 129} & set(gpu_check.served_counts(dry=False))

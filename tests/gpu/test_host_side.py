@@ -282,3 +282,17 @@ def test_row_ranges_keep_every_range_inside_32_bit_offsets():
     assert all(start % ROW_ALIGN == 0 and (end - start) * width < OFFSET_LIMIT for start, end in ranges)
     with pytest.raises(ValueError, match="too wide"):
         row_ranges(1000, OFFSET_LIMIT // 100)  # not even ROW_ALIGN rows fit
+
+
+def test_the_engine_table_key_names_the_nvidia_driver(tmp_path):
+    """The driver a table was probed under is the kernel module's version (what a driver update changes), read
+    from /proc; both the proprietary and the open module print it after "Kernel Module"."""
+    from basal.backends.cuda.gpu.environment import nvidia_driver
+
+    proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC ...\n"
+    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.03  Release Build  (dvs@x)  Mon\n"
+    for text, expected in ((proprietary, "535.104.05"), (open_module, "580.159.03"), ("garbage\n", None)):
+        path = tmp_path / "version"
+        path.write_text(text)
+        assert nvidia_driver(str(path)) == expected
+    assert nvidia_driver(str(tmp_path / "missing")) is None

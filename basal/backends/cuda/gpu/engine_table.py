@@ -204,6 +204,22 @@ def time_engine(
     return sorted(times)[len(times) // 2]
 
 
+def random_operands(
+    m: int, n: int, k: int, dtype: torch.dtype, generator: torch.Generator, bias: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [m, k], w [n, k] scaled by k^-1/2 and, with `bias`, b [n]: seeded normal values (never zeros), drawn on
+    the generator's device. On a GPU that takes milliseconds; drawn on the host, the probe of a max-size model spent
+    seconds per shape of its start (and of a GPU check's window) on random numbers."""
+    device = generator.device
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    x = normal(m, k).to(dtype)
+    w = (normal(n, k) * k**-0.5).to(dtype)
+    return x, w, (normal(n) * 0.1).to(dtype) if bias else None
+
+
 def probe(
     shapes: Sequence[tuple[int, int]],
     dtype: torch.dtype,
@@ -219,13 +235,11 @@ def probe(
     fused epilogue a shape would carry on `tri`; where `tri` wins, the fused kernel is probed too, and the shape
     fuses only if it passes (otherwise its separate kernels run). `bias`: the model's GEMMs add a bias, so every
     engine is probed (and timed) with one: a library may pick another kernel for its bias epilogue."""
-    g = torch.Generator(device="cpu").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     entries = []
     m_max = max(row_counts)
     for n, k in dict.fromkeys(shapes):
-        x = torch.randn(m_max, k, generator=g).to(device=device, dtype=dtype)
-        w = (torch.randn(n, k, generator=g) * k**-0.5).to(device=device, dtype=dtype)
-        b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+        x, w, b = random_operands(m_max, n, k, dtype, g, bias)
 
         def with_bias(engine: Engine, b: torch.Tensor | None = b) -> Engine:
             return engine if b is None else functools.partial(engine, bias=b)
