@@ -1,8 +1,8 @@
 """Offline sm_90 compilation of the kernels with the pinned Triton (docs/gpu-path.md §8.1 b), specialised as a launch
 specialises them: no GEMM spills, pipelined GEMM loads, shared memory within the limit, wgmma where BM >= 64.
-`make test` compiles every shipped GEMM config (plain, fused, with a bias) and one of each other kernel at 4.5B
-shapes; the whole matrix (every kernel × config × model shape) is marked slow. Triton caches compiled kernels
-(~/.triton/cache), so reruns on the same machine take seconds."""
+`make test` compiles every shipped GEMM config of every dtype (plain, fused, with a bias) and one of each other
+kernel at 4.5B shapes; the whole matrix (every kernel × config × model shape) is marked slow. Triton caches
+compiled kernels (~/.triton/cache), so reruns on the same machine take seconds."""
 
 from __future__ import annotations
 
@@ -56,6 +56,24 @@ def test_gemm_configs_with_a_bias_compile_for_sm90_without_spills():
 
     for tiles, epilogue in [(t, "none") for t in _shipped_gemms()] + _fused_gemms():
         assert _check(sc.gemm_case(tiles, epilogue=epilogue, bias=True)).wgmma
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_the_other_dtypes_gemms_compile_for_sm90_without_spills(dtype):
+    """`basal serve --dtype bf16 | f32` runs these: bf16 the f16 tiles, f32 tf32x3 dots with gate_up at 64×32."""
+    from basal.backends.cuda.gpu import sm90_compile as sc
+
+    for case in sc.dtype_gemm_cases(dtype):
+        assert _check(case).wgmma, case.label
+
+
+def test_negative_control_the_f16_gate_up_tile_in_f32_spills():
+    """Why f32 takes another gate_up tile: its fused SwiGLU at f16's 64×64 spills, and the check catches it."""
+    from basal.backends.cuda.gpu import sm90_compile as sc
+    from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+
+    case = sc.gemm_case(gemm_tiles(17920, 1536, "f16"), "f32", epilogue="swiglu")
+    assert any("spills" in p for p in sc.problems(case, sc.compile_case(case)))
 
 
 def test_negative_control_a_gemm_compiled_without_the_launch_specialisation_is_caught():

@@ -52,11 +52,16 @@ GEMM_REGIMES = {
 }
 
 
-def gemm_tiles(n: int, k: int) -> GemmTiles:
-    """The shipped configuration of weight shape [N, K]: the small-M regime, because single decisions (M ≈ 128)
-    are bandwidth-bound and no split-K may raise their CTA count."""
+DTYPES = ("f16", "bf16", "f32")  # the GPU path's compute dtypes (f32: the reference mode, tf32x3 dots)
+
+
+def gemm_tiles(n: int, k: int, dtype: str = "f16") -> GemmTiles:
+    """The shipped configuration of weight shape [N, K] in `dtype`: the small-M regime, because single decisions
+    (M ≈ 128) are bandwidth-bound and no split-K may raise their CTA count. In f32 the fused SwiGLU's two tf32x3
+    accumulators do not fit a 64×64 tile's registers (offline sm_90: 255 registers, 16-24 B spilled), so gate_up
+    takes 64×32 there (189 registers, none spilled)."""
     if n >= 17920:  # gate_up: 560-896 CTAs at M = 128
-        return GemmTiles(64, 64, 4, 4)
+        return GemmTiles(64, 32, 4, 5) if dtype == "f32" else GemmTiles(64, 64, 4, 4)
     if n >= 6144:  # max qkv
         return GemmTiles(64, 64, 4, 4)
     if n <= 1536 and k in (1536, 8960):  # mini o and down: BN 16 keeps >= 96 CTAs

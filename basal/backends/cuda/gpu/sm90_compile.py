@@ -49,28 +49,34 @@ def _sig(names: str, types: str) -> tuple[tuple[str, str], ...]:
     return tuple(zip(names.split(), types.split(), strict=True))
 
 
-def gemm_case(tiles, dtype: str = "fp16", epilogue: str = "none", bias: bool = False) -> Case:
+TRITON_TYPES = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
+
+
+def gemm_case(tiles, dtype: str = "f16", epilogue: str = "none", bias: bool = False) -> Case:
     from basal.backends.cuda.gpu.kernel_configs import EPILOGUES
 
     names = "x_ptr w_ptr y_ptr r_ptr b_ptr M N K stride_xm stride_wn stride_ym stride_rm"
-    sig = _sig(names, f"*{dtype} " * 5 + "i32 " * 7)
-    consts = (("BM", tiles.bm), ("BN", tiles.bn), ("BK", tiles.bk), ("SPLIT_K", 1), ("PRECISION", "ieee"))
+    sig = _sig(names, f"*{TRITON_TYPES[dtype]} " * 5 + "i32 " * 7)
+    precision = "tf32x3" if dtype == "f32" else "ieee"  # triton_gemm.dot_precision
+    consts = (("BM", tiles.bm), ("BN", tiles.bn), ("BK", tiles.bk), ("SPLIT_K", 1), ("PRECISION", precision))
     consts += (("EPILOGUE", EPILOGUES[epilogue]), ("HAS_BIAS", bias))
-    label = tiles.name + ("" if epilogue == "none" else f"+{epilogue}") + ("+bias" if bias else "")
+    label = f"{dtype} " + tiles.name + ("" if epilogue == "none" else f"+{epilogue}") + ("+bias" if bias else "")
     return Case("gemm", label, sig, consts, tiles.warps, tiles.stages, unaligned=("M",))  # do_not_specialize
 
 
-def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128) -> Case:
-    qk = "fp32" if cfg.precision == "f32" else "fp16"
+def attention_case(cfg, heads: int, kv_heads: int, dim: int = 128, dtype: str = "f16") -> Case:
+    """`dtype`: the compute dtype (V and the output; Q and K too in the f16 precision mode)."""
+    vo = TRITON_TYPES[dtype]
+    qk = "fp32" if cfg.precision == "f32" else vo
     names = "q_ptr k_ptr v_ptr pk_ptr pv_ptr out_ptr tiles_ptr count_ptr ranges_ptr stride_qt stride_kt stride_ot"
-    sig = _sig(names + " scale_log2e", f"*{qk} *{qk} *fp16 *{qk} *fp16 *fp16 *i32 *i32 *i32 i32 i32 i32 fp32")
+    sig = _sig(names + " scale_log2e", f"*{qk} *{qk} *{vo} *{qk} *{vo} *{vo} *i32 *i32 *i32 i32 i32 i32 fp32")
     group = heads // kv_heads
     consts = (
         ("G", group), ("NT", cfg.tokens_per_tile(group)), ("BM", cfg.bm), ("BN", cfg.bn), ("D", dim),
         ("KVH", kv_heads), ("N_RANGES", 9), ("PRECISION", "tf32x3" if qk == "fp32" else "ieee"),
         ("F32", qk == "fp32"), ("ANCHOR_AT_QUERY", False),
     )  # fmt: skip
-    label = f"{cfg.precision}-G{group}-KVH{kv_heads}"
+    label = f"{dtype} {cfg.precision}-G{group}-KVH{kv_heads}"
     return Case("attention", label, sig, consts, cfg.warps, cfg.stages, unaligned=("count_ptr",))  # counts[1:2]
 
 
@@ -105,35 +111,42 @@ def row_cases(hidden: int, inter: int, heads: int, kv_heads: int, dim: int = 128
 KERNELS = ("gemm", "attention", "rmsnorm", "rope_kv", "swiglu", "letter_readout")
 
 
-def shipped_gemms() -> list:
-    """The GEMM tiles the model sizes ship (one per weight shape: qkv, o, gate_up, down)."""
+def shipped_gemms(dtype: str = "f16") -> list:
+    """The GEMM tiles the model sizes ship in `dtype` (one per weight shape: qkv, o, gate_up, down)."""
     from basal.backends.cuda.gpu.kernel_configs import MODEL_SHAPES, gemm_tiles, weight_shapes
 
     weights = [w for h, f, _, q, kv in MODEL_SHAPES.values() for w in weight_shapes(h, f, q, kv).values()]
-    return sorted({gemm_tiles(n, k) for n, k in weights}, key=lambda t: t.name)
+    return sorted({gemm_tiles(n, k, dtype) for n, k in weights}, key=lambda t: t.name)
 
 
-def fused_gemms() -> list:
-    """(tiles, epilogue) of every fused GEMM the sizes ship (kernel_configs.FUSED_EPILOGUES)."""
+def fused_gemms(dtype: str = "f16") -> list:
+    """(tiles, epilogue) of every fused GEMM the sizes ship in `dtype` (kernel_configs.FUSED_EPILOGUES)."""
     from basal.backends.cuda.gpu.kernel_configs import FUSED_EPILOGUES, MODEL_SHAPES, gemm_tiles, weight_shapes
 
     cases = set()
     for h, f, _, q, kv in MODEL_SHAPES.values():
         weights = weight_shapes(h, f, q, kv)
-        cases |= {(gemm_tiles(*weights[name]), epilogue) for name, epilogue in FUSED_EPILOGUES.items()}
+        cases |= {(gemm_tiles(*weights[name], dtype), epilogue) for name, epilogue in FUSED_EPILOGUES.items()}
     return sorted(cases, key=lambda c: (c[0].name, c[1]))
 
 
-def all_cases() -> list[Case]:
-    """Every kernel × config: the shipped GEMMs plain, fused and with a bias, the GEMM regime candidates, and
-    attention (both precisions) and the row kernels at every model size."""
-    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, GEMM_REGIMES, MODEL_SHAPES
+def dtype_gemm_cases(dtype: str) -> list[Case]:
+    """The GEMMs `dtype` ships: plain, fused and with a bias (what `basal serve --dtype` runs)."""
+    plain = [(t, "none") for t in shipped_gemms(dtype)]
+    return [gemm_case(t, dtype, epilogue, b) for t, epilogue in plain + fused_gemms(dtype) for b in (False, True)]
 
-    tiles = sorted({*shipped_gemms(), *(t for regime in GEMM_REGIMES.values() for t in regime)}, key=lambda t: t.name)
-    cases = [gemm_case(t, bias=b) for t in tiles for b in (False, True)]
-    cases += [gemm_case(t, epilogue=e, bias=b) for t, e in fused_gemms() for b in (False, True)]
+
+def all_cases() -> list[Case]:
+    """Every kernel × config: the shipped GEMMs of every dtype plain, fused and with a bias, the f16 GEMM regime
+    candidates, attention (both precisions, each compute dtype) and the row kernels at every model size."""
+    from basal.backends.cuda.gpu.kernel_configs import ATTENTION, DTYPES, GEMM_REGIMES, MODEL_SHAPES
+
+    candidates = {t for regime in GEMM_REGIMES.values() for t in regime} - set(shipped_gemms())
+    cases = [gemm_case(t, bias=b) for t in sorted(candidates, key=lambda t: t.name) for b in (False, True)]
+    cases += [case for dtype in DTYPES for case in dtype_gemm_cases(dtype)]
     for h, f, _, q, kv in MODEL_SHAPES.values():
-        cases += [attention_case(cfg, q, kv) for cfg in ATTENTION.values()]
+        cases += [attention_case(ATTENTION["f32"], q, kv, dtype=dtype) for dtype in DTYPES]
+        cases += [attention_case(ATTENTION["f16"], q, kv, dtype=dtype) for dtype in ("f16", "bf16")]
         cases += row_cases(h, f, q, kv)
     return cases
 

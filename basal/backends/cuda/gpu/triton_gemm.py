@@ -90,6 +90,9 @@ def gemm_kernel(
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=mask)
 
 
+DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """f32 operands: three TF32 passes (about f32 accuracy, on tensor cores); 16-bit operands are exact anyway."""
     return "tf32x3" if dtype == torch.float32 else "ieee"
@@ -119,7 +122,7 @@ def linear(
         raise ValueError(f"linear: residual {tuple(residual.shape)} is not a contiguous [{m}, {n}]")
     if bias is not None and (bias.shape != (w.shape[0],) or bias.stride(0) != 1):
         raise ValueError(f"linear: bias {tuple(bias.shape)} is not a contiguous [{w.shape[0]}]")
-    tiles = tiles or gemm_tiles(w.shape[0], k)  # the weight's: fused or not, the same tile
+    tiles = tiles or gemm_tiles(w.shape[0], k, DTYPE_NAMES[x.dtype])  # the weight's: fused or not, the same tile
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     r = out if residual is None else residual
