@@ -198,3 +198,12 @@ def test_fused_epilogues_give_the_bits_of_separate_kernels(two_layers, monkeypat
     separate = run_to_end(be.run(b)), run_to_end(be.run_with_hidden(b))
     assert fused[0].tobytes() == separate[0].tobytes()
     assert all(a.tobytes() == c.tobytes() for a, c in zip(fused[1], separate[1], strict=True))
+
+
+def test_a_fused_swiglu_allocates_no_gate_up_activation(two_layers, monkeypatch):
+    """Where gate_up fuses SwiGLU the [T, 2F] activation is never written, so neither the arena nor an eager pass
+    holds one (470 MB of the arena on the max shapes); with separate kernels it is there."""
+    be = two_layers
+    assert be.net.allocate(32, 4).gate_up.shape == (32, 0) and be.net.allocate(32, 4).gate_up_r.shape == (4, 0)
+    monkeypatch.setattr(be.net, "_fuses_shape", lambda n, k: False)
+    assert be.net.allocate(32, 4).gate_up.shape == (32, 2 * be.weights.cfg.intermediate_size)
