@@ -204,6 +204,7 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
         on_startup=[engines.start],
         on_shutdown=[*on_shutdown, shutdown],
         debug=False,
+        logging_config=None,  # basal's own logging (the CLI's): one format, no queue thread of Litestar's
     )
 
 
