@@ -160,3 +160,17 @@ def test_the_transformers_baseline_runs_where_basal_runs(demo_model):
     assert bench.hf(bench.plan(bench_items(1, seed=0)[0])) > 0
     weight = next(bench._hf.parameters())
     assert (weight.device.type, weight.dtype) == ("cpu", torch.float32)
+
+
+def test_host_ceiling_bench_serves_over_http_and_reports_a_row_per_request_and_level(capsys):
+    """A real server child over the simulated device, both requests, HTTP against the in-process baseline."""
+    from bench import host_ceiling
+
+    host_ceiling.main(["--requests", "4", "--clients", "1", "2"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| README") or line.startswith("| one yes/no")]
+    assert len(rows) == 4
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[2]) > 0 and float(cells[5]) > 0  # HTTP and in-process requests/s
+        assert cells[4] == "-" or float(cells[4]) >= 0  # server CPU per request (Linux; clock ticks: 0 for a few)

@@ -1,0 +1,124 @@
+"""How many requests per second the host side of basal sustains when the device costs nothing: the ceiling a GPU
+server's CPU puts on throughput, whatever the GPU (docs/gpu-path.md §7: upstream reaches 250 req/s on an H100 at
+32 clients, basal aims at 400 or more).
+
+    python -m bench.host_ceiling                  # the README's request and one yes/no question, 1 / 8 / 32 clients
+    python -m bench.host_ceiling --floor-ms 2     # a device whose forward takes 2 ms (mini's single decision)
+
+The server is basal's HTTP app (uvicorn, Litestar, the contract, the engine's lanes, admission, tree packing,
+the decision math and the answers) in its own process, over a simulated device whose forwards take
+`--floor-ms` and return zeros (bench/lane_overlap.py), on loopback; the clients are threads with one keep-alive
+connection each (bench/http_speed.py). The baseline, in the same run: the same engine called in-process, without
+HTTP. The server process's CPU time per request comes from /proc (Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.http_speed import in_process, over_http
+from bench.serve_check import SERVE_BODY
+from tests.servers import free_port
+
+ONE_QUESTION = {**SERVE_BODY, "questions": {"urgent": SERVE_BODY["questions"]["urgent"]}}
+REQUESTS = {"README request (noul + choice)": SERVE_BODY, "one yes/no question": ONE_QUESTION}
+
+
+def engines_on_simulated_device(floor_ms: float):
+    """The demo model's engines over a device whose every forward takes `floor_ms` (two batches in flight)."""
+    from basal.core.synth import demo_model
+    from bench.lane_overlap import SimulatedDevice, started_engines
+
+    model = demo_model()
+    engines, _ = started_engines(model, SimulatedDevice(model, floor_ms / 1000, 0.0, overlap=True))
+    return engines
+
+
+def serve(port: int, floor_ms: float) -> None:
+    """The child process: basal's app over the simulated device, as `basal serve` runs it."""
+    from basal.api.app import create_app
+    from basal.api.handling import ApiSettings
+    from basal.api.listener import DrainingServer, server_config
+
+    engines = engines_on_simulated_device(floor_ms)
+    settings = ApiSettings()
+    config = server_config(create_app(engines, settings), "127.0.0.1", port, settings.limits, log_level="warning")
+    DrainingServer(config, engines, 1.0).run()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(floor_ms: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.host_ceiling", "--serve", str(port), "--floor-ms", str(floor_ms)]
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the bench server did not start (exit code {proc.poll()})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000, help="requests per row")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--floor-ms", type=float, default=0.0, help="device time of every forward (0: free)")
+    ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the server child
+    a = ap.parse_args(argv)
+    if a.serve:
+        return serve(a.serve, a.floor_ms)
+    proc, url = start(a.floor_ms)
+    engines = engines_on_simulated_device(a.floor_ms)
+    rows = []
+    try:
+        for label, body in REQUESTS.items():
+            over_http(url, body, 1, 20), in_process(engines, body, 1, 20)  # warm-up
+            for clients in a.clients:
+                per = max(1, a.requests // clients)
+                before = cpu_seconds(proc.pid)
+                h = over_http(url, body, clients, per)
+                after = cpu_seconds(proc.pid)
+                p = in_process(engines, body, clients, per)
+                cpu_ms = (after - before) * 1e3 / h["requests"] if before is not None and after is not None else None
+                rows.append((label, clients, h, p, cpu_ms))
+                print(f"{label}, {clients} clients: HTTP {h['rps']:.0f} req/s, in-process {p['rps']:.0f}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        engines.close()
+    print(f"\ndevice: {a.floor_ms:g} ms per forward; {os.cpu_count()} CPUs\n")
+    print(
+        "| request | clients | HTTP req/s | HTTP p50 / p99 ms | server CPU ms per request | in-process req/s "
+        "| HTTP / in-process |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, clients, h, p, cpu_ms in rows:
+        cpu = f"{cpu_ms:.2f}" if cpu_ms is not None else "-"
+        print(
+            f"| {label} | {clients} | {h['rps']:.0f} | {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {cpu} "
+            f"| {p['rps']:.0f} | {h['rps'] / p['rps']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
