@@ -83,7 +83,7 @@ class RawClient:
 def over_http(url: str, body: dict, clients: int, per_client: int) -> dict[str, float]:
     payload = json.dumps(body).encode()
 
-    def client(_: int) -> list[tuple[float, float]]:
+    def client(_: int) -> list[tuple[float, float, float]]:
         out = []
         c = RawClient(url)
         for _ in range(per_client):
@@ -92,14 +92,16 @@ def over_http(url: str, body: dict, clients: int, per_client: int) -> dict[str, 
             took = time.perf_counter() - t
             assert status == 200, content
             engine_s = (float(headers["x-basal-queue-ms"]) + float(headers["x-basal-compute-ms"])) / 1000
-            out.append((took, took - engine_s))
+            out.append((took, took - engine_s, float(headers["x-basal-total-ms"])))
         c.close()
         return out
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         rows = [x for part in pool.map(client, range(clients)) for x in part]
-    return summary([r[0] for r in rows], time.perf_counter() - t0, [r[1] for r in rows])
+    result = summary([r[0] for r in rows], time.perf_counter() - t0, [r[1] for r in rows])
+    server = [r[2] for r in rows]  # the server's own time per request (x-basal-total-ms), without the client's
+    return result | {"server_p50_ms": percentile(server, 50), "server_p99_ms": percentile(server, 99)}
 
 
 def in_process(engines, body: dict, clients: int, per_client: int) -> dict[str, float]:
