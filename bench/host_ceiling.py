@@ -4,6 +4,7 @@ server's CPU puts on throughput, whatever the GPU (docs/gpu-path.md §7: upstrea
 
     python -m bench.host_ceiling                  # the README's request and one yes/no question, 1 / 8 / 32 clients
     python -m bench.host_ceiling --floor-ms 2     # a device whose forward takes 2 ms (mini's single decision)
+    python -m bench.host_ceiling --gc-baseline    # beside a server without `basal serve`'s freeze of its start-up heap
 
 The server is basal's HTTP app (uvicorn, Litestar, the contract, the engine's lanes, admission, tree packing,
 the decision math and the answers) in its own process, over a simulated device whose forwards take
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from basal.core.memory import freeze_startup_heap
 from bench.http_speed import in_process, over_http
 from bench.serve_check import SERVE_BODY
 from tests.servers import free_port
@@ -42,16 +44,18 @@ def engines_on_simulated_device(floor_ms: float):
     return engines
 
 
-def serve(port: int, floor_ms: float) -> None:
-    """The child process: basal's app over the simulated device, as `basal serve` runs it."""
-    from basal.api.app import create_app
-    from basal.api.handling import ApiSettings
-    from basal.api.listener import DrainingServer, server_config
+def serve(port: int, floor_ms: float, gc_freeze: bool = True) -> None:
+    """The child process: basal's app over the simulated device, through `basal serve`'s own `listen` (with
+    `gc_freeze=False`, without its freeze of the start-up heap: the baseline)."""
+    import logging
 
-    engines = engines_on_simulated_device(floor_ms)
-    settings = ApiSettings()
-    config = server_config(create_app(engines, settings), "127.0.0.1", port, settings.limits, log_level="warning")
-    DrainingServer(config, engines, 1.0).run()
+    from basal import server
+    from basal.config import ServeConfig
+
+    logging.basicConfig(level=logging.WARNING)
+    if not gc_freeze:
+        server.freeze_startup_heap = lambda: 0
+    server.listen(engines_on_simulated_device(floor_ms), ServeConfig(addr=f"127.0.0.1:{port}", shutdown_grace_s=1))
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -63,10 +67,21 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(floor_ms: float) -> tuple[subprocess.Popen, str]:
+def http_row(proc: subprocess.Popen, url: str, body: dict, clients: int, per: int) -> tuple[dict, float | None]:
+    """`over_http`'s summary and the server's CPU ms per request (None without /proc)."""
+    before = cpu_seconds(proc.pid)
+    h = over_http(url, body, clients, per)
+    after = cpu_seconds(proc.pid)
+    return h, (after - before) * 1e3 / h["requests"] if before is not None and after is not None else None
+
+
+def start(floor_ms: float, gc_freeze: bool = True) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "bench.host_ceiling", "--serve", str(port), "--floor-ms", str(floor_ms)]
-    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL)
+    argv += [] if gc_freeze else ["--no-gc-freeze"]
+    proc = subprocess.Popen(
+        argv, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -84,41 +99,46 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=2000, help="requests per row")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--floor-ms", type=float, default=0.0, help="device time of every forward (0: free)")
+    ap.add_argument("--gc-baseline", action="store_true", help="also a server without the start-up heap's freeze")
     ap.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the server child
+    ap.add_argument("--no-gc-freeze", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve:
-        return serve(a.serve, a.floor_ms)
-    proc, url = start(a.floor_ms)
+        return serve(a.serve, a.floor_ms, gc_freeze=not a.no_gc_freeze)
+    servers = {"basal serve": start(a.floor_ms)}
+    if a.gc_baseline:
+        servers["without gc.freeze"] = start(a.floor_ms, gc_freeze=False)
     engines = engines_on_simulated_device(a.floor_ms)
+    freeze_startup_heap()  # the clients' process too: its own collector pauses would show as server latency
     rows = []
     try:
         for label, body in REQUESTS.items():
-            over_http(url, body, 1, 20), in_process(engines, body, 1, 20)  # warm-up
+            in_process(engines, body, 1, 20)  # warm-up
+            for _, url in servers.values():
+                over_http(url, body, 1, 20)
             for clients in a.clients:
                 per = max(1, a.requests // clients)
-                before = cpu_seconds(proc.pid)
-                h = over_http(url, body, clients, per)
-                after = cpu_seconds(proc.pid)
+                measured = {name: http_row(proc, url, body, clients, per) for name, (proc, url) in servers.items()}
                 p = in_process(engines, body, clients, per)
-                cpu_ms = (after - before) * 1e3 / h["requests"] if before is not None and after is not None else None
-                rows.append((label, clients, h, p, cpu_ms))
-                print(f"{label}, {clients} clients: HTTP {h['rps']:.0f} req/s, in-process {p['rps']:.0f}", flush=True)
+                rows += [(label, clients, name, h, cpu_ms, p) for name, (h, cpu_ms) in measured.items()]
+                print(f"{label}, {clients} clients: in-process {p['rps']:.0f} req/s", flush=True)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
         engines.close()
     print(f"\ndevice: {a.floor_ms:g} ms per forward; {os.cpu_count()} CPUs\n")
     print(
-        "| request | clients | HTTP req/s | HTTP p50 / p99 ms | server's own p50 / p99 ms | server CPU ms per request "
-        "| in-process req/s | HTTP / in-process |"
+        "| request | clients | server | HTTP req/s | HTTP p50 / p99 ms | server's own p50 / p99 / max ms "
+        "| server CPU ms per request | in-process req/s | HTTP / in-process |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for label, clients, h, p, cpu_ms in rows:
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label, clients, name, h, cpu_ms, p in rows:
         cpu = f"{cpu_ms:.2f}" if cpu_ms is not None else "-"
-        server = f"{h['server_p50_ms']:.2f} / {h['server_p99_ms']:.2f}"
+        server = f"{h['server_p50_ms']:.2f} / {h['server_p99_ms']:.2f} / {h['server_max_ms']:.1f}"
         print(
-            f"| {label} | {clients} | {h['rps']:.0f} | {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {server} | {cpu} "
-            f"| {p['rps']:.0f} | {h['rps'] / p['rps']:.2f} |"
+            f"| {label} | {clients} | {name} | {h['rps']:.0f} | {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {server} "
+            f"| {cpu} | {p['rps']:.0f} | {h['rps'] / p['rps']:.2f} |"
         )
 
 

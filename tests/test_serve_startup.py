@@ -79,3 +79,24 @@ def test_one_directory_served_twice_under_its_own_names(caplog):
             "demo-bf16",
         ]
         assert httpx.post(f"{url}/v1/systemone", json=body).json()["model"] == "demo-bf16"
+
+
+def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatch):
+    """`listen` moves the objects of start-up (modules, models, the app) out of the cycle collector's reach before
+    uvicorn runs: a full collection over them held the GIL for 130-150 ms (bench/host_ceiling.py)."""
+    import gc
+
+    from basal import server
+    from basal.api.listener import DrainingServer
+    from basal.config import ServeConfig
+    from basal.core.engine import Engines
+    from basal.core.metrics import Metrics
+
+    frozen_when_run = []
+    monkeypatch.setattr(DrainingServer, "run", lambda self: frozen_when_run.append(gc.get_freeze_count()))
+    gc.unfreeze()  # whatever an earlier test left frozen: none before listen
+    try:
+        server.listen(Engines({}, "none", Metrics(8), 8), ServeConfig())
+    finally:
+        gc.unfreeze()
+    assert frozen_when_run and frozen_when_run[0] > 10_000

@@ -18,6 +18,7 @@ from basal.config import ServeConfig
 from basal.core.contract import BasalResponse, DecisionRequest, SystemOneResponse
 from basal.core.engine import Cancelled, EngineClosed, Overloaded, Result
 from basal.core.errors import RequestError
+from basal.core.memory import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class BasalReplica:
         cfg = msgspec.convert(config, ServeConfig)
         self.engines = build_engines(cfg)
         self.engines.start()
+        freeze_startup_heap()  # as `basal serve` does: no collector pauses over the loaded model
         self.name = serve.get_replica_context().replica_id.unique_id
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
