@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         servers["without gc.freeze"] = start(a.floor_ms, gc_freeze=False)
     engines = engines_on_simulated_device(a.floor_ms)
     freeze_startup_heap()  # the clients' process too: its own collector pauses would show as server latency
-    rows = []
+    rows, turn = [], 0
     try:
         for label, body in REQUESTS.items():
             in_process(engines, body, 1, 20)  # warm-up
@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
                 over_http(url, body, 1, 20)
             for clients in a.clients:
                 per = max(1, a.requests // clients)
-                measured = {name: http_row(proc, url, body, clients, per) for name, (proc, url) in servers.items()}
+                turn += 1
+                order = list(servers)[:: 1 if turn % 2 else -1]  # who goes first alternates from row to row
+                measured = {name: http_row(*servers[name], body, clients, per) for name in order}
                 p = in_process(engines, body, clients, per)
-                rows += [(label, clients, name, h, cpu_ms, p) for name, (h, cpu_ms) in measured.items()]
+                rows += [(label, clients, name, *measured[name], p) for name in servers]
                 print(f"{label}, {clients} clients: in-process {p['rps']:.0f} req/s", flush=True)
     finally:
         for proc, _ in servers.values():
