@@ -20,13 +20,10 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-
 from basal.core.memory import freeze_startup_heap
-from bench.http_speed import in_process, over_http
+from bench.http_speed import healthy, in_process, over_http
 from bench.serve_check import SERVE_BODY
 from tests.servers import free_port
 
@@ -82,16 +79,7 @@ def start(floor_ms: float, gc_freeze: bool = True) -> tuple[subprocess.Popen, st
     proc = subprocess.Popen(
         argv, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the bench server did not start (exit code {proc.poll()})")
+    return proc, healthy(proc, f"http://127.0.0.1:{port}", timeout_s=120)
 
 
 def main(argv: list[str] | None = None) -> None:

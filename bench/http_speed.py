@@ -137,15 +137,21 @@ def start_server(model_dir: Path) -> tuple[subprocess.Popen, str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    return proc, healthy(proc, url)
+
+
+def healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> str:
+    """`url` once the server child answers /health; kills it and raises if it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
+                return url
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("server did not start")
+    raise RuntimeError(f"the server did not start (exit code {proc.poll()})")
 
 
 def main() -> None:
