@@ -117,7 +117,7 @@ def tree_attention_kernel(
             pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         acc = tl.where(active[:, None], acc * alpha[:, None] + pv, acc)
         m = m_new
-    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    out = tl.div_rn(acc, tl.where(l_sum > 0, l_sum, 1.0)[:, None])  # `/` is div.full.f32 on the GPU: ~2 ulp
     tl.store(
         out_ptr + (q0 + tok)[:, None] * stride_ot + head[:, None] * D + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -145,8 +145,12 @@ def tree_attention(
     _, heads, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    if not (k.stride() == v.stride() == prefix_k.stride() == prefix_v.stride()) or q.stride(2) != 1 or k.stride(2) != 1:
+    if not (k.stride() == v.stride() == prefix_k.stride() == prefix_v.stride()) or k.stride()[1:] != (dim, 1):
         raise ValueError("tree_attention: K/V buffers need one row layout and contiguous head vectors")
+    if q.stride()[1:] != (dim, 1) or out.stride()[1:] != (dim, 1) or out.shape != q.shape:
+        raise ValueError("tree_attention: q and out need the [T, H, D] layout with contiguous heads")
+    if v.shape != k.shape or prefix_v.shape != prefix_k.shape:
+        raise ValueError("tree_attention: V buffers need the shapes of their K buffers")
     if max(t.shape[0] * t.stride(0) for t in (q, k, prefix_k, out)) >= OFFSET_LIMIT:  # keys span every row: no split
         raise ValueError(
             f"tree_attention: {q.shape[0]} tokens of {heads} heads pass the kernel's 32-bit offsets; lower "

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from basal.backends.cuda.gpu.kernel_configs import EPILOGUES, GemmTiles, gemm_tiles
-from basal.backends.cuda.gpu.row_chunks import in_row_ranges
+from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT, in_row_ranges
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -116,6 +116,10 @@ def linear(
     n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
     if w.shape[1] != k or x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"linear: x {tuple(x.shape)} and w {tuple(w.shape)} need matching, contiguous K")
+    if w.shape[0] * w.stride(0) >= OFFSET_LIMIT:  # rows of x are split below; the weight is read whole
+        raise ValueError(f"linear: weight {tuple(w.shape)} passes the kernel's 32-bit offsets")
+    if out is not None and (out.shape != (m, n) or out.stride(1) != 1):
+        raise ValueError(f"linear: out {tuple(out.shape)} is not a contiguous [{m}, {n}]")
     if (epilogue == "residual") != (residual is not None):
         raise ValueError("linear: a residual is given exactly with the residual epilogue")
     if residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1):

@@ -49,8 +49,8 @@ def rmsnorm(
     """out = RMSNorm(h + residual)·w; with `residual`, h is updated in place first. All [M, H] rows."""
     hidden = h.shape[1]
     y = h if residual is None else residual
-    if h.stride(1) != 1 or y.stride(1) != 1 or out.stride(1) != 1:
-        raise ValueError("rmsnorm: rows must be contiguous")
+    if h.stride(1) != 1 or y.stride(1) != 1 or out.stride(1) != 1 or w.shape != (hidden,) or w.stride(0) != 1:
+        raise ValueError("rmsnorm: rows and the weight must be contiguous")
     cfg = norm_config(hidden)
     for hs, ys, xs in in_row_ranges(max(h.stride(0), y.stride(0), out.stride(0)), h, y, out):
         rmsnorm_kernel[(hs.shape[0],)](
@@ -126,6 +126,8 @@ def rope_kv(
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or qkv.stride(1) != 1:
         raise ValueError("rope_kv: contiguous Q/K/V buffers needed")
+    if not (cos.is_contiguous() and sin.is_contiguous()) or cos.shape != sin.shape or cos.shape[1] != dim:
+        raise ValueError(f"rope_kv: cos and sin must be contiguous [positions, {dim}] tables")
     slots = 1 << (heads + 2 * kv_heads - 1).bit_length()
     for qkv_s, pos_s, q_s, k_s, v_s in in_row_ranges(max(qkv.stride(0), q.stride(0)), qkv, positions, q, k, v):
         rope_kv_kernel[(qkv_s.shape[0],)](
@@ -160,6 +162,8 @@ def swiglu_kernel(gu_ptr, a_ptr, F, stride_gu, stride_a, BLOCK: tl.constexpr):
 
 def swiglu(gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     f = gate_up.shape[1] // 2
+    if gate_up.stride(1) != 1 or out.stride(1) != 1 or out.shape != (gate_up.shape[0], f):
+        raise ValueError(f"swiglu: gate_up {tuple(gate_up.shape)} and out {tuple(out.shape)} need contiguous rows")
     block = elementwise_block(f)
     for gu, a in in_row_ranges(max(gate_up.stride(0), out.stride(0)), gate_up, out):
         swiglu_kernel[(gu.shape[0], triton.cdiv(f, block))](gu, a, f, gu.stride(0), a.stride(0), BLOCK=block)
@@ -184,8 +188,10 @@ def letter_readout_kernel(x_ptr, w_ptr, out_ptr, H, L, stride_x, BL: tl.constexp
 def letter_readout(x: torch.Tensor, letter_rows: torch.Tensor, n_letters: int, out: torch.Tensor) -> torch.Tensor:
     """x [R, H] (final-normed) · letter_rows [16, H] f32 -> out [R, 16] f32."""
     hidden = x.shape[1]
-    if letter_rows.shape != (READOUT_LETTERS, hidden) or out.shape[1] != READOUT_LETTERS:
-        raise ValueError(f"letter_readout: letter rows must be [{READOUT_LETTERS}, {hidden}]")
+    if letter_rows.shape != (READOUT_LETTERS, hidden) or not letter_rows.is_contiguous():
+        raise ValueError(f"letter_readout: letter rows must be a contiguous [{READOUT_LETTERS}, {hidden}]")
+    if out.shape != (x.shape[0], READOUT_LETTERS) or not out.is_contiguous() or x.stride(1) != 1:
+        raise ValueError(f"letter_readout: x needs contiguous rows and out must be a contiguous [R, {READOUT_LETTERS}]")
     for xs, outs in in_row_ranges(max(x.stride(0), READOUT_LETTERS), x, out):
         letter_readout_kernel[(xs.shape[0],)](
             xs,
