@@ -270,7 +270,7 @@ def plan_forwards(
 
     forwards, group, group_tokens = [], [], 0
     for lang, use_prefix, members in rows:
-        built = _build_row(questions, members, prefixes[lang] if use_prefix else ())
+        built = _build_row(questions, members, prefixes[lang] if use_prefix else (), max_depth)
         n = len(built[0].tokens)
         if group and group_tokens + n > forward_max_tokens:
             forwards.append(_assemble(group, letter_ids))
@@ -282,7 +282,7 @@ def plan_forwards(
     return forwards
 
 
-def _build_row(questions, members, prefix: tuple[int, ...]):
+def _build_row(questions, members, prefix: tuple[int, ...], max_depth: int = MAX_DEPTH):
     unique: dict[tuple[int, ...], int] = {}
     slots: list[tuple[int, int, int]] = []  # (question, order, unique prompt)
     for i in members:
@@ -294,7 +294,7 @@ def _build_row(questions, members, prefix: tuple[int, ...]):
                     )
                 p = p[len(prefix) :]
             slots.append((i, order, unique.setdefault(p, len(unique))))
-    row = pack_row(list(unique), offset=len(prefix))
+    row = pack_row(list(unique), offset=len(prefix), max_depth=max_depth)
     wants = {
         i: (unique[_cut(questions[i].prompts[0], prefix)], questions[i].hidden) for i in members if questions[i].hidden
     }

@@ -84,6 +84,15 @@ def test_every_readout_sees_exactly_its_prompt(questions, cache):
             assert positions == list(range(1 if cache else 0, len(qs[qi].prompts[order])))
 
 
+def test_plan_forwards_keeps_its_depth_limit():
+    """`max_depth` reaches the trie: a ladder of questions `1^k 2` / `1^k 3` nests k deep without it."""
+    ladder = [TokenizedQuestion("en", "s", ((7, *[1] * k, 2), (7, *[1] * k, 3))) for k in range(6)]
+    for depth in (2, 3, MAX_DEPTH):
+        (f,) = plan_forwards(ladder, LETTERS, max_depth=depth)
+        deepest = max(len(f.batch.chain(i)) for i in range(len(f.batch.block_len)))
+        assert deepest == min(depth, 7), depth
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=8).map(tuple), min_size=1, max_size=20))
 def test_trie_size_counts_shared_prefixes_once(prompts):
