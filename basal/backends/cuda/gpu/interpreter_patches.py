@@ -8,7 +8,8 @@
    accumulator dtype and adds the accumulator: every output element depends on its own row and column only.
 2. **Scalars as loop bounds under numpy ≥ 2.4.** The interpreter keeps scalars as 1-element arrays and converts
    them with `int(array)`, which numpy 2.4 refuses for arrays that are not 0-d (`range(0, K, BK)` fails).
-3. **f32 -> bf16 rounds to nearest even**, as the GPU's `cvt.rn.bf16.f32`; the stock interpreter truncates.
+3. **f32 -> bf16 rounds to nearest even**, as the GPU's `cvt.rn.bf16.f32`; the stock interpreter truncates. A NaN
+   stays a NaN: the quiet NaN 0x7FC0 with the input's sign (the payload is dropped).
 4. **No integer-overflow sanitising** (off on the GPU too unless debugging): it widens every integer op to int64
    and checks it, which made index arithmetic most of the interpreter's time.
 """
@@ -61,7 +62,9 @@ def patch_interpreter() -> None:
     def cast_impl(self, src, dst_type):
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
             u = np.asarray(src.data, dtype=np.float32).view(np.uint32)
-            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # finite values
+            rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # finite values and infinities (never wraps for those)
+            nan = (u & 0x7FFFFFFF) > 0x7F800000  # rounding would turn a small payload into inf and wrap a negative
+            bits = np.where(nan, ((u >> 16) & 0x8000) | 0x7FC0, rounded).astype(np.uint16)  # a quiet NaN, its sign
             return interpreter.TensorHandle(bits, dst_type.scalar)
         return stock_cast(self, src, dst_type)
 
