@@ -89,9 +89,10 @@ class TorchBackend:
             cpu_kernels.load()  # built (about a second, once per machine) at load, not at the first request
         if dev.type == "cuda":
             # no TF32, no reduced-precision split reductions (docs/determinism.md §1)
+            from basal.backends.cuda.gpu.environment import disallow_reduced_reductions
+
             torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            disallow_reduced_reductions()  # split-K off too: a plain False would allow it for the whole process
         with torch.inference_mode():
             backend = cls(model, dtype, dev, fixed_shapes, gemm_chunks)
             tile_rows.for_model(model.config, dev)  # the tile GEMMs' row probe, once per shape (tile_rows.py)

@@ -2,28 +2,74 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 CUBLAS_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}  # KiB: no room for split-K
 
 
-def apply_invariant_settings() -> None:
-    """Small fixed cuBLAS workspaces, cuBLASLt, no reduced-precision or split-K reductions, no TF32."""
+# the reads back of R7 and the value each must have; a torch without one of these names reads "unknown"
+SETTINGS_WANTED = {
+    "allow_tf32": False,
+    "allow_fp16_reduced_precision_reduction": False,
+    "allow_fp16_reduced_precision_reduction_split_k": False,
+    "allow_bf16_reduced_precision_reduction": False,
+    "allow_bf16_reduced_precision_reduction_split_k": False,
+    "allow_fp16_accumulation": False,
+}
+
+
+def disallow_reduced_reductions() -> None:
+    """No reduced-precision reductions and no split-K in cuBLAS(Lt)'s 16-bit GEMMs: the pair form of torch >= 2.10
+    (allow_reduced_precision, allow_splitk). A plain False there means (False, True): split-K stays allowed."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        try:
+            setattr(matmul, name, (False, False))
+        except Exception:  # an older torch refuses the pair; the engine probe then has the last word
+            setattr(matmul, name, False)
+    with contextlib.suppress(AttributeError, RuntimeError):  # torch >= 2.7: else 16-bit GEMMs may accumulate in f16
+        matmul.allow_fp16_accumulation = False
+
+
+def invariant_settings() -> dict[str, object]:
+    """R7 as torch reads it back now: name -> value ("unknown" where this torch has no such setting)."""
+    import torch
+
+    out: dict[str, object] = {}
+    for name in SETTINGS_WANTED:
+        try:
+            out[name] = bool(getattr(torch.backends.cuda.matmul, name))
+        except (AttributeError, RuntimeError):
+            out[name] = "unknown"
+    out.update({k: os.environ.get(k) for k in CUBLAS_ENV})
+    return out
+
+
+def apply_invariant_settings() -> dict[str, object]:
+    """Small fixed cuBLAS workspaces, cuBLASLt, no reduced-precision or split-K reductions, no TF32. -> the settings
+    read back; one that did not take is logged (the engine probe still rules out any engine that is not invariant,
+    so serving goes on)."""
     os.environ.update(CUBLAS_ENV)
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    try:  # torch >= 2.10: (allow_reduced_precision, allow_splitk)
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = (False, False)
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = (False, False)
-    except (TypeError, ValueError):
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    disallow_reduced_reductions()
     if torch.cuda.is_available():
         torch.backends.cuda.preferred_blas_library("cublaslt")
+    read = invariant_settings()
+    wrong = {k: v for k, v in read.items() if k in SETTINGS_WANTED and v not in (SETTINGS_WANTED[k], "unknown")}
+    if wrong:
+        log.warning("invariant cuBLAS settings did not take effect: %s (torch %s)", wrong, torch.__version__)
+    return read
 
 
 def nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
