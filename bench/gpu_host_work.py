@@ -37,7 +37,7 @@ def main() -> None:
         (forward,) = plan_forwards(qs, list(range(10)), {"en": prefix})
         packing = time.perf_counter() - started
         batch = forward.batch
-        layout = layout_for(batch.n_tokens, len(batch.readouts), per_tile)
+        layout = layout_for(batch.n_tokens, len(batch.readouts), len(batch.block_start), per_tile)
         blob = np.zeros(layout.size, np.int32)
         times = []
         for _ in range(args.reps):

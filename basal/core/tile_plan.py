@@ -77,9 +77,16 @@ def plan_tiles(batch: PackedBatch, prefix_rows: dict[str, tuple[int, int]], toke
 # The blob: one H2D copy per forward
 
 
-def tile_capacity(token_bucket: int, tokens_per_tile: int) -> int:
-    """Upper bound on tiles: one partial tile per block at most, and never more blocks than tokens."""
-    return -(-token_bucket // tokens_per_tile) + token_bucket
+def tile_capacity(token_bucket: int, readout_bucket: int, tokens_per_tile: int) -> int:
+    """Upper bound on the tiles of a batch of at most `token_bucket` tokens in B <= 2·`readout_bucket` blocks: the
+    attention grid, so it depends on the buckets only (a CUDA graph's key). Programs past a batch's tile count exit
+    at once, but each still takes a launch slot with the kernel's shared memory, so the bound should be tight.
+
+    Σ_b ceil(len_b/NT) <= Σ_b (floor(len_b/NT) + 1) <= floor(n/NT) + B <= ceil(T_b/NT) + min(T_b, 2·R_b), as
+    B <= n <= T_b (every block has a token) and B <= 2·R_b (`layout_for` picks R_b >= ceil(B/2)). The packer
+    (core/tree.py) gives B <= 2·R − rows: every block ends a prompt or has two children or more, since distinct
+    prompts branch where their common prefix ends and the depth limit splits a group into one leaf per prompt."""
+    return -(-token_bucket // tokens_per_tile) + min(token_bucket, 2 * readout_bucket)
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ def pack_blob(batch: PackedBatch, plan: TilePlan, layout: BlobLayout, out: np.nd
     """Write the batch's metadata into a blob (zeros past every count, so nothing stale survives)."""
     n, r = batch.n_tokens, len(batch.readouts)
     if n > layout.token_bucket or r > layout.readout_bucket or len(plan.tiles) > layout.tile_cap:
-        raise ValueError(f"batch of {n} tokens / {r} readouts does not fit bucket {layout}")
+        raise ValueError(f"batch of {n} tokens / {r} readouts / {len(plan.tiles)} tiles does not fit bucket {layout}")
     blob = np.zeros(layout.size, dtype=np.int32) if out is None else out
     blob[:] = 0
     v = layout.views(blob)

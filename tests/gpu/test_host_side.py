@@ -3,25 +3,40 @@ staging slots, the graph policy and the GEMM engine table (docs/gpu-path.md §8.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
+import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
 
 from basal.backends.cuda.gpu import engine_table as et
 from basal.backends.cuda.gpu.buckets import (
     READOUT_BUCKETS,
     TOKEN_BUCKETS,
+    layout_for,
     long_lane_chunks,
     probed_row_counts,
     readout_bucket,
     token_bucket,
 )
 from basal.backends.cuda.gpu.graphs import GraphCache
+from basal.backends.cuda.gpu.kernel_configs import ATTENTION
 from basal.backends.cuda.gpu.readback import ONE_OFF, StagingSlots, numpy_buffers
 from basal.core.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
-from basal.core.tree import TokenizedQuestion, plan_forwards
+from basal.core.tree import (
+    FORWARD_MAX_TOKENS,
+    MAX_DEPTH,
+    TREE_MAX_TOKENS,
+    PackedBatch,
+    TokenizedQuestion,
+    pack_row,
+    plan_forwards,
+)
 
 
 def test_token_buckets():
@@ -83,7 +98,7 @@ def test_chain_ranges_map_every_position_to_its_key_row():
 def test_blob_round_trip_and_no_stale_fields():
     batch = _batch()
     plan = plan_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
-    layout = BlobLayout(32, 16, tile_capacity(32, 3))
+    layout = BlobLayout(32, 16, tile_capacity(32, 16, 3))
     blob = np.full(layout.size, 77, dtype=np.int32)
     pack_blob(batch, plan, layout, blob)
     back = unpack_blob(blob, layout)
@@ -93,6 +108,214 @@ def test_blob_round_trip_and_no_stale_fields():
     assert np.all(back["ranges"][len(plan.ranges) :] == 0) and 77 not in blob
     with pytest.raises(ValueError, match="does not fit"):
         pack_blob(batch, plan, BlobLayout(16, 4, 100))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tile capacity: the attention grid is ceil(T_b/NT) + min(T_b, 2·R_b) programs per KV head
+
+
+def _block_counts(batch: PackedBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per block: its number of children, and whether it ends a prompt (a readout is its last token)."""
+    n_blocks = len(batch.block_start)
+    children = np.bincount(batch.block_parent[batch.block_parent >= 0], minlength=n_blocks)
+    ends = np.isin(batch.block_start + batch.block_len - 1, batch.readouts)
+    return children, ends
+
+
+LANGS = {"en": (7, 8), "pl": (6,), "de": ()}  # the template prefix cached per language; de has none
+
+
+@st.composite
+def question_sets(draw) -> list[TokenizedQuestion]:
+    """Questions over a 3-token alphabet: shared prefixes, duplicates, prompts that are prefixes of others, ladders
+    that nest past MAX_DEPTH, evidence rows (inside the cached prefix too), three languages, few states."""
+    seen: dict[str, list[tuple[int, ...]]] = {lang: [] for lang in LANGS}
+    questions = []
+    for _ in range(draw(st.integers(1, 14))):
+        lang = draw(st.sampled_from(sorted(LANGS)))
+        prefix, orders = LANGS[lang], []
+        for _ in range(draw(st.integers(1, 3))):
+            kind = draw(st.sampled_from(["fresh", "copy", "cut", "extend"] if seen[lang] else ["fresh"]))
+            if kind == "fresh":
+                body = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=10)))
+            else:
+                body = draw(st.sampled_from(seen[lang]))[len(prefix) :]
+                if kind == "cut":
+                    body = body[: draw(st.integers(1, len(body)))]
+                elif kind == "extend":
+                    body += tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=4)))
+            orders.append(prefix + body)
+            seen[lang].append(prefix + body)
+        last = len(orders[0]) - 1  # prompt 0's readout: never a hidden row
+        hidden = tuple(sorted(draw(st.sets(st.integers(0, last - 1), max_size=3)))) if last > 0 else ()
+        questions.append(TokenizedQuestion(lang, draw(st.sampled_from("abc")), tuple(orders), hidden))
+    lang = draw(st.sampled_from(sorted(LANGS)))
+    for k in range(draw(st.sampled_from([0, 0, 6, 10, 13]))):  # a ladder of questions `1^k 2`, `1^k 3`: k deep
+        questions.append(TokenizedQuestion(lang, "d", tuple(LANGS[lang] + (1,) * k + (t,) for t in (2, 3))))
+    return questions
+
+
+LADDER = [TokenizedQuestion("en", "s", ((7, 8, *[1] * k, 2), (7, 8, *[1] * k, 3))) for k in range(12)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    question_sets(),
+    st.sampled_from([16, 48, TREE_MAX_TOKENS]),
+    st.sampled_from([24, 96, FORWARD_MAX_TOKENS]),
+    st.booleans(),
+)
+@example(LADDER, TREE_MAX_TOKENS, FORWARD_MAX_TOKENS, True)  # the depth limit splits at depth 8
+def test_the_packer_makes_at_most_two_blocks_per_readout(questions, tree_max, forward_max, share):
+    """Every block ends a prompt or has two children or more, so a trie of R readouts has B <= 2R − 1 blocks; the
+    readout bucket of a packed batch therefore never steps up for the tile capacity, and its blob always packs."""
+    forwards = plan_forwards(questions, [40, 41], LANGS, tree_max, forward_max, share_across_questions=share)
+    if len(forwards) > 1:
+        event("several forwards")
+    for f in forwards:
+        b = f.batch
+        children, ends = _block_counts(b)
+        assert np.all(ends | (children >= 2))
+        assert set(b.readouts.tolist()) <= set((b.block_start + b.block_len - 1).tolist())  # a readout ends a block
+        roots = int(np.sum(b.block_parent < 0))
+        assert len(b.block_start) <= 2 * len(b.readouts) - roots
+        siblings = [(int(p), int(b.tokens[s])) for p, s in zip(b.block_parent, b.block_start, strict=True) if p >= 0]
+        for name, seen in {
+            "the depth limit split a group": len(set(siblings)) < len(siblings),  # siblings on the same token
+            "identical prompts share a readout": len(set(f.readout_of.values())) < len(f.readout_of),
+            "a prompt is a prefix of another": bool(np.any(ends & (children > 0))),
+            "evidence rows": len(b.hidden) > 0,
+            "a cached template prefix": bool(np.any(b.block_prefix >= 0)),
+            "several roots": roots > 1,
+        }.items():
+            if seen:
+                event(name)
+        for batch in (b, b.with_hidden_as_readouts()):
+            r = len(batch.readouts)
+            layout = layout_for(batch.n_tokens, r, len(batch.block_start), 10)
+            assert layout.readout_bucket == readout_bucket(r)
+            rows = {k: (0, len(LANGS[k])) for k in batch.prefix_keys}
+            pack_blob(batch, plan_tiles(batch, rows, 10), layout)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=14).map(tuple), min_size=1, max_size=24),
+    st.integers(1, MAX_DEPTH),
+)
+def test_a_trie_row_at_any_depth_limit_has_at_most_two_blocks_per_prompt(prompts, max_depth):
+    """`pack_row` directly (plan_forwards always packs at MAX_DEPTH): B <= 2·prompts − roots at every limit."""
+    unique = list(dict.fromkeys(prompts))
+    row = pack_row(unique, max_depth=max_depth)
+    parents = np.asarray([p for _, _, p in row.blocks])
+    children = np.bincount(parents[parents >= 0], minlength=len(parents))
+    ends = np.isin([s + n - 1 for s, n, _ in row.blocks], list(row.ends.values()))
+    assert np.all(ends | (children >= 2))
+    assert len(row.blocks) <= 2 * len(unique) - int(np.sum(parents < 0))
+    siblings = [(p, row.tokens[s]) for s, _, p in row.blocks]
+    if len(set(siblings)) < len(siblings):
+        event("the depth limit split a group")
+
+
+def _old_capacity(token_bucket: int, tokens_per_tile: int) -> int:
+    return -(-token_bucket // tokens_per_tile) + token_bucket  # one tile per token beyond the full ones
+
+
+def test_the_tile_capacity_counts_two_blocks_per_readout_not_one_per_token():
+    """The grid of the shipped attention config (64 query rows per tile: NT = 10, 8 and 16 tokens for the GQA
+    groups 6, 8 and 4 of mini, 4.5B and max) at a single decision and at the largest buckets."""
+    nt = {size: ATTENTION["f32"].tokens_per_tile(g) for size, g in (("mini", 6), ("4.5B", 8), ("max", 4))}
+    assert nt == {"mini": 10, "4.5B": 8, "max": 16} and ATTENTION["f16"].bm == ATTENTION["f32"].bm
+    buckets = [(128, 4), (512, 16), (2048, 64), (8192, 64), (8192, 1024)]
+    assert [tile_capacity(t, r, nt["mini"]) for t, r in buckets] == [21, 84, 333, 948, 2868]
+    assert [_old_capacity(t, nt["mini"]) for t, _ in buckets] == [141, 564, 2253, 9012, 9012]
+    assert [tile_capacity(t, r, nt["max"]) for t, r in buckets] == [16, 64, 256, 640, 2560]
+    assert [_old_capacity(t, nt["max"]) for t, _ in buckets] == [136, 544, 2176, 8704, 8704]
+    assert tile_capacity(32, 1024, 10) == 4 + 32  # never more blocks than tokens
+
+    # a single decision as gpu_check times it: 66 cached template tokens, a 100-token state, two 6-token orders
+    rng = random.Random(0)
+    prefix, state = tuple(rng.randrange(500) for _ in range(66)), tuple(rng.randrange(500) for _ in range(100))
+    orders = tuple(prefix + state + tuple(rng.randrange(500) for _ in range(6)) for _ in range(2))
+    (forward,) = plan_forwards([TokenizedQuestion("en", "s", orders)], [40, 41], {"en": prefix})
+    b = forward.batch
+    layout = layout_for(b.n_tokens, len(b.readouts), len(b.block_start), nt["mini"])
+    plan = plan_tiles(b, {"en": (0, 66)}, nt["mini"])
+    assert (b.n_tokens, len(b.block_start), len(plan.tiles)) == (112, 3, 12)
+    assert (layout.token_bucket, layout.readout_bucket, layout.tile_cap) == (128, 4, 21)  # was 141
+    pack_blob(b, plan, layout)
+
+
+def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readouts: int) -> PackedBatch:
+    """A batch no packer made: random parents (chains <= MAX_DEPTH), any block lengths, few readouts."""
+    lens = rng.integers(1, max_len + 1, n_blocks)
+    parents, depth, pos0 = [], [], []
+    for b in range(n_blocks):
+        p = int(rng.integers(-1, b)) if b else -1
+        if p >= 0 and depth[p] + 1 >= MAX_DEPTH:
+            p = -1
+        parents.append(p)
+        depth.append(0 if p < 0 else depth[p] + 1)
+        pos0.append(0 if p < 0 else pos0[p] + int(lens[p]))
+    n = int(lens.sum())
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
+    return PackedBatch(
+        tokens=i32(rng.integers(0, 100, n)),
+        positions=i32(np.concatenate([np.arange(p, p + n_) for p, n_ in zip(pos0, lens, strict=True)])),
+        block_of=i32(np.repeat(np.arange(n_blocks), lens)),
+        block_start=i32(np.concatenate([[0], np.cumsum(lens)[:-1]])),
+        block_len=i32(lens),
+        block_parent=i32(parents),
+        block_prefix=i32([-1] * n_blocks),
+        prefix_keys=(),
+        readouts=i32(np.sort(rng.choice(n, min(n, n_readouts), replace=False))),
+        letter_ids=i32([40, 41]),
+    )
+
+
+def _preparer(tokens_per_tile: int):
+    """`GpuBackend.prepare` on a backend without a model: only its planning (`_layout`, plan_tiles, pack_blob)."""
+    pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
+    from basal.backends.cuda.gpu.backend import GpuBackend
+
+    be = SimpleNamespace(net=SimpleNamespace(prefix_rows={}, tokens_per_tile=tokens_per_tile), _prefix_version=0)
+    be._layout = functools.partial(GpuBackend._layout, be)
+    return functools.partial(GpuBackend.prepare, be)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 700),
+    st.sampled_from([1, 2, 9, 10, 11, 40]),
+    st.integers(1, 4),
+    st.sampled_from([1, 3, 10, 16]),
+    st.sampled_from([0, 100, 3000]),
+)
+def test_any_batch_packs_through_prepare(seed, n_blocks, max_len, n_readouts, tokens_per_tile, pad_to):
+    """Σ_b ceil(len_b/NT) <= ceil(n/NT) + B <= the layout's tile capacity for any batch, packed or not: the
+    readout bucket steps up to ceil(B/2) when a batch has more blocks than two per readout."""
+    batch = _hand_built(np.random.default_rng(seed), n_blocks, max_len, n_readouts)
+    prepared = _preparer(tokens_per_tile)(batch, pad_to)  # never raises
+    layout, n, blocks = prepared.layout, batch.n_tokens, len(batch.block_start)
+    tiles = int(np.sum(-(-batch.block_len // tokens_per_tile)))
+    assert unpack_blob(prepared.blob, layout)["tiles"].shape == (tiles, 4)
+    assert tiles <= -(-n // tokens_per_tile) + blocks <= layout.tile_cap
+    assert layout.readout_bucket == readout_bucket(max(len(batch.readouts), -(-blocks // 2)))
+
+
+def test_a_batch_of_many_blocks_and_few_readouts_gets_a_larger_readout_bucket():
+    """600 one-token blocks, one readout: at R_b = 4 the capacity would be ceil(640/10) + 8 = 72 tiles for 600."""
+    batch = _hand_built(np.random.default_rng(1), 600, 1, 1)
+    assert (batch.n_tokens, len(batch.readouts)) == (600, 1)
+    with pytest.raises(ValueError, match="600 tiles does not fit"):
+        pack_blob(batch, plan_tiles(batch, {}, 10), BlobLayout(640, 4, tile_capacity(640, 4, 10)))
+    prepared = _preparer(10)(batch)
+    assert (prepared.layout.token_bucket, prepared.layout.readout_bucket) == (640, 1024)  # ceil(600/2) -> 1024
+    assert prepared.layout.tile_cap == 64 + 640 >= 600
 
 
 class FakeEvent:
@@ -227,6 +450,39 @@ def test_the_probe_passes_the_bias_and_times_engines_only_where_it_has_a_choice(
     assert all(c.ms is not None for c in two.shapes[0].candidates.values()) and not two.shapes[0].bias
 
 
+def test_the_probe_catches_bits_that_depend_on_a_rows_place_in_its_tile(monkeypatch):
+    """A library kernel whose rows at offsets 3, 11, 19, ... of a batch take another path: the same at every M (the
+    rows keep their offsets), so only moving the rows shows it. The old anchors (rows 0, M/2, M-1) missed it."""
+    import torch
+
+    def by_place(x, w, out, bias=None):
+        out[:] = x @ w.T
+        out[3::8] += 1e-3  # the fourth row of every 8-row tile
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(32, 16, generator=g), torch.randn(8, 16, generator=g)
+    assert et.probe_engine(lambda x, w, out, bias=None: torch.mm(x, w.T, out=out), x, w, [4, 16, 32])[0]
+    ok, detail = et.probe_engine(by_place, x, w, [4, 16, 32])
+    assert not ok and "moved" in detail
+
+
+def test_an_engine_that_raises_is_ruled_out_not_fatal(monkeypatch, caplog):
+    """Under the R7 settings a library may refuse a shape (torch raises where cuBLASLt has no split-K-free kernel):
+    the shape takes the other engine, and the start goes on."""
+    import torch
+
+    def refuses(x, w, out, bias=None):
+        raise RuntimeError("allow_splitk=False requires the cuBLASLt backend")
+
+    monkeypatch.setitem(et.ENGINES, "lt", refuses)
+    monkeypatch.setitem(et.ENGINES, "tri", lambda x, w, out, bias=None: torch.mm(x, w.T, out=out))
+    table = et.probe([(16, 32)], torch.float32, torch.device("cpu"), [4, 16], {}, ("lt", "tri"), timing_rows=8)
+    (entry,) = table.shapes
+    assert entry.engine == "tri" and not entry.candidates["lt"].invariant
+    assert "raised RuntimeError: allow_splitk=False" in entry.candidates["lt"].detail and "probe failed" in caplog.text
+
+
 def test_an_engine_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, caplog):
     pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
     from basal.backends.cuda.gpu.backend import keep_table
@@ -236,6 +492,50 @@ def test_an_engine_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, ca
     (tmp_path / "file").write_text("")
     assert not keep_table(table, tmp_path / "file" / "gpu" / "t.json")  # its parent is a file: OSError
     assert "not saved" in caplog.text
+
+
+@pytest.fixture
+def cublas_flags(monkeypatch):
+    """R7's process-wide flags and variables, put back after the test (they change nothing on the CPU)."""
+    import torch
+
+    from basal.backends.cuda.gpu.environment import CUBLAS_ENV
+
+    for name in CUBLAS_ENV:
+        monkeypatch.setenv(name, "unset by the test")
+    matmul = torch.backends.cuda.matmul
+    saved = {
+        "allow_tf32": matmul.allow_tf32,
+        "allow_fp16_reduced_precision_reduction": torch._C._get_cublas_allow_fp16_reduced_precision_reduction(),
+        "allow_bf16_reduced_precision_reduction": torch._C._get_cublas_allow_bf16_reduced_precision_reduction(),
+        "allow_fp16_accumulation": matmul.allow_fp16_accumulation,
+    }
+    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        setattr(matmul, name, (True, True))  # torch's defaults: what R7 must turn off
+    yield matmul
+    for name, value in saved.items():
+        setattr(matmul, name, value)
+
+
+def test_the_invariant_settings_are_read_back_split_k_included(cublas_flags):
+    from basal.backends.cuda.gpu.environment import CUBLAS_ENV, SETTINGS_WANTED, apply_invariant_settings
+
+    read = apply_invariant_settings()
+    assert {k: read[k] for k in SETTINGS_WANTED} == SETTINGS_WANTED
+    assert {k: read[k] for k in CUBLAS_ENV} == CUBLAS_ENV
+    cublas_flags.allow_fp16_reduced_precision_reduction = False  # torch's plain False: split-K stays allowed
+    assert cublas_flags.allow_fp16_reduced_precision_reduction_split_k
+
+
+def test_a_setting_that_does_not_take_is_reported(cublas_flags, monkeypatch, caplog):
+    import torch
+
+    from basal.backends.cuda.gpu.environment import apply_invariant_settings
+
+    monkeypatch.setattr(torch._C, "_set_cublas_allow_bf16_reduced_precision_reduction", lambda *a: None)
+    read = apply_invariant_settings()
+    assert read["allow_bf16_reduced_precision_reduction_split_k"] is True
+    assert "did not take effect" in caplog.text and "bf16_reduced_precision_reduction_split_k" in caplog.text
 
 
 def test_graph_capture_is_thread_local(monkeypatch):
@@ -271,6 +571,43 @@ def test_graph_capture_is_thread_local(monkeypatch):
     assert ran == [1] and seen["mode"] == "thread_local"
 
 
+def test_a_failed_capture_gives_the_thread_its_stream_back(monkeypatch):
+    """torch.cuda.graph's exit ends the capture before it restores the stream: when ending raises, the capture
+    stream stays current and the thread's later kernels would run on a second, unordered stream."""
+    import torch
+
+    from basal.backends.cuda.gpu.graphs import CudaCapture
+
+    current = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    first = Stream()
+
+    class Graph:  # as torch 2.11's: the stream is set on entry, restored only after capture_end succeeds
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            self.stream = stream
+
+        def __enter__(self):
+            current.append(self.stream)
+
+        def __exit__(self, *exc):
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: first)
+    monkeypatch.setattr(torch.cuda, "set_stream", current.append)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    capture = CudaCapture("cuda:0")
+    with pytest.raises(RuntimeError, match="Invalidated"):
+        capture(lambda: None)
+    assert current == [capture.stream, first]  # the capture stream, then the thread's own again
+
+
 def test_row_ranges_keep_every_range_inside_32_bit_offsets():
     from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT, ROW_ALIGN, row_ranges
 
@@ -296,3 +633,32 @@ def test_the_engine_table_key_names_the_nvidia_driver(tmp_path):
         path.write_text(text)
         assert nvidia_driver(str(path)) == expected
     assert nvidia_driver(str(tmp_path / "missing")) is None
+
+
+def test_a_weight_past_f16s_range_is_refused_with_what_to_do():
+    """A bf16 checkpoint may hold values f16 cannot (above 65504): converted silently they would be inf, and every
+    logit they touch NaN. Loading names the weight and the dtype that can hold it."""
+    import torch
+
+    from basal.backends.cuda.gpu.weights_direct import fit
+
+    big = torch.tensor([1.0, 7e4], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"model.norm.weight .*--dtype bf16"):
+        fit("model.norm.weight", big, torch.float16)
+    assert fit("w", big, torch.bfloat16).dtype == torch.bfloat16  # bf16 holds it
+    assert torch.isfinite(fit("w", big, torch.float32)).all()  # and f32
+    small = torch.tensor([1.0, -2.5])
+    assert torch.equal(fit("w", small, torch.float16), small.half())
+
+
+def test_engine_tables_saved_at_once_never_share_a_temporary_file(tmp_path, monkeypatch):
+    """Two servers probing at once: each writes a temporary file of its own and renames it; a fixed temporary name
+    let one rename the other's half-written file."""
+    paths = []
+    real = et.tempfile.mkstemp
+    monkeypatch.setattr(et.tempfile, "mkstemp", lambda **kw: paths.append(real(**kw)) or paths[-1])
+    target = tmp_path / "gpu" / "gemm_engines-f16.json"
+    for gpu in ("H200", "H100"):
+        et.EngineTable({"gpu": gpu}, [4], [et.ShapeEntry(16, 32, "tri")]).save(target)
+    assert len({p for _, p in paths}) == 2 and et.EngineTable.from_json(target.read_text()).key == {"gpu": "H100"}
+    assert sorted(f.name for f in target.parent.iterdir()) == [target.name]  # no temporary file left

@@ -143,6 +143,41 @@ class LaggingEvent(DoneEvent):
         self.polls = 2
 
 
+class DeviceEvent(DoneEvent):
+    """An event as CUDA has it: complete until recorded, then pending at its next query (a device still busy) unless
+    synchronised."""
+
+    def __init__(self):
+        self.pending, self.log = False, []
+
+    def record(self, stream=None) -> None:
+        self.pending = True
+        self.log.append("record")
+
+    def query(self) -> bool:
+        done, self.pending = not self.pending, False
+        return done
+
+    def synchronize(self) -> None:
+        self.pending = False
+        self.log.append("synchronize")
+
+
+def test_a_pass_closed_between_layers_waits_for_its_metadata_copy_before_freeing_its_slot(two_layers, monkeypatch):
+    """The long lane's pass abandoned after a layer (its clients gone) has queued a non-blocking copy from its
+    slot's pinned blob that a busy device may not have run yet: the slot's event must cover that copy and be waited
+    for before the slot is free, or the next pass overwrites the blob under the copy."""
+    slots = StagingSlots(two_layers._host_buffers, DeviceEvent)
+    monkeypatch.setattr(two_layers, "slots", slots)
+    steps = two_layers.run(batch(LETTERS[3]), preemptible=True)
+    next(steps)  # paused after its first layer
+    (held,) = [s for s in slots.slots if s.busy]
+    steps.close()
+    assert not held.busy and held.event.log == ["record", "synchronize"]
+    run_to_end(two_layers.run(batch(LETTERS[3])))  # a whole pass: recorded at the copy in and at the readback
+    assert held.event.log[2:] == ["record", "record"]
+
+
 def test_forwards_in_flight_together_keep_their_bits(graphed, plain, monkeypatch):
     """Three forwards at one bucket through `overlapped`, as the pipeline runs a batch: each is queued while the
     one before waits for its readback (two staging slots out at once), through the eager pass, the capture and the
@@ -162,6 +197,28 @@ def test_forwards_in_flight_together_keep_their_bits(graphed, plain, monkeypatch
     assert max(busy) == 2 and list(graphed.graphs.graphs) == [(32, 4)]
     assert [results[i].tobytes() for i in range(3)] == [a.tobytes() for a in alone]
     assert len({a.tobytes() for a in alone}) == 3  # three different answers: a mix-up would show
+
+
+def test_a_failed_capture_serves_the_forward_eagerly_and_stops_capturing(graphed, plain, monkeypatch, caplog):
+    """A capture that raises (CUDA invalidated it, say) must not fail the request nor every later one at that
+    bucket: the forward runs eagerly with the same bits, and no bucket tries to capture again."""
+    from basal.backends.cuda.gpu.graphs import GraphCache
+
+    tries = []
+
+    def broken(run):
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphed, "graphs", GraphCache())
+    monkeypatch.setattr(graphed, "_capture", broken)
+    b, other = batch(LETTERS[3]), batch(LETTERS[3], seed=2, orders=1, shared=40)  # two buckets
+    alone = run_to_end(plain.run(b))
+    results = [run_to_end(graphed.run(b)) for _ in range(3)] + [run_to_end(graphed.run(other)) for _ in range(2)]
+    assert all(r.tobytes() == alone.tobytes() for r in results[:3])
+    assert results[3].tobytes() == run_to_end(plain.run(other)).tobytes()
+    assert tries == [1] and not graphed.graphs.graphs  # one try in all, for every bucket
+    assert "capturing stopped" in graphed.describe()["cuda_graphs"] and "capture at bucket" in caplog.text
 
 
 def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(graphed, plain):

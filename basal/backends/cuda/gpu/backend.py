@@ -87,6 +87,8 @@ class GpuBackend:
         `fuse_epilogues`: the `tri` GEMMs carry the residual add and SwiGLU (same bits; off: separate kernels)."""
         self.model, self.dtype, self.device = model, dtype, str(device)
         self.dev = device
+        # R7 before anything creates a cuBLAS handle (the probe's first GEMM), however the backend is made
+        self.settings = apply_invariant_settings() if device.type == "cuda" else {}
         self.weights = weights or DeviceWeights(model, TORCH_DTYPE[dtype], device, progress)
         self.table = self._probe_engines(arena_tokens, fuse_epilogues)
         att = ATTENTION["f32" if dtype == "f32" else attention]
@@ -99,7 +101,7 @@ class GpuBackend:
         self._blobs: dict[tuple[int, int], torch.Tensor] = {}
         self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.slots = StagingSlots(self._host_buffers, self._event)
-        self.slots.reserve(layout_for(arena_tokens, READOUT_CAP, self.net.tokens_per_tile).size)
+        self.slots.reserve(layout_for(arena_tokens, READOUT_CAP, 2 * READOUT_CAP, self.net.tokens_per_tile).size)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
         self.progress = progress
         self._prefix_version = 0
@@ -108,8 +110,6 @@ class GpuBackend:
     def load(cls, model: ModelDir, dtype: str | None = None, device: str | None = None, **options) -> GpuBackend:
         """f16 by default (accumulation in f32); bf16; f32 is the reference mode."""
         dev = torch.device(device or "cuda")
-        if dev.type == "cuda":
-            apply_invariant_settings()
         with torch.inference_mode():
             return cls(model, dtype or "f16", dev, **options)
 
@@ -126,9 +126,16 @@ class GpuBackend:
             "gemm_engines": {f"{s.n}x{s.k}": s.engine for s in self.table.shapes},
             "fused_epilogues": {f"{s.n}x{s.k}": s.fused for s in self.table.shapes if s.fused},
             "attention": self.net.att.precision,
-            "cuda_graphs": f"{len(self.graphs.graphs)} captured" if self.use_graphs else "off",
+            "cuda_graphs": self._graphs_state(),
             "weights_load_s": round(self.weights.load_seconds, 2),
         }
+
+    def _graphs_state(self) -> str:
+        if not self.use_graphs:
+            return "off"
+        failed = self.graphs.capture_failed
+        stopped = f"; capturing stopped after a failure ({failed})" if failed else ""
+        return f"{len(self.graphs.graphs)} captured{stopped}"
 
     # -- engines ----------------------------------------------------------------------------------------------
 
@@ -179,7 +186,9 @@ class GpuBackend:
         return torch.cuda.Event(blocking=True) if self.dev.type == "cuda" else DoneEvent()
 
     def _layout(self, batch: PackedBatch, pad_to: int = 0) -> BlobLayout:
-        return layout_for(max(batch.n_tokens, pad_to), len(batch.readouts), self.net.tokens_per_tile)
+        return layout_for(
+            max(batch.n_tokens, pad_to), len(batch.readouts), len(batch.block_start), self.net.tokens_per_tile
+        )
 
     # -- the Backend protocol -----------------------------------------------------------------------------------
 
@@ -203,6 +212,8 @@ class GpuBackend:
             self.net.set_prefixes(self._prefix_kv)
             self._prefix_version += 1  # plans prepared before point at the old prefix rows
         self.graphs.clear()  # graphs captured the old prefix buffers' addresses
+        if isinstance(self._capture, CudaCapture):  # and a new pool: the old one still holds the cuBLAS workspace
+            self._capture = CudaCapture(self.dev)  # that a capture allocated in it, which a new capture would trip on
 
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
         """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops
@@ -273,6 +284,9 @@ class GpuBackend:
                 slot.blob[: layout.size].numpy()[:] = prepared.blob
                 blob = self._device_blob(key, layout.size, own=step == "eager")
                 blob.copy_(slot.blob[: layout.size], non_blocking=True)
+                # the event covers that copy from here on: a pass closed before its readback (the long lane's,
+                # between layers) must not free the slot while the copy may still read the pinned blob
+                slot.event.record()
                 meta = layout.views(blob)
                 letters = tuple(int(x) for x in batch.letter_ids)
                 letter_rows = self.weights.letter_rows(letters)  # [16, hidden], zero past the letters
@@ -332,7 +346,14 @@ class GpuBackend:
                     return done.value
 
         if step == "capture":
-            self.graphs.add(key, self._capture(run_all))
+            try:
+                graph = self._capture(run_all)
+            except Exception as e:  # whatever broke the capture, the forward itself can still run
+                why = f"{type(e).__name__}: {e}"
+                log.error("CUDA graph capture at bucket %s failed (%s); uncaptured buckets run eagerly", key, why)
+                self.graphs.stop_capturing(why)
+                return run_all()
+            self.graphs.add(key, graph)
             if self.verify_graphs:  # debug and tests: the replay must give the eager bits
                 eager = run_all().clone()
                 self.graphs.graphs[key].replay()

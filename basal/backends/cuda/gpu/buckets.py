@@ -54,7 +54,9 @@ def warm_buckets(max_tokens: int = WARM_TOKENS) -> list[tuple[int, int]]:
     return [(t, r) for t in TOKEN_BUCKETS if t <= max_tokens for r in (4, 16, 64) if t >= 8 * r]
 
 
-def layout_for(tokens: int, readouts: int, tokens_per_tile: int) -> BlobLayout:
-    """The metadata blob's layout of a forward of `tokens` tokens and `readouts` readouts: its buckets' sizes."""
-    t_b = token_bucket(tokens)
-    return BlobLayout(t_b, readout_bucket(readouts), tile_capacity(t_b, tokens_per_tile))
+def layout_for(tokens: int, readouts: int, blocks: int, tokens_per_tile: int) -> BlobLayout:
+    """The metadata blob's layout of a forward of `tokens` tokens, `readouts` readouts and `blocks` blocks: its
+    buckets' sizes. The readout bucket also covers half the blocks, since the tile capacity counts on 2 blocks per
+    readout at most; a packed batch never needs more (core/tree.py), a hand-built one gets a larger bucket."""
+    t_b, r_b = token_bucket(tokens), readout_bucket(max(readouts, -(-blocks // 2)))
+    return BlobLayout(t_b, r_b, tile_capacity(t_b, r_b, tokens_per_tile))

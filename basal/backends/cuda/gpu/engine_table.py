@@ -1,8 +1,8 @@
 """Which GEMM engine each weight shape uses, decided by an on-device bitwise probe (docs/gpu-path.md §3.1, R5, R6, R10).
 
 Candidates: `lt` (cuBLASLt through torch under the R7 settings: split-K off, 1 KiB workspace) and `tri` (our
-fixed-order Triton GEMM). A shape may use an engine only after the probe showed, on this device, that an anchor
-row's bits are the same at every row count the process will pass (the buckets) and at offsets 0, M/2 and M-1.
+fixed-order Triton GEMM). A shape may use an engine only after the probe showed, on this device, that every row's
+bits are the same at every row count the process will pass (the buckets) and at another offset in its batch.
 The fastest engine that passes wins (timed only where more than one passes). The table is keyed by GPU, driver,
 library versions and dtype; a stored table whose key differs from the running process is stale and refused (the
 probe then runs again). A model with biases (basal-1.0) is probed with them: a library's bias epilogue may be
@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,6 +24,8 @@ from pathlib import Path
 import torch
 
 from basal.core.home import cache_dir
+
+log = logging.getLogger(__name__)
 
 Engine = Callable[..., torch.Tensor]  # (x, w, out, bias=None) -> out = x · wᵀ (+ bias)
 
@@ -111,10 +116,18 @@ class EngineTable:
         return cls(raw["key"], raw["row_counts"], shapes)
 
     def save(self, path: Path) -> None:
+        """Written whole or not at all: a temporary file of this call's own, then a rename (two servers starting
+        at once each write theirs; the last rename wins, and no reader sees a torn file)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def table_path(dtype: str) -> Path:
@@ -149,24 +162,40 @@ def choose(candidates: dict[str, Candidate]) -> str:
     return min(timed, key=lambda n: candidates[n].ms) if timed else ok[0]
 
 
-def _bits(t: torch.Tensor) -> bytes:
-    return t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+def _as_bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of `t`'s rows, for a bitwise comparison on its device (-0.0 and NaN payloads count)."""
+    return t.detach().contiguous().view(torch.uint8)
 
 
 def probe_engine(engine: Engine, x: torch.Tensor, w: torch.Tensor, row_counts: Sequence[int]) -> tuple[bool, str]:
-    """Anchor rows {0, M/2, M-1} at every M against the same rows computed first in a batch of the smallest M."""
-    m0 = row_counts[0]
-    reference: dict[int, bytes] = {}
-    for m in row_counts:
-        out = engine(x[:m], w, torch.empty(m, w.shape[0], dtype=x.dtype, device=x.device))
-        for a in sorted({0, m // 2, m - 1}):
-            if a not in reference:
-                rows = torch.cat([x[a : a + 1], x[1:m0]]) if m0 > 1 else x[a : a + 1]
-                first = engine(rows, w, torch.empty(m0, w.shape[0], dtype=x.dtype, device=x.device))
-                reference[a] = _bits(first[0])
-            if _bits(out[a]) != reference[a]:
-                return False, f"row {a} differs at M={m}"
-    return True, f"{len(row_counts)} row counts x 3 anchors equal"
+    """Every row at every M against the same row computed at the largest M, and once more with the rows rotated, so
+    every row also runs at another offset inside the library's tiles (a kernel whose bits depend on a row's position
+    in its tile fails here, whichever rows that position holds). Compared on the device: no copies to the host."""
+    m_max = max(row_counts)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return engine(rows, w, torch.empty(rows.shape[0], w.shape[0], dtype=x.dtype, device=x.device))
+
+    reference = _as_bits(run(x[:m_max]))
+    for m in sorted(row_counts):
+        if not torch.equal(_as_bits(run(x[:m])), reference[:m]):
+            return False, f"rows differ at M={m} from the same rows at M={m_max}"
+        if m > 1:
+            shift = 1 + 36 % (m - 1)  # in [1, m-1]: every row moves
+            rotated = _as_bits(run(x[:m].roll(shift, 0)))
+            if not torch.equal(rotated, reference[:m].roll(shift, 0)):
+                return False, f"rows differ at M={m} when moved by {shift} rows"
+    return True, f"every row equal at {len(row_counts)} row counts, in place and moved"
+
+
+def probe_safely(engine: Engine, x: torch.Tensor, w: torch.Tensor, row_counts: Sequence[int]) -> tuple[bool, str]:
+    """`probe_engine`, with an engine that raises counted as not invariant (a library that refuses a shape under
+    the R7 settings, say): another engine may still serve the shape, so a start must not die of it."""
+    try:
+        return probe_engine(engine, x, w, row_counts)
+    except Exception as e:  # any library or compiler error rules the engine out, with its reason
+        log.warning("GEMM engine probe failed on [%d, %d]: %s: %s", w.shape[0], w.shape[1], type(e).__name__, e)
+        return False, f"raised {type(e).__name__}: {e}"[:500]
 
 
 def weight_copies(w: torch.Tensor) -> list[torch.Tensor]:
@@ -246,7 +275,7 @@ def probe(
 
         candidates = {}
         for name in engines:
-            ok, detail = probe_engine(with_bias(ENGINES[name]), x, w, row_counts)
+            ok, detail = probe_safely(with_bias(ENGINES[name]), x, w, row_counts)
             candidates[name] = Candidate(ok, None, detail)
         invariant = [name for name, c in candidates.items() if c.invariant]
         if timing_rows and len(invariant) > 1:  # timed only where there is a choice to make
@@ -255,7 +284,7 @@ def probe(
         entry = ShapeEntry(n, k, choose(candidates), candidates, bias=bias)
         epilogue = (epilogues or {}).get((n, k), "")
         if epilogue and entry.engine == "tri":
-            ok, entry.fused_detail = probe_engine(with_bias(fused_engine(epilogue)), x, w, row_counts)
+            ok, entry.fused_detail = probe_safely(with_bias(fused_engine(epilogue)), x, w, row_counts)
             entry.fused = epilogue if ok else ""
         entries.append(entry)
     return EngineTable(key, list(row_counts), entries)

@@ -2,7 +2,8 @@
 
 The first use of a bucket runs eagerly (it compiles the Triton kernels and creates the cuBLAS handle); the second
 captures the same code path over the same arena buffers and replays it; later uses replay. Graphs share one
-memory pool and allocate nothing of their own, so an LRU cap is all the bookkeeping needed.
+memory pool and allocate nothing of their own, so an LRU cap is all the bookkeeping needed. A capture that fails
+stops capturing for the process: its forwards run eagerly, with the same bits (a graph replays the eager kernels).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-MAX_GRAPHS = 64
+MAX_GRAPHS = 128  # above the 23 token x 5 readout buckets a graph can have: nothing is evicted while serving
 
 
 class GraphCache:
@@ -21,13 +22,21 @@ class GraphCache:
         self.max_graphs = max_graphs
         self.uses: dict[Any, int] = {}
         self.graphs: OrderedDict[Any, Any] = OrderedDict()
+        self.capture_failed = ""  # why capturing stopped; "" while it goes on
 
     def step(self, key) -> str:
         if key in self.graphs:
             self.graphs.move_to_end(key)
             return "replay"
+        if self.capture_failed:
+            return "eager"
         self.uses[key] = self.uses.get(key, 0) + 1
         return "capture" if self.uses[key] >= 2 else "eager"
+
+    def stop_capturing(self, why: str) -> None:
+        """After a failed capture: the graphs captured so far still replay, every other bucket runs eagerly. A
+        capture that failed once would fail again (CUDA or torch state), failing a forward at every try."""
+        self.capture_failed = why
 
     def add(self, key, graph) -> None:
         self.graphs[key] = graph
@@ -63,8 +72,14 @@ class CudaCapture:
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=self.MODE):
-            run()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode=self.MODE):
+                run()
+        except BaseException:
+            # torch.cuda.graph leaves its capture stream current when ending the capture raises: every later
+            # kernel of this thread would run on a second stream, unordered with the first
+            torch.cuda.set_stream(current)
+            raise
         current.wait_stream(self.stream)
         return graph
 

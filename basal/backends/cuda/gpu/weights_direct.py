@@ -31,6 +31,20 @@ class DeviceLayer:
     down_bias: torch.Tensor | None = None
 
 
+def fit(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` in `dtype`, refusing a conversion that overflows: bf16 and f32 reach past f16's ±65504, and an inf
+    weight would turn every logit it touches into NaN, silently."""
+    out = tensor.to(dtype)
+    if dtype == torch.float16 and tensor.dtype != dtype and not bool(torch.isfinite(out).all()):
+        finite_before = bool(torch.isfinite(tensor).all())
+        raise ValueError(
+            f"weight {name} has values past f16's range (±65504) in this {tensor.dtype} checkpoint"
+            + ("" if finite_before else " (it holds inf or NaN already)")
+            + ": serve it with --dtype bf16 (or dtype: bf16 in the config)"
+        )
+    return out
+
+
 class DeviceWeights:
     """All tensors the GPU model reads, on `device` in `dtype`; `load_seconds` says how long loading took."""
 
@@ -45,7 +59,7 @@ class DeviceWeights:
 
         def get(name: str) -> torch.Tensor:
             bar.update()
-            return handles[files[name]].get_tensor(self._index[name][1]).to(dtype)
+            return fit(name, handles[files[name]].get_tensor(self._index[name][1]), dtype)
 
         def bias(*names: str) -> torch.Tensor | None:
             return torch.cat([get(n) for n in names]) if self.cfg.bias else None
