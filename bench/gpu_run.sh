@@ -16,5 +16,6 @@ else
 fi
 (command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv) \
   > "$OUT/nvidia-smi.txt" 2>&1
-PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
+# tee ignores SIGTERM: a timeout signals the whole group, and the check prints its table after the signal
+PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out "$OUT" "$@" 2>&1 | (trap '' TERM; exec tee "$OUT/log.txt")
 exit "${PIPESTATUS[0]}"

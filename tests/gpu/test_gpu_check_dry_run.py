@@ -42,7 +42,8 @@ def test_gpu_check_dry_run():
 def _check(done, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert set(report["phases"]) == {"P0", "P1", "P2", "P3", "P4"}
+    assert set(report["phases"]) == {"P0", "P1", "P2", "P3", "P4"} and "interrupted" not in report
+    assert not any("partial" in r for r in report["phases"].values())  # every phase's final result
     assert all(r["bitwise_equal"] for k, r in report["phases"]["P2"].items() if "/" in k)
     toy = report["phases"]["P3"]["toy"]
     assert all(toy["bitwise"].values()) and {"=overlapped", "=interleaved"} <= set(toy["bitwise"])
@@ -60,3 +61,5 @@ def _check(done, tmp_path: Path) -> None:
     assert "error" not in p1["lt_library_defaults"] and "library's defaults" in done.stdout  # the child ran
     assert p1["swiglu_warps"]["toy"]["same_bits"] and "fused SwiGLU GEMM" in done.stdout
     assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]
+    assert all(p1["tri_configs_equal"].values()) and len(p1["tri_configs"]) == 2, p1["tri_configs"]
+    assert all("engine" in g for g in p1["shapes"].values())  # every toy shape probed, none failed or skipped

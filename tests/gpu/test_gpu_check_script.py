@@ -201,9 +201,22 @@ def test_a_failed_bitwise_check_records_how_the_values_differ():
     d = gpu_check.difference(a, b)
     assert d["differing"] == 1 and d["first_index"] == 4 and 0 < d["max_abs"] < 1e-6
     assert gpu_check.difference(a, b[:1]) == {"shapes": [[6], [3]]}
+    # bit patterns, as the check compares them: -0.0 against 0.0 and two NaN payloads differ, by nothing
+    signed = np.array([0.0, 1.0, np.nan], dtype=np.float32)
+    flipped = np.array([-0.0, 1.0, np.nan], dtype=np.float32)
+    flipped[2:].view(np.uint32)[:] |= 1  # another NaN payload
+    assert gpu_check.difference(signed, flipped) == {
+        "differing": 2, "of": 3, "max_abs": 0.0, "first_index": 0, "nan": 1
+    }  # fmt: skip
+    half = np.array([0.0, 2.0], dtype=np.float16)
+    assert gpu_check.difference(half, -half)["differing"] == 2  # f16 (P2's outputs) at their own width
     phases = {"P3": {"mini": {**GOOD, "bitwise": {"=in_batch": False}, "differences": {"=in_batch": d}}}}
     text = gpu_check.summary(phases)
     assert "bitwise checks that failed" in text and "mini =in_batch: 1 of 6 values differ" in text
+    nan = {"=graph": gpu_check.difference(signed, flipped)}
+    assert "toy =graph: 2 of 3 values differ, by up to 0 (1 with a NaN)" in gpu_check.summary(
+        {"P3": {"toy": {**GOOD, "differences": nan}}}
+    )
     assert "bitwise checks that failed" not in gpu_check.summary({"P3": {"mini": GOOD}})
 
 
@@ -282,3 +295,12 @@ def test_p1_reports_the_row_counts_serving_never_passes_beside_its_verdict():
     assert "tri: 2 of 2 shapes" in text and "tri: 2 of 2 shapes (" not in text
     assert all(m in gpu_check.served_counts(dry=False) for m in (4, 16, 128, 1024, 8192))
     assert not {1, 2, 3, 17, 100, 129} & set(gpu_check.served_counts(dry=False))
+
+
+def test_the_table_names_a_cublas_setting_that_did_not_take():
+    ok = {"allow_tf32": False, "allow_fp16_reduced_precision_reduction_split_k": False}
+    assert gpu_check.settings_lines(ok) == [] and gpu_check.settings_lines({}) == []
+    (line,) = gpu_check.settings_lines({**ok, "allow_fp16_reduced_precision_reduction_split_k": True})[1:]
+    assert "did not take effect" in line and "split_k" in line
+    wrong = {"P0": {"cublas_settings": {"allow_fp16_accumulation": True}}}
+    assert "allow_fp16_accumulation" in gpu_check.summary(wrong)
