@@ -136,6 +136,9 @@ class DeviceWeights:
                 kind, array = f.tensor(key)
                 rows = np.asarray(array[list(letter_ids)])
                 rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
-                head[: len(letter_ids)] = torch.from_numpy(rows).to(self.dtype).float().to(self.device)
+                host = torch.from_numpy(rows).to(self.dtype).float()  # the compute dtype's rounding, on the host
+                if self.device.type == "cuda":  # pinned, so the copy does not wait for the forward in flight
+                    host = host.pin_memory()
+                head[: len(letter_ids)].copy_(host, non_blocking=True)
             self._letters[letter_ids] = head
         return self._letters[letter_ids]
