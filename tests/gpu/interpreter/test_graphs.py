@@ -221,6 +221,15 @@ def test_a_failed_capture_serves_the_forward_eagerly_and_stops_capturing(graphed
     assert "capturing stopped" in graphed.describe()["cuda_graphs"] and "capture at bucket" in caplog.text
 
 
+def test_a_position_past_the_rope_table_is_refused_before_the_device(plain):
+    """The RoPE kernel reads cos/sin at a token's position without a mask: past the table it would read other memory
+    on a GPU, silently. The engine's length check keeps requests inside; the backend refuses what slips past it."""
+    b = batch(LETTERS[3])
+    run_to_end(plain.run(replace(b, positions=b.positions + (TOY.max_position_embeddings - 1 - b.positions.max()))))
+    with pytest.raises(ValueError, match="past the model's 256 positions"):
+        run_to_end(plain.run(replace(b, positions=b.positions + TOY.max_position_embeddings)))
+
+
 def test_a_preemptible_pass_runs_eagerly_even_where_a_graph_is_captured(graphed, plain):
     """The long lane's pass must pause between layers: it runs the eager layers, not the bucket's graph."""
     graphed.graphs.clear()

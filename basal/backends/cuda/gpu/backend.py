@@ -241,6 +241,9 @@ class GpuBackend:
     def prepare(self, batch: PackedBatch, pad_to: int = 0) -> Prepared:
         """The forward's host work, done before the device is taken (the pipeline calls it while packing): the
         tile plan and the metadata blob. Under the gate only a copy of the blob is left."""
+        table = self.net.cos.shape[0]
+        if batch.n_tokens and int(batch.positions.max()) >= table:  # RoPE reads its table unmasked, by position
+            raise ValueError(f"a token at position {int(batch.positions.max())} is past the model's {table} positions")
         layout = self._layout(batch, pad_to)
         blob = np.zeros(layout.size, dtype=np.int32)
         pack_blob(batch, plan_tiles(batch, self.net.prefix_rows, self.net.tokens_per_tile), layout, blob)
