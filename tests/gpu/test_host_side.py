@@ -281,7 +281,10 @@ def _preparer(tokens_per_tile: int):
     pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
     from basal.backends.cuda.gpu.backend import GpuBackend
 
-    be = SimpleNamespace(net=SimpleNamespace(prefix_rows={}, tokens_per_tile=tokens_per_tile), _prefix_version=0)
+    net = SimpleNamespace(
+        prefix_rows={}, tokens_per_tile=tokens_per_tile, cfg=SimpleNamespace(max_position_embeddings=8192)
+    )
+    be = SimpleNamespace(net=net, _prefix_version=0)
     be._layout = functools.partial(GpuBackend._layout, be)
     return functools.partial(GpuBackend.prepare, be)
 

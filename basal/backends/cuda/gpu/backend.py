@@ -241,8 +241,8 @@ class GpuBackend:
     def prepare(self, batch: PackedBatch, pad_to: int = 0) -> Prepared:
         """The forward's host work, done before the device is taken (the pipeline calls it while packing): the
         tile plan and the metadata blob. Under the gate only a copy of the blob is left."""
-        table = self.net.cos.shape[0]
-        if batch.n_tokens and int(batch.positions.max()) >= table:  # RoPE reads its table unmasked, by position
+        table = self.net.cfg.max_position_embeddings  # the RoPE table's rows, which its kernel reads unmasked
+        if batch.n_tokens and int(batch.positions.max()) >= table:
             raise ValueError(f"a token at position {int(batch.positions.max())} is past the model's {table} positions")
         layout = self._layout(batch, pad_to)
         blob = np.zeros(layout.size, dtype=np.int32)
