@@ -23,7 +23,6 @@ import random
 import signal
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -97,15 +96,9 @@ class Report:
         """Whole or not at all: a temporary file of its own, then os.replace. The SIGTERM handler writes the report
         too, possibly while this method runs; it raises once it has written, so this write never reaches its
         replace, and its unfinished temporary file is never the one renamed over the report."""
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            os.fchmod(fd, 0o644)  # as a plain write would leave it (mkstemp makes it 0600)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self.data, indent=1))
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        from basal.core.atomic_file import write_text_atomic
+
+        write_text_atomic(self.path, json.dumps(self.data, indent=1))
 
 
 class Interrupted(BaseException):

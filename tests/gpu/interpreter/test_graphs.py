@@ -126,23 +126,6 @@ def test_an_eager_pass_paused_between_layers_keeps_its_own_metadata(two_layers):
     assert run_to_end(steps).tobytes() == alone.tobytes()
 
 
-class LaggingEvent(DoneEvent):
-    """An event still pending at its first query after a record, as on a device busy with the pass."""
-
-    def __init__(self):
-        self.polls = 0
-
-    def record(self, stream=None) -> None:
-        self.polls = 0
-
-    def query(self) -> bool:
-        self.polls += 1
-        return self.polls > 1
-
-    def synchronize(self) -> None:
-        self.polls = 2
-
-
 class DeviceEvent(DoneEvent):
     """An event as CUDA has it: complete until recorded, then pending at its next query (a device still busy) unless
     synchronised."""
@@ -183,7 +166,7 @@ def test_forwards_in_flight_together_keep_their_bits(graphed, plain, monkeypatch
     one before waits for its readback (two staging slots out at once), through the eager pass, the capture and the
     replay; each gives the bits it gives alone."""
     graphed.graphs.clear()
-    monkeypatch.setattr(graphed, "slots", StagingSlots(graphed._host_buffers, LaggingEvent))
+    monkeypatch.setattr(graphed, "slots", StagingSlots(graphed._host_buffers, DeviceEvent))
     batches = [batch(LETTERS[3], seed=s) for s in (1, 2, 3)]
     alone = [run_to_end(plain.run(b)) for b in batches]
     results, busy = {}, []

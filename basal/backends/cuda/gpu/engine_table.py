@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from basal.core.atomic_file import write_text_atomic
 from basal.core.home import cache_dir
 
 log = logging.getLogger(__name__)
@@ -118,16 +117,7 @@ class EngineTable:
     def save(self, path: Path) -> None:
         """Written whole or not at all: a temporary file of this call's own, then a rename (two servers starting
         at once each write theirs; the last rename wins, and no reader sees a torn file)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, self.to_json())
 
 
 def table_path(dtype: str) -> Path:
