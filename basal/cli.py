@@ -251,7 +251,7 @@ def _bench(a: argparse.Namespace) -> int:
             "gemm_limit": bench.limit.as_dict() if bench.limit else None,
             "transformers_baseline": {"device": hf_device, "dtype": hf_dtype} if bench.transformers else None,
             # threads, GEMM chunks, compiled CPU kernels: how the numbers were computed (torch backend)
-            "compute": bench.backend.describe() if hasattr(bench.backend, "describe") else None,
+            "compute": bench.backend.describe(),
         }
         out = Path(a.out)
         for i, name in enumerate(names):

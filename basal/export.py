@@ -112,9 +112,8 @@ def export_records(
         described["prefix_cache"] = False
     if backend_options:
         described["options"] = dict(sorted(backend_options.items()))
-    if hasattr(loaded, "describe"):  # threads, GEMM chunks, ...: what `basal compare` shows when bits differ
-        skip = ("backend", "device", "dtype")
-        described["compute"] = {k: v for k, v in loaded.describe().items() if k not in skip}
+    skip = ("backend", "device", "dtype")  # threads, GEMM chunks, ...: what `basal compare` shows when bits differ
+    described["compute"] = {k: v for k, v in loaded.describe().items() if k not in skip}
     inputs_section = {"path": requests.name, "sha256": file_sha256(requests), "count": len(inputs)}
     manifest = build_manifest(model, described, batching, inputs_section, device_name(loaded))
     exporter = Exporter(model, loaded, batching, prefix_cache=prefix_cache)

@@ -13,7 +13,7 @@ from basal.api.handling import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.base import load_backend
 from basal.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
-from basal.core.engine import Engine, Engines, EngineSettings
+from basal.core.engine import Engine, Engines, EngineSettings, EnginesFront
 from basal.core.errors import ModelDirError
 from basal.core.gate import Gate
 from basal.core.memory import freeze_startup_heap
@@ -87,8 +87,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
             started = time.perf_counter()
             with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
                 backend = load_backend(model, spec.backend, spec.dtype)
-            warm_up = getattr(backend, "warm_up", None)  # the GPU path: CUDA graphs of the common buckets
-            graphs = " and CUDA graphs" if warm_up is not None else ""
+            graphs = " and CUDA graphs" if backend.device.startswith("cuda") else ""  # the GPU path warms up
             with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
                 pipeline = Pipeline(
                     model,
@@ -97,8 +96,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                     tree_max_tokens=spec.tree_max_tokens,
                     large_choice=spec.large_choice,
                 )
-                if warm_up is not None:
-                    warm_up()  # after the prefixes: setting a prefix drops every graph
+                backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
@@ -147,14 +145,14 @@ def serve(config: ServeConfig) -> None:
     listen(build_engines(config, progress=True), config)
 
 
-def listen(engines: Engines, config: ServeConfig, where: str = "") -> None:
+def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
     app = create_app(engines, api_settings(config))
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s",
         config.host,
         config.port,
-        ", ".join(engines.engines),
+        ", ".join(engines.names),
         engines.default,
         where,
     )

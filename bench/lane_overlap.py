@@ -36,6 +36,7 @@ class SimulatedDevice:
     logits are zeros)."""
 
     name, device, dtype = "simulated", "simulated", "f16"
+    reads_hidden_states = False
 
     def __init__(self, model, floor_s: float, token_s: float, overlap: bool):
         self.model, self.floor_s, self.token_s, self.overlap = model, floor_s, token_s, overlap
@@ -45,7 +46,19 @@ class SimulatedDevice:
     def prefix(self, key, tokens) -> None:
         pass
 
-    def run(self, batch):
+    def prepare(self, batch) -> None:
+        return None
+
+    def run_with_hidden(self, batch):
+        raise RuntimeError("the simulated device reads no hidden states")
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
+
+    def warm_up(self) -> int:
+        return 0
+
+    def run(self, batch, prepared=None, preemptible=False):
         seconds = max(self.floor_s, self.token_s * batch.n_tokens)  # a roofline: weights read once, or compute
         done_at = max(time.perf_counter(), self.busy_until) + seconds
         self.busy_until = done_at

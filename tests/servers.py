@@ -17,9 +17,10 @@ from basal.core.gate import Gate
 from basal.core.metrics import Metrics
 from basal.core.model_dir import ModelDir
 from basal.core.pipeline import Pipeline
+from tests.stub_backend import FakeBackend
 
 
-class SlowBackend:
+class SlowBackend(FakeBackend):
     """The torch backend made slow enough to schedule around: a pause of `layer_s` at every layer boundary, or
     (`in_layer=True`) at every pause point inside a layer too, so that one layer alone takes long. Records every
     pause as (inside a layer, perf_counter at the pause, perf_counter at the resume). `on_pause`, if set, is called
@@ -48,7 +49,7 @@ class SlowBackend:
     def prefix(self, key, tokens):
         self.inner.prefix(key, tokens)
 
-    def run(self, batch):
+    def run(self, batch, prepared=None, preemptible=False):
         self.batches.append(batch.n_tokens)
         steps = self.inner.run(batch)
         while True:

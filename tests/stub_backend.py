@@ -17,7 +17,27 @@ from basal.core.tree import PackedBatch
 Rule = Callable[[str, int], Sequence[float]]
 
 
-class StubBackend:
+class FakeBackend:
+    """The members of `Backend` that a test double has nothing to do for: no host preparation, no warm-up, no
+    hidden states. A double subclasses it and writes `prefix` and `run`."""
+
+    name, device, dtype = "fake", "cpu", "f32"
+    reads_hidden_states = False
+
+    def prepare(self, batch: PackedBatch) -> None:
+        return None
+
+    def run_with_hidden(self, batch: PackedBatch):
+        raise RuntimeError(f"the {self.name} test backend reads no hidden states")
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": self.name, "device": self.device, "dtype": self.dtype}
+
+    def warm_up(self) -> int:
+        return 0
+
+
+class StubBackend(FakeBackend):
     name, device, dtype = "stub", "cpu", "f32"
 
     def __init__(self, model: ModelDir, rule: Rule):
@@ -38,7 +58,7 @@ class StubBackend:
             ids += batch.tokens[start:end].tolist()
         return self.model.tokenizer._tk.decode(ids, skip_special_tokens=False)
 
-    def run(self, batch: PackedBatch):
+    def run(self, batch: PackedBatch, prepared=None, preemptible=False):
         out = np.full((len(batch.readouts), len(batch.letter_ids)), -1e4, dtype=np.float32)
         for r, flat in enumerate(batch.readouts):
             prompt = self._prompt(batch, int(flat))

@@ -23,7 +23,7 @@ from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
 from basal.core.capabilities import capabilities
 from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
-from basal.core.engine import Engines
+from basal.core.engine import EnginesFront
 from basal.core.errors import RequestError
 from basal.core.pipeline import model_resolver
 
@@ -34,23 +34,18 @@ METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
 METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAML: metrics: true)."
 
 
-def compute_info(engines: Engines, name: str) -> dict[str, object]:
-    """Backend, device, dtype and (torch) the GEMM row-chunk plans: what decides the bits of this model's answers."""
-    backend = engines.engines[name].pipeline.backend
-    describe = getattr(backend, "describe", None)
-    return describe() if describe else {"backend": backend.name, "device": backend.device, "dtype": backend.dtype}
-
-
-def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
+def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
     settings = settings or ApiSettings()
-    names = list(engines.engines)
+    names = engines.names
     resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
     limits, keys = settings.limits, bool(settings.api_keys)
+    evidence: dict[str, bool] = {}
 
     def serves_evidence(name: str) -> bool:
-        """The model's engine runs in this process with an evidence head (a Ray front's replicas: not known here)."""
-        pipeline = getattr(engines.engines.get(name), "pipeline", None)
-        return bool(pipeline is not None and pipeline.serves_evidence)
+        """Whether the model serves `evidence: true` (asked of the front once per model)."""
+        if name not in evidence:
+            evidence[name] = engines.model_info(name).serves_evidence
+        return evidence[name]
 
     @post(
         "/v1/systemone",
@@ -115,15 +110,15 @@ def create_app(engines: Engines, settings: ApiSettings | None = None, on_shutdow
             {
                 "models": [
                     {
-                        "name": n,
+                        "name": info.name,
                         "release_date": settings.release_date,
-                        "description": settings.descriptions.get(n, DESCRIPTION),
+                        "description": settings.descriptions.get(info.name, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
-                        **capabilities(engines.engines[n].pipeline.model, serves_evidence(n)),
-                        "compute": compute_info(engines, n),
+                        **capabilities(info),
+                        "compute": info.compute,
                     }
-                    for n in names
+                    for info in map(engines.model_info, names)
                 ]
             }
         )

@@ -22,7 +22,7 @@ from litestar import Request, Response
 from basal.api.body import ClientGone, check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response
 from basal.core.contract import DecisionRequest, decode_body
-from basal.core.engine import Cancelled, Engines, Result
+from basal.core.engine import Cancelled, EnginesFront, Result
 from basal.core.limits import DEFAULT_LIMITS, Limits
 
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
@@ -113,7 +113,7 @@ async def _plan(
 async def decide(
     request: Request,
     dialect: str,
-    engines: Engines,
+    engines: EnginesFront,
     settings: ApiSettings,
     parse: Callable[[Any], DecisionRequest],
 ) -> Response:

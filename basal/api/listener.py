@@ -17,7 +17,7 @@ import uvicorn
 from litestar import Litestar
 
 from basal.api.protocol import guarded_protocol
-from basal.core.engine import Engines
+from basal.core.engine import EnginesFront
 from basal.core.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def server_config(app: Litestar, host: str, port: int, limits: Limits = DEFAULT_
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engines: Engines, grace_s: float = 30.0):
+    def __init__(self, config: uvicorn.Config, engines: EnginesFront, grace_s: float = 30.0):
         super().__init__(config)
         self.engines, self.grace_s = engines, grace_s
 

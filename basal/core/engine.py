@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from basal.core.large_choice import is_large, prompt_count
 from basal.core.limits import DEFAULT_LIMITS, Limits
 from basal.core.memory import release_free_memory
 from basal.core.metrics import Metrics
+from basal.core.model_dir import Calibration
 from basal.core.overlap import QUEUED
 from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item
@@ -72,6 +73,69 @@ class Result:
     compute_ms: float
     batch_requests: int
     replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One served model as the HTTP layer sees it, whichever front serves it: what `/v1/models` tells and what the
+    request parsers check. Plain data, so that a Ray replica can send it to the front."""
+
+    name: str
+    calibration: Calibration
+    serves_evidence: bool  # an evidence head, and a backend that reads hidden states
+    compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
+
+
+class EnginesFront(Protocol):
+    """What the HTTP layer needs of the engines behind it: served names, model facts, admission, answers, and the
+    process's state. `Engines` (one process) and `basal.deploy.ingress.RayEngines` (Ray Serve) implement it; the
+    HTTP layer never reaches past it."""
+
+    default: str
+    metrics: Metrics
+    max_inflight: int
+    closed: bool
+    draining: bool
+
+    @property
+    def names(self) -> list[str]:
+        """Served model names, in configuration order."""
+        ...
+
+    @property
+    def inflight(self) -> int:
+        """Requests holding a `slot()` now."""
+        ...
+
+    def model_info(self, name: str) -> ModelInfo:
+        """The facts of one served model (a name from `names`)."""
+        ...
+
+    def slot(self) -> AbstractContextManager[None]:
+        """One of `max_inflight` places; raises Overloaded (529) or EngineClosed (503) at once."""
+        ...
+
+    def begin_drain(self) -> None:
+        """Shutdown has begun: refuse new requests (503), let /health say "draining", finish what runs."""
+        ...
+
+    def ready(self) -> bool:
+        """Every model can answer."""
+        ...
+
+    def start(self) -> None:
+        """Start what computes (the lanes); called once the app starts."""
+        ...
+
+    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
+        """Stop taking requests; finish (drain) or fail what is queued."""
+        ...
+
+    async def run(
+        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+    ) -> Result:
+        """Answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -436,6 +500,14 @@ class Engines(InflightLimit):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
         self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.engines)
+
+    def model_info(self, name: str) -> ModelInfo:
+        pipeline = self.engines[name].pipeline
+        return ModelInfo(name, pipeline.model.calibration, pipeline.serves_evidence, pipeline.backend.describe())
 
     def start(self) -> None:
         for engine in self.engines.values():

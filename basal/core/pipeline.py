@@ -104,7 +104,7 @@ class Pipeline:
     @property
     def serves_evidence(self) -> bool:
         """The model has an evidence head and the backend reads hidden states (`run_with_hidden`)."""
-        return self.model.evidence_head is not None and hasattr(self.backend, "run_with_hidden")
+        return self.model.evidence_head is not None and self.backend.reads_hidden_states
 
     def tokenize_items(
         self, items: Sequence[Item], evidence: dict[int, StateTokens | None] | None = None
@@ -194,9 +194,7 @@ class Pipeline:
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
-        prepare = getattr(self.backend, "prepare", None)  # the GPU path: tile plan and metadata blob
-        if prepare is not None:
-            forwards = [f if f.hidden_of else replace(f, prepared=prepare(f.batch)) for f in forwards]
+        forwards = [f if f.hidden_of else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards]
         if stats is not None:
             stats.pack_ms += (time.perf_counter() - t0) * 1000
         return forwards
@@ -234,10 +232,8 @@ class Pipeline:
     def _run(self, f: Forward, preemptible: bool):
         """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
         if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
-            return self.backend.run_with_hidden(f.batch)  # type: ignore[attr-defined]
-        if f.prepared is not None:  # the GPU path (it prepares): graphs, unless the pass must be able to pause
-            return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)  # type: ignore[call-arg]
-        return self.backend.run(f.batch)
+            return self.backend.run_with_hidden(f.batch)
+        return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
 
     def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
         """Answer a planned request (no pausing, no batching with other requests)."""

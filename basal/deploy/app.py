@@ -91,8 +91,9 @@ def start(config: ServeConfig) -> RayEngines:
             log.info("deploying %s on Ray Serve", name)
             serve.run(model_deployment(config, spec, name), name=app_name(name), route_prefix=None)
         handles[name] = serve.get_deployment_handle(app_name(name), app_name=app_name(name))
+    infos = {name: handle.model_info.remote().result() for name, handle in handles.items()}
     default = config.default_model or names[0]
-    return RayEngines(handles, default, config.max_inflight, ray_cfg.affinity_min_chars, _ready_check(names))
+    return RayEngines(handles, infos, default, config.max_inflight, ray_cfg.affinity_min_chars, _ready_check(names))
 
 
 def _ready_check(names: list[str], every_s: float = 1.0):

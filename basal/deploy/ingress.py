@@ -17,7 +17,7 @@ from typing import Any
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from basal.core.contract import DecisionRequest
-from basal.core.engine import Cancelled, EngineClosed, InflightLimit, Result
+from basal.core.engine import Cancelled, EngineClosed, InflightLimit, ModelInfo, Result
 from basal.core.metrics import Metrics
 from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
 from basal.deploy.replica import ReplicaAnswer
@@ -29,22 +29,31 @@ RETRYABLE = (RayActorError, ActorUnavailableError)
 
 
 class RayEngines(InflightLimit):
-    """Deployment handles by served model name, behind the interface of `Engines`."""
+    """Deployment handles by served model name, behind `EnginesFront` (as `Engines` in one process). `infos`: each
+    model's facts, as one of its replicas reported them at start."""
 
     def __init__(
         self,
         handles: dict[str, Any],
+        infos: dict[str, ModelInfo],
         default: str,
         max_inflight: int = 1024,
         affinity_min_chars: int = AFFINITY_MIN_CHARS,
         ready: Callable[[], bool] = lambda: True,
     ):
         super().__init__(max_inflight)
-        self.engines, self.default = handles, default
+        self.handles, self.infos, self.default = handles, infos, default
         self.metrics = Metrics(max_inflight)
         self.affinity_min_chars = affinity_min_chars
         self._ready = ready
         self.retries = 0
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.handles)
+
+    def model_info(self, name: str) -> ModelInfo:
+        return self.infos[name]
 
     def start(self) -> None:
         """Replicas are started by Ray Serve before the front listens."""
@@ -64,7 +73,7 @@ class RayEngines(InflightLimit):
         if self.closed:
             raise EngineClosed("the server is shutting down")
         key = affinity_key(request, self.affinity_min_chars)
-        handle = self.engines[request.model]
+        handle = self.handles[request.model]
 
         async def call() -> Result:
             answer: ReplicaAnswer = await _cancellable(handle.decide.remote(request, affinity=key), cancelled)

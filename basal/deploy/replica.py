@@ -16,7 +16,7 @@ import msgspec
 
 from basal.config import ServeConfig
 from basal.core.contract import BasalResponse, DecisionRequest, SystemOneResponse
-from basal.core.engine import Cancelled, EngineClosed, Overloaded, Result
+from basal.core.engine import Cancelled, EngineClosed, ModelInfo, Overloaded, Result
 from basal.core.errors import RequestError
 from basal.core.memory import freeze_startup_heap
 
@@ -82,6 +82,10 @@ class BasalReplica:
         except EngineClosed as e:
             return ReplicaAnswer(self.name, error=("closed", str(e)))
         return ReplicaAnswer(self.name, result.response, result.queue_ms, result.compute_ms, result.batch_requests)
+
+    def model_info(self) -> ModelInfo:
+        """The facts of this replica's model, for the front's `/v1/models` and request checks."""
+        return self.engines.model_info(self.engines.default)
 
     def stats(self) -> dict[str, Any]:
         """Counters of this replica (benchmarks and tests): jobs, batches, tokens computed vs in the prompts."""

@@ -111,12 +111,11 @@ def test_backend_reports_its_plans(demo_model):
 
 
 def test_models_endpoint_and_doctor_report_the_plans(demo_model):
-    from basal.api.app import compute_info
     from basal.doctor import chunk_lines
     from tests.servers import make_engines
 
     engines = make_engines(demo_model)
-    info = compute_info(engines, demo_model.name)
+    info = engines.model_info(demo_model.name).compute
     assert info["backend"] == "torch" and isinstance(info["gemm_chunks"], dict) and info["gemm_chunks"]
     lines = chunk_lines(info)
     assert len(lines) == len(info["gemm_chunks"]) and all("rows (" in line for line in lines)

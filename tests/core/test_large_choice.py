@@ -21,6 +21,7 @@ from basal.core.pipeline import Pipeline, Stats
 from basal.core.prompt import Item, option_orders
 from basal.core.rounds import Rounds
 from tests.conftest import DATA
+from tests.stub_backend import FakeBackend
 
 VECTORS = [json.loads(line) for line in (DATA / "extensions" / "large_choice.jsonl").read_text().splitlines() if line]
 
@@ -107,7 +108,7 @@ def test_fit_of_uniform_groups_is_uniform():
 # The pipeline vector, end to end: a stub backend answers every prompt with the recorded letter probabilities.
 
 
-class RecordedBackend:
+class RecordedBackend(FakeBackend):
     """Answers a prompt with the letter logits log(p) recorded for its exact token ids; any other prompt fails."""
 
     name, device, dtype = "recorded", "cpu", "f64"
@@ -120,7 +121,7 @@ class RecordedBackend:
     def prefix(self, key, tokens):
         self.prefixes[key] = tuple(tokens)
 
-    def run(self, batch):
+    def run(self, batch, prepared=None, preemptible=False):
         rows = []
         for r in batch.readouts:
             chain = batch.chain(int(batch.block_of[r]))

@@ -82,7 +82,7 @@ class QueueingStub(StubBackend):
         super().__init__(model, uniform)
         self.log: list[str] = []
 
-    def run(self, batch):
+    def run(self, batch, prepared=None, preemptible=False):
         self.log.append(f"launch {batch.n_tokens}")
         steps = super().run(batch)
         yield QUEUED

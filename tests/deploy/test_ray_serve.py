@@ -78,6 +78,31 @@ def test_answers_over_ray_equal_one_process_bit_for_bit(ray_url, demo_model):
     assert alone[-1][0] == 422
 
 
+def test_models_over_ray_describe_what_one_process_describes(ray_url, demo_model):
+    """`GET /v1/models` on the Ray front: the capabilities one process announces, and the replica's compute."""
+    with live_server(make_engines(demo_model)) as local_url:
+        alone = httpx.get(local_url + "/v1/models", timeout=60)
+    over_ray = httpx.get(ray_url + "/v1/models", timeout=60)
+    assert over_ray.status_code == alone.status_code == 200
+    (ray_model,), (local_model,) = over_ray.json()["models"], alone.json()["models"]
+    ray_compute, local_compute = ray_model.pop("compute"), local_model.pop("compute")
+    assert ray_model == local_model and ray_model["evidence"] is True
+    same = ("backend", "device", "dtype", "gemm_chunks")  # threads: Ray gives a replica its own CPU count
+    assert {k: ray_compute[k] for k in same} == {k: local_compute[k] for k in same}
+
+
+def test_evidence_over_ray_equals_one_process(ray_url, demo_model):
+    body = {
+        "model": MODEL,
+        "state": LONG[2],
+        "questions": {"refund": {"type": "noul", "instructions": "Czy należy się zwrot?", "evidence": True}},
+    }
+    with live_server(make_engines(demo_model)) as local_url:
+        alone = comparable(httpx.post(local_url + "/v1/basal", json=body, timeout=120))
+    over_ray = comparable(httpx.post(ray_url + "/v1/basal", json=body, timeout=120))
+    assert over_ray == alone and alone[0] == 200 and alone[1]["answers"]["refund"]["evidence"]
+
+
 def test_the_official_sdk_over_ray(ray_url):
     from typesafe_sdk import Noul, RetryPolicy, TypeSafeClient
 
@@ -111,7 +136,7 @@ def test_a_saturated_preferred_replica_spills_to_the_other(ray_url):
 
 
 def test_the_fronts_inflight_limit_answers_529(cluster):
-    tight = RayEngines(cluster.engines, cluster.default, max_inflight=1)
+    tight = RayEngines(cluster.handles, cluster.infos, cluster.default, max_inflight=1)
     body = {
         "model": MODEL,
         "state": LONG[1],

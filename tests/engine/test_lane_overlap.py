@@ -20,12 +20,13 @@ from basal.core.metrics import Metrics
 from basal.core.overlap import QUEUED
 from basal.core.pipeline import Pipeline
 from tests.engine.test_scheduling import request
+from tests.stub_backend import FakeBackend
 
 DEMO = "basal-synthetic-demo"
 WAIT_S = 10.0
 
 
-class AsyncDevice:
+class AsyncDevice(FakeBackend):
     """The torch backend as an asynchronous device: a pass computes at its launch and yields QUEUED; its readback
     completes only once the test calls `complete(n)` for it (passes are numbered from 1 in launch order)."""
 
@@ -44,7 +45,7 @@ class AsyncDevice:
         with self.cv:
             self.completed = max(self.completed, n)
 
-    def run(self, batch):
+    def run(self, batch, prepared=None, preemptible=False):
         logits = run_to_end(self.inner.run(batch))
         with self.cv:
             self.launched += 1

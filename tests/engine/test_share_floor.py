@@ -152,7 +152,7 @@ class TimedStub(StubBackend):
         self.long_running = False
         self.shorts_during_long = 0
 
-    def run(self, batch: PackedBatch):
+    def run(self, batch: PackedBatch, prepared=None, preemptible=False):
         if threading.current_thread().name.endswith("-long"):  # the lane threads are named basal-MODEL-LANE
             self.long_running = True
             try:

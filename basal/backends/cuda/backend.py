@@ -32,6 +32,7 @@ def gpu_path_installed() -> bool:
 
 class TorchBackend:
     name = "torch"
+    reads_hidden_states = True
 
     def __init__(
         self, model: ModelDir, dtype: str, device: torch.device, fixed_shapes: bool = True, gemm_chunks: str = "probe"
@@ -102,7 +103,18 @@ class TorchBackend:
         with torch.inference_mode():
             self.net.compute_prefix(key, list(tokens))
 
-    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+    def prepare(self, batch: PackedBatch) -> None:
+        """Nothing: this path reads the packed batch as it is, under the gate."""
+        return None
+
+    def warm_up(self) -> int:
+        """Nothing to warm: the GEMM probe and the compiled CPU kernels ran at load."""
+        return 0
+
+    def run(
+        self, batch: PackedBatch, prepared: None = None, preemptible: bool = False
+    ) -> Generator[None, None, np.ndarray]:
+        """Every pass of this path can pause at any yield, so `preemptible` changes nothing here."""
         with torch.inference_mode():
             t = self.net.inputs(batch)
             tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)

@@ -16,6 +16,7 @@ from basal.core.tree import PackedBatch
 
 class MLXBackend:
     name = "mlx"
+    reads_hidden_states = True
 
     def __init__(self, model: ModelDir, dtype: str, device: str, fixed_shapes: bool = True):
         self.model, self.dtype, self.device = model, dtype, device
@@ -46,7 +47,28 @@ class MLXBackend:
         with mx.stream(self.scope):
             self.net.compute_prefix(key, list(tokens))
 
-    def run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
+    def prepare(self, batch: PackedBatch) -> None:
+        """Nothing: MLX builds its inputs from the packed batch under the gate."""
+        return None
+
+    def warm_up(self) -> int:
+        """Nothing to warm: the Metal kernels compile at load."""
+        return 0
+
+    def describe(self) -> dict[str, object]:
+        """Backend, device, dtype and the MLX version: what decides this backend's bits here."""
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "dtype": self.dtype,
+            "mlx": mx.__version__,
+            "kernels": "metal" if self.device == "metal" else "mlx ops",
+        }
+
+    def run(
+        self, batch: PackedBatch, prepared: None = None, preemptible: bool = False
+    ) -> Generator[None, None, np.ndarray]:
+        """Every pass can pause at any yield, so `preemptible` changes nothing here."""
         return (yield from on_device(self.scope, self._run(batch)))
 
     def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:

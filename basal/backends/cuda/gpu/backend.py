@@ -68,6 +68,7 @@ class Prepared:
 
 class GpuBackend:
     name = "torch"
+    reads_hidden_states = True
 
     def __init__(
         self,
@@ -250,7 +251,7 @@ class GpuBackend:
         return Prepared(layout, blob, self._prefix_version)
 
     def run(
-        self, batch: PackedBatch, pad_to: int = 0, prepared: Prepared | None = None, preemptible: bool = False
+        self, batch: PackedBatch, prepared: Prepared | None = None, preemptible: bool = False, *, pad_to: int = 0
     ) -> Generator[Queued | None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
         `prepared`: what `prepare(batch, pad_to)` returned. `preemptible` (the long lane): eager layers, paced, so

@@ -1,0 +1,42 @@
+"""The Ray front without a cluster: what it decides from its replicas' model facts alone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("ray")
+
+from litestar.testing import TestClient
+
+from basal.api.app import create_app
+from basal.deploy.ingress import RayEngines
+from tests.conftest import golden_records
+from tests.servers import make_engines
+
+EVIDENCE = next(c["request"] for c in golden_records("systemone_cases_1.5.jsonl") if c["id"] == "m15-evidence-noul")
+
+
+class Untouchable:
+    """A deployment handle that fails the test if the front calls a replica."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the front called the replica ({name}) for a request it must refuse itself")
+
+
+@pytest.mark.parametrize("dialect", ["basal", "systemone"])
+def test_evidence_for_a_model_without_a_head_is_refused_at_the_front_as_in_one_process(headless_model, dialect):
+    local = make_engines(headless_model)
+    name = headless_model.name
+    info = local.model_info(name)
+    assert not info.serves_evidence
+    front = RayEngines({name: Untouchable()}, {name: info}, name)
+    request = {**copy.deepcopy(EVIDENCE), "model": name}
+    with TestClient(create_app(local)) as one, TestClient(create_app(front)) as ray_front:
+        alone = one.post(f"/v1/{dialect}", json=request)
+        refused = ray_front.post(f"/v1/{dialect}", json=request)
+        models = ray_front.get("/v1/models")
+    assert refused.status_code == alone.status_code == 422
+    assert refused.json() == alone.json()
+    assert models.status_code == 200 and models.json()["models"][0]["evidence"] is False
