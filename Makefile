@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -c "from basal.backends.cuda import cpu_kernels; print('compiled CPU kernels:', cpu_kernels.status())"
+	$(PY) -c "from basal.backends.cuda.cpu import cpu_kernels; print('compiled CPU kernels:', cpu_kernels.status())"
 	touch $(STAMP)
 
 test: $(STAMP)

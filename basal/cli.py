@@ -15,7 +15,7 @@ def _synth_model(a: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from basal.core.synth import PRESETS, preset_config, synth_model, weights_bytes
+    from basal.core.model.synth import PRESETS, preset_config, synth_model, weights_bytes
 
     cfg = preset_config(a.preset, a.layers, a.bias)
     print(
@@ -52,8 +52,8 @@ def _total_of(bar):
 
 
 def _check_reference(a: argparse.Namespace) -> int:
-    from basal.core.model_dir import ModelDir
-    from basal.core.reference import ReferenceChecker, manifest_temperatures
+    from basal.core.model.model_dir import ModelDir
+    from basal.export.reference import ReferenceChecker, manifest_temperatures
 
     model = ModelDir.load(a.model) if a.model else None
     temps = None if model else manifest_temperatures(Path(a.export[0]))
@@ -73,9 +73,9 @@ def _check_reference(a: argparse.Namespace) -> int:
 
 def _open_model(path: str | None):
     """A model directory, or the built-in demo model (with a plain warning that its answers mean nothing)."""
-    from basal.config import DEMO_PATH
-    from basal.core.model_dir import ModelDir
-    from basal.core.synth import demo_model
+    from basal.core.model.model_dir import ModelDir
+    from basal.core.model.synth import demo_model
+    from basal.serve.config import DEMO_PATH
 
     model = ModelDir.load(path) if path and path != DEMO_PATH else demo_model()
     if model.synthetic:
@@ -91,10 +91,10 @@ def _decide(a: argparse.Namespace) -> int:
 
     import msgspec
 
-    from basal.backends.base import load_backend
-    from basal.core.contract import decode_body, parse_basal, parse_systemone
+    from basal.backends.load import load_backend
+    from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
     from basal.core.errors import RequestError
-    from basal.core.pipeline import Pipeline, Stats, model_resolver
+    from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
 
     from_stdin = a.request in (None, "-")
     body = b"" if from_stdin else Path(a.request).read_bytes()  # a missing file fails before the model loads
@@ -167,17 +167,17 @@ def _facts(a: argparse.Namespace) -> int:
 
 
 def _serve(a: argparse.Namespace) -> int:
-    from basal.backends.cuda.threads import prepare_server_environment
+    from basal.backends.cuda.cpu.threads import prepare_server_environment
 
     prepare_server_environment()  # before torch loads: OpenMP workers sleep between ops (threads.py)
-    from basal.cli_serve import serve_config
-    from basal.server import serve
+    from basal.serve.flags import serve_config
+    from basal.serve.server import serve
 
     config = serve_config(a)
     if a.ray is not None or a.replicas is not None:
         import msgspec
 
-        from basal.config import RayConfig
+        from basal.serve.config import RayConfig
 
         ray = config.ray or RayConfig()
         if a.ray not in (None, "local"):
@@ -212,8 +212,8 @@ def _bench(a: argparse.Namespace) -> int:
     from basal.benchsuite import machine_load
     from basal.benchsuite.report import write
     from basal.benchsuite.suites import SUITES, Bench, model_shape
-    from basal.core.model_dir import ModelDir
-    from basal.core.synth import synth_model
+    from basal.core.model.model_dir import ModelDir
+    from basal.core.model.synth import synth_model
     from basal.progress import Progress
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -280,7 +280,7 @@ def _backend_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(a: argparse.Namespace) -> int:
-    from basal.export import export_records
+    from basal.export.api import export_records
 
     model = _open_model(a.model)
     try:
@@ -305,7 +305,7 @@ def _export(a: argparse.Namespace) -> int:
 
 
 def _compare(a: argparse.Namespace) -> int:
-    from basal.core.compare import compare_files, dumps
+    from basal.export.compare import compare_files, dumps
 
     result = compare_files(a.a, a.b, a.bitwise, a.max_logit_diff, a.allow_different_models)
     print(dumps(result) if a.json else result.table())
@@ -313,14 +313,14 @@ def _compare(a: argparse.Namespace) -> int:
 
 
 def _preset_help() -> str:
-    from basal.core.synth import PRESETS, preset_config, weights_bytes
+    from basal.core.model.synth import PRESETS, preset_config, weights_bytes
 
     sizes = ", ".join(f"{name} {weights_bytes(preset_config(name)) / 2**30:.2g} GiB" for name in PRESETS)
     return f"model shapes (default demo); full-size weights: {sizes}"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from basal.core.synth import PRESETS
+    from basal.core.model.synth import PRESETS
 
     p = argparse.ArgumentParser(prog="basal", description="Serving engine for Basal typed-decision models.")
     p.add_argument("--version", action="version", version=f"basal {__version__}")
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve models over HTTP. Each setting comes from, first to last: a flag given here, the "
         "--config file, the environment (BASAL_ADDR), the default shown below.",
     )
-    from basal.cli_serve import add_serve_flags
+    from basal.serve.flags import add_serve_flags
 
     add_serve_flags(v)
     v.set_defaults(run=_serve)
@@ -454,8 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from basal.config import ConfigError
     from basal.core.errors import ModelDirError
+    from basal.serve.config import ConfigError
 
     a = build_parser().parse_args(argv)
     logging.basicConfig(

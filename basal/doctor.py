@@ -10,12 +10,12 @@ import time
 import numpy as np
 
 from basal import __version__
-from basal.backends.base import DTYPES, load_backend_class
-from basal.core.compute import run_to_end
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.prompt import option_orders, render_prompt
-from basal.core.tree import TokenizedQuestion
+from basal.backends.load import DTYPES, load_backend_class
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import option_orders, render_prompt
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion
 from basal.progress import Progress
 
 PACKAGES = ("torch", "mlx", "numpy", "tokenizers", "safetensors", "msgspec", "litestar", "uvicorn")
@@ -146,7 +146,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
         lines.append("Metal: MLX is not installed")
     lines.append(cuda_line())
     lines += gpu_engine_tables()
-    from basal.backends.cuda import cpu_kernels
+    from basal.backends.cuda.cpu import cpu_kernels
 
     lines.append(f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}")
     if run_checks and model is not None:

@@ -16,7 +16,7 @@ attention loop (bench/tiled_attention.py). "after" is the current code, with the
 Both run on the same loaded weights, alternating, and give the same bits (checked here on every workload).
 Workloads: one question on a ~500-token state; 25 and 50 questions on one ~700-token state; throughput of 4
 concurrent clients (in-process engine) each sending 10 questions on its own ~512-token state. The achieved
-fraction is useful FLOPs per second (`basal.core.flops`) over the combined rate of `F.linear` on 512-row calls of
+fraction is useful FLOPs per second (`basal.benchsuite.flops`) over the combined rate of `F.linear` on 512-row calls of
 the model's weight shapes, measured at the start of the run (`basal.benchsuite.limits`).
 """
 
@@ -35,18 +35,18 @@ from pathlib import Path
 
 import torch
 
-from basal.backends.cuda import cpu_kernels
-from basal.backends.cuda import kernels as K
+from basal.backends.cuda import ops as K
 from basal.backends.cuda.backend import TorchBackend
+from basal.backends.cuda.cpu import cpu_kernels
 from basal.benchsuite import limits
 from basal.benchsuite.workloads import questions, state_of_tokens
-from basal.core.contract import parse_systemone
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.synth import synth_model
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.request.dialects import parse_systemone
 from bench import main_path
 from bench.tiled_attention import tiled_tree_attention
 
@@ -111,7 +111,7 @@ def _request(tok, n_q: int, tokens: int, seed: int, lang: str = "en"):
 
 
 def _logit_bits(pipeline: Pipeline, request) -> bytes:
-    from basal.core.compute import run_to_end
+    from basal.core.packing.backend import run_to_end
 
     logits = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
     return b"".join(o.tobytes() for q in logits for o in q)

@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.contract import parse_systemone
+from basal.core.engine.pipeline import Pipeline
 from basal.core.facts import FactsError, inject
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.synth import PRESETS, Preset, synth_model
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import PRESETS, Preset, synth_model
+from basal.core.request.dialects import parse_systemone
 
 VECTORS = Path(__file__).resolve().parent.parent / "tests" / "data" / "extensions" / "facts.jsonl"
 POSITIONS = 32768

@@ -507,7 +507,7 @@ def blob_count(count, readout_only: bool, device):
     readout count, 4 bytes in, runs another compiled variant than a tensor of its own would."""
     import torch
 
-    from basal.core.tile_plan import COUNTS
+    from basal.core.packing.tile_plan import COUNTS
 
     i = 1 if readout_only else 0
     counts = torch.zeros(COUNTS, dtype=torch.int32, device=device)
@@ -550,7 +550,7 @@ def synthetic_backend(size: str, device, dry: bool):
 
     from basal.backends.cuda.gpu.backend import GpuBackend
     from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-    from basal.core.model_dir import LlamaConfig
+    from basal.core.model.model_dir import LlamaConfig
 
     hidden, inter, layers, heads, kv = (TOY | SHAPES)[size]
     hd = 16 if dry else 128
@@ -560,7 +560,7 @@ def synthetic_backend(size: str, device, dry: bool):
 
 
 def questions(n: int, rng: random.Random, prefix: tuple[int, ...], state_len: int, vocab: int):
-    from basal.core.tree import TokenizedQuestion
+    from basal.core.packing.tree import TokenizedQuestion
 
     out = []
     for _ in range(n):
@@ -617,8 +617,8 @@ def release_memory(device) -> None:
 
 def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
     """decisions/s of one forward over `qs`, after an eager and a capturing warm-up (the replays are timed)."""
-    from basal.core.compute import run_to_end
-    from basal.core.tree import plan_forwards
+    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.tree import plan_forwards
 
     (fwd,) = plan_forwards(qs, letters, {"en": prefix})
     for _ in range(0 if dry else 2):
@@ -628,10 +628,10 @@ def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
 
 
 def overlap_check(be, batch, reference, device, dry: bool) -> dict:
-    """Single decisions back to back, one after the other vs two in flight (core/overlap.py: the next forward is
+    """Single decisions back to back, one after the other vs two in flight (core/packing/passes.py: the next forward is
     queued before the last one's readback is waited for): the bits, and the time per forward of each."""
-    from basal.core.compute import run_to_end
-    from basal.core.overlap import overlapped
+    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import overlapped
 
     k, results = (2 if dry else 8), {}
     k_sequential = 1 if dry else k  # the dry run times one (its ratio means nothing there)
@@ -658,8 +658,8 @@ def overlap_check(be, batch, reference, device, dry: bool) -> dict:
 def interleave_check(be, single, batched, single_ref, batched_ref) -> bool:
     """The engine's hardest case on the device, in one thread: a long-lane pass (eager, paced) paused between
     layers while main-lane passes replay their graph with two in flight; every result keeps its alone bits."""
-    from basal.core.compute import run_to_end
-    from basal.core.overlap import overlapped
+    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import overlapped
 
     long = be.run(batched, preemptible=True)
     next(long)  # its first layer queued: it pauses there, as the long lane steps aside
@@ -676,8 +676,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
     and 4k tokens per forward."""
     import numpy as np
 
-    from basal.core.compute import run_to_end
-    from basal.core.tree import plan_forwards
+    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.tree import plan_forwards
 
     started = time.perf_counter()
     be = synthetic_backend(size, device, dry)
@@ -757,13 +757,13 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
 
     import numpy as np
 
-    from basal.backends.base import load_backend
     from basal.backends.cuda.backend import TorchBackend
     from basal.backends.cuda.gpu.backend import GpuBackend
-    from basal.core.compute import run_to_end
-    from basal.core.model_dir import ModelDir
-    from basal.core.synth import synth_model
-    from basal.core.tree import plan_forwards
+    from basal.backends.load import load_backend
+    from basal.core.model.model_dir import ModelDir
+    from basal.core.model.synth import synth_model
+    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.tree import plan_forwards
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check_model.") as tmp:

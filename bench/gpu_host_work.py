@@ -16,8 +16,8 @@ import numpy as np
 
 from basal.backends.cuda.gpu.buckets import layout_for
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
-from basal.core.tile_plan import pack_blob, plan_tiles
-from basal.core.tree import plan_forwards
+from basal.core.packing.tile_plan import pack_blob, plan_tiles
+from basal.core.packing.tree import plan_forwards
 from bench.gpu_check import questions
 
 

@@ -58,13 +58,13 @@ def short_behind_long(
     max_stream_s: float = 600.0,
 ) -> dict:
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.contract import parse_systemone
-    from basal.core.engine import Engine, Engines, EngineSettings
-    from basal.core.gate import Gate
-    from basal.core.metrics import Metrics
-    from basal.core.model_dir import ModelDir
-    from basal.core.pipeline import Pipeline
-    from basal.core.synth import synth_model
+    from basal.core.engine.engine import Engine, Engines, EngineSettings
+    from basal.core.engine.gate import Gate
+    from basal.core.engine.metrics import Metrics
+    from basal.core.engine.pipeline import Pipeline
+    from basal.core.model.model_dir import ModelDir
+    from basal.core.model.synth import synth_model
+    from basal.core.request.dialects import parse_systemone
 
     home = Path(os.environ.get("BASAL_HOME", Path.home() / ".cache" / "basal")) / f"bench-mini-{layers}l"
     if not (home / "config.json").exists():
@@ -337,7 +337,7 @@ def main() -> None:
     a = p.parse_args()
     print("command: python " + " ".join(sys.argv), flush=True)
     if a.bench == "short-behind-long" and a.floor_compare:
-        from basal.core.gate import DEFAULT_LONG_SHARE
+        from basal.core.engine.gate import DEFAULT_LONG_SHARE
 
         print(json.dumps(floor_compare(a, DEFAULT_LONG_SHARE if a.long_share is None else a.long_share)))
     elif a.bench == "short-behind-long":

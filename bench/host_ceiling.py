@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from basal.core.memory import freeze_startup_heap
+from basal.core.engine.memory import freeze_startup_heap
 from bench.http_speed import healthy, in_process, over_http
 from bench.serve_check import SERVE_BODY
 from tests.servers import free_port
@@ -33,7 +33,7 @@ REQUESTS = {"README request (noul + choice)": SERVE_BODY, "one yes/no question":
 
 def engines_on_simulated_device(floor_ms: float):
     """The demo model's engines over a device whose every forward takes `floor_ms` (two batches in flight)."""
-    from basal.core.synth import demo_model
+    from basal.core.model.synth import demo_model
     from bench.lane_overlap import SimulatedDevice, started_engines
 
     model = demo_model()
@@ -46,8 +46,8 @@ def serve(port: int, floor_ms: float, gc_freeze: bool = True) -> None:
     `gc_freeze=False`, without its freeze of the start-up heap: the baseline)."""
     import logging
 
-    from basal import server
-    from basal.config import ServeConfig
+    from basal.serve import server
+    from basal.serve.config import ServeConfig
 
     logging.basicConfig(level=logging.WARNING)
     if not gc_freeze:

@@ -30,9 +30,9 @@ from pathlib import Path
 import httpx
 
 from basal.benchsuite.workloads import questions, state_of_tokens
-from basal.core.contract import parse_systemone
-from basal.core.model_dir import ModelDir
-from basal.core.synth import synth_model
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.request.dialects import parse_systemone
 from bench.tree_speed import MIX
 from tests.servers import free_port, make_engines
 

@@ -1,4 +1,4 @@
-"""Two batches in flight (core/overlap.py), measured on a simulated asynchronous device — no GPU needed.
+"""Two batches in flight (core/packing/passes.py), measured on a simulated asynchronous device — no GPU needed.
 
 The device computes each queued forward for max(a floor, a time per packed token), in stream order, and its readback is
 ready when that time has passed. Everything on the host is real: the engine's lane, admission, tree packing, the
@@ -20,13 +20,13 @@ import time
 
 import numpy as np
 
-from basal.core.contract import parse_systemone
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.overlap import QUEUED
-from basal.core.pipeline import Pipeline
-from basal.core.synth import demo_model
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.synth import demo_model
+from basal.core.packing.passes import QUEUED
+from basal.core.request.dialects import parse_systemone
 
 POLL_S = 50e-6  # as the GPU path's readback polls (pacing.until_done)
 

@@ -51,18 +51,18 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from basal.backends.cuda import cpu_kernels
+from basal.backends.cuda.cpu import cpu_kernels
 from basal.backends.mlx import native
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
 from basal.backends.mlx.precision import TF32_ERROR, f32_matmul_error
-from basal.core.compute import run_to_end
-from basal.core.decision import distribution
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.prompt import option_orders, render_prompt
-from basal.core.synth import synth_model
-from basal.core.tree import TokenizedQuestion, plan_forwards
+from basal.core.decision.distribution import distribution
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import option_orders, render_prompt
+from basal.core.model.synth import synth_model
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 from bench.serve_check import serve_checks, serve_lines
 
 DEFAULT_REQUESTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "export_requests.jsonl"
@@ -320,8 +320,8 @@ def export_and_compare(
     """`basal export` of the request file with this backend and dtype, and `basal compare` with a CPU f32 export of
     the same requests (written once per model): f32 must agree within the bound; 16-bit is reported (near ties
     may flip there; the enforced 16-bit decision check is `decisions_16_bit`)."""
-    from basal.core.compare import compare_files
-    from basal.export import export_records
+    from basal.export.api import export_records
+    from basal.export.compare import compare_files
 
     exports.mkdir(parents=True, exist_ok=True)
     reference = exports / f"{model.name}-torch-cpu-f32.jsonl"

@@ -1,7 +1,7 @@
 """The torch CPU kernels as main had them before issue 16's second round (the batched tile-span attention, the
 whole-tensor `det_exp`, GEMM chunks joined by `torch.cat`), kept outside the package as the bitwise reference the
 current kernels are tested against (tests/determinism/test_attention_equality.py) and as the "before" of
-`bench/cpu_speed.py`. `installed()` swaps them into `basal.backends.cuda.kernels` for the duration of a block.
+`bench/cpu_speed.py`. `installed()` swaps them into `basal.backends.cuda.ops` for the duration of a block.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from contextlib import contextmanager
 
 import torch
 
-from basal.backends.cuda import kernels as K
-from basal.backends.cuda.gemm_chunks import ChunkPlan
-from basal.backends.cuda.kernels import _EXP_MAX, _EXP_MIN, _EXP_TAYLOR, _LN2_HI, _LN2_LO, _LOG2E, KEY_TILE
-from basal.core.attention_plan import AttentionPlan
-from basal.core.compute import run_to_end
+from basal.backends.cuda import ops as K
+from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+from basal.backends.cuda.ops import _EXP_MAX, _EXP_MIN, _EXP_TAYLOR, _LN2_HI, _LN2_LO, _LOG2E, KEY_TILE
+from basal.core.packing.attention_plan import AttentionPlan
+from basal.core.packing.backend import run_to_end
 
 ATTENTION_SPAN_BYTES = 192 << 20
 ROWS = 64

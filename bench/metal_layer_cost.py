@@ -21,9 +21,9 @@ import mlx.core as mx
 from basal.backends.mlx import model as M
 from basal.backends.mlx import native
 from basal.backends.mlx import ops as O
-from basal.core.compute import run_to_end
-from basal.core.synth import PRESETS
-from basal.core.tree import single_prompt_batch
+from basal.core.model.synth import PRESETS
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import single_prompt_batch
 
 VIEWS = {"Broadcast", "BroadcastAxes", "Reshape", "Slice", "Split", "Transpose", "ExpandDims", "Squeeze", "View"}
 

@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.benchsuite.workloads import state_of_tokens
-from basal.core.contract import parse_basal
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline, Stats
-from basal.core.synth import synth_model
+from basal.core.engine.pipeline import Pipeline, Stats
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.request.dialects import parse_basal
 from bench import report
 
 LABELS = (4, 20, 50)

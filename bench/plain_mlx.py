@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from basal.core.model_dir import ModelDir
+from basal.core.model.model_dir import ModelDir
 
 MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 
 from basal.benchsuite.workloads import state_of_tokens
-from basal.config import parse_config
-from basal.core.model_dir import ModelDir
-from basal.core.synth import synth_model
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.serve.config import parse_config
 from tests.servers import live_server, make_engines
 
 

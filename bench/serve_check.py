@@ -109,7 +109,7 @@ def serve_checks(expect: str, demo: bool, deadline: float = math.inf) -> dict:
     batched with, and a basal-dialect one, with its `x-basal-*` timing headers; then single decisions one after
     another over HTTP, timed. Skipped where its packages are missing (the GPU image: carry them, `make
     gpu-wheels`). `deadline` (perf_counter): the budget it should keep to; a start gets 90 s at least."""
-    from basal.core.synth import synth_model
+    from basal.core.model.synth import synth_model
 
     probe = subprocess.run([sys.executable, "-c", "import " + ", ".join(SERVE_PACKAGES)], capture_output=True)
     if probe.returncode != 0:

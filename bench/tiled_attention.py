@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from basal.backends.cuda.kernels import KEY_TILE, det_exp
+from basal.backends.cuda.ops import KEY_TILE, det_exp
 
 
 def tiled_tree_attention(

@@ -22,10 +22,10 @@ from tqdm import tqdm
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.benchsuite.workloads import questions, state_of_tokens
-from basal.core.contract import parse_systemone
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline, Stats
-from basal.core.synth import synth_model
+from basal.core.engine.pipeline import Pipeline, Stats
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.request.dialects import parse_systemone
 
 MIX = [
     ("1 question, short state", 1, 40),

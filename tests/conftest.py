@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from basal.core.model_dir import ModelDir
-from basal.core.synth import synth_model
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
 
 # the GEMM chunk probe keeps no disk cache in tests (each session probes the demo shapes once, in well under a second)
 os.environ.setdefault("BASAL_GEMM_CACHE", "off")

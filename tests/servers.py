@@ -9,14 +9,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from basal.api.app import create_app
-from basal.api.handling import ApiSettings
+from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
 from tests.stub_backend import FakeBackend
 
 

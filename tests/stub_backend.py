@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from basal.core.model_dir import ModelDir
-from basal.core.tree import PackedBatch
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.tree import PackedBatch
 
 Rule = Callable[[str, int], Sequence[float]]
 

@@ -107,7 +107,7 @@ def test_basal_bench_records_how_it_computed(demo_dir, tmp_path):
     compiled CPU kernels) next to the GEMM limit it measured."""
     import json
 
-    from basal.backends.cuda import cpu_kernels
+    from basal.backends.cuda.cpu import cpu_kernels
     from basal.cli import main
 
     argv = ["bench", "single", "--model", str(demo_dir), "--no-transformers", "--out", str(tmp_path), "--quiet"]

@@ -75,7 +75,7 @@ def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
     assert "torch  cpu" in out and "mlx    cpu" in out and "Metal:" in out and "CUDA:" in out
     assert "torch-cpu-f32    verified" in out and "mlx-cpu-f32      verified" in out
     assert "NOT INVARIANT" not in out
-    from basal.backends.cuda import cpu_kernels
+    from basal.backends.cuda.cpu import cpu_kernels
 
     assert f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}" in out
     assert "    attention tile GEMMs: " in out

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from basal.cli import build_parser
-from basal.cli_serve import LIMIT_HELP, MODEL_FLAGS, SERVER_FLAGS, SWITCHES, shown_default
-from basal.config import ModelConfig, ServeConfig
-from basal.config_keys import default_of, fields
-from basal.core.limits import Limits
+from basal.core.request.limits import Limits
+from basal.serve.config import ModelConfig, ServeConfig
+from basal.serve.config_keys import default_of, fields
+from basal.serve.flags import LIMIT_HELP, MODEL_FLAGS, SERVER_FLAGS, SWITCHES, shown_default
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-import basal.server
+import basal.serve.server
 from basal.cli import main
-from basal.config import ConfigError, parse_config
+from basal.serve.config import ConfigError, parse_config
 
 
 @pytest.fixture
 def served(monkeypatch):
     """The ServeConfig `basal serve ARGS` would serve, without loading anything."""
     seen = []
-    monkeypatch.setattr(basal.server, "serve", seen.append)
+    monkeypatch.setattr(basal.serve.server, "serve", seen.append)
     monkeypatch.delenv("BASAL_ADDR", raising=False)
 
     def run(*args: str):
@@ -58,7 +58,7 @@ def test_model_flags_reach_the_demo_model(served):
 
 
 def test_a_flag_error_names_the_file_and_the_flags(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(basal.server, "serve", lambda config: pytest.fail("served a bad configuration"))
+    monkeypatch.setattr(basal.serve.server, "serve", lambda config: pytest.fail("served a bad configuration"))
     path = tmp_path / "serve.yml"
     path.write_text("metrics: true\n")
     assert main(["serve", "--config", str(path), "--addr", "8000"]) == 2
@@ -100,14 +100,14 @@ def test_names_must_be_unique(demo_dir):
 
 
 def test_colliding_directory_names_are_refused_before_any_weights_load(demo_dir, monkeypatch):
-    monkeypatch.setattr(basal.server, "load_backend", lambda *a: pytest.fail("weights loaded before the check"))
+    monkeypatch.setattr(basal.serve.server, "load_backend", lambda *a: pytest.fail("weights loaded before the check"))
     config = parse_config({"models": [{"path": "demo"}, {"path": str(demo_dir)}]})  # both basal-synthetic-demo
     with pytest.raises(ConfigError, match=r"both named 'basal-synthetic-demo'.*add `name: basal-synthetic-demo-2`"):
-        basal.server.build_engines(config)
+        basal.serve.server.build_engines(config)
 
 
 def test_unquoted_release_date_in_yaml_is_read_as_text(tmp_path):
-    from basal.config import load_config
+    from basal.serve.config import load_config
 
     path = tmp_path / "serve.yml"
     path.write_text("release_date: 2026-11-30\n")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from basal.config import ServeConfig, parse_config
-from basal.config_keys import key_tree
+from basal.serve.config import ServeConfig, parse_config
+from basal.serve.config_keys import key_tree
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -9,16 +9,18 @@ import socket
 import httpx
 import pytest
 
-import basal.server
+import basal.serve.server
 from basal.cli import main
-from basal.config import ConfigError, parse_config
-from basal.port_check import check_port
 from basal.progress import Progress
+from basal.serve.config import ConfigError, parse_config
+from basal.serve.port_check import check_port
 from tests.servers import live_server
 
 
 def test_a_busy_port_is_named_before_any_model_loads(monkeypatch, capsys):
-    monkeypatch.setattr(basal.server, "build_engines", lambda *a, **k: pytest.fail("loaded before the port check"))
+    monkeypatch.setattr(
+        basal.serve.server, "build_engines", lambda *a, **k: pytest.fail("loaded before the port check")
+    )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -59,7 +61,7 @@ def test_progress_is_a_line_per_step_off_a_terminal_and_a_bar_on_one():
 def test_one_directory_served_twice_under_its_own_names(caplog):
     caplog.set_level(logging.INFO, logger="basal")
     config = parse_config({"models": [{"path": "demo"}, {"path": "demo", "name": "demo-bf16", "dtype": "bf16"}]})
-    engines = basal.server.build_engines(config, progress=True)
+    engines = basal.serve.server.build_engines(config, progress=True)
     assert {n: e.pipeline.backend.dtype for n, e in engines.engines.items()} == {
         "basal-synthetic-demo": "f32",
         "demo-bf16": "bf16",
@@ -86,11 +88,11 @@ def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatc
     uvicorn runs: a full collection over them held the GIL for 130-150 ms (bench/host_ceiling.py)."""
     import gc
 
-    from basal import server
     from basal.api.listener import DrainingServer
-    from basal.config import ServeConfig
-    from basal.core.engine import Engines
-    from basal.core.metrics import Metrics
+    from basal.core.engine.engine import Engines
+    from basal.core.engine.metrics import Metrics
+    from basal.serve import server
+    from basal.serve.config import ServeConfig
 
     frozen_when_run = []
     monkeypatch.setattr(DrainingServer, "run", lambda self: frozen_when_run.append(gc.get_freeze_count()))

@@ -16,16 +16,23 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
+from basal.api.capabilities import capabilities
+from basal.api.decisions import ApiSettings, check_auth, decide
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
-from basal.api.handling import ApiSettings, check_auth, decide
 from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
 from basal.api.schema_pages import SCHEMA_PATH, schema_pages
-from basal.api.wire import BasalRequest, HealthResponse, ModelsResponse, SystemOneError, SystemOneRequest, json_schema
-from basal.core.capabilities import capabilities
-from basal.core.contract import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
-from basal.core.engine import EnginesFront
+from basal.api.schema_types import (
+    BasalRequest,
+    HealthResponse,
+    ModelsResponse,
+    SystemOneError,
+    SystemOneRequest,
+    json_schema,
+)
+from basal.core.engine.engine import EnginesFront
+from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
-from basal.core.pipeline import model_resolver
+from basal.core.request.dialects import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from basal.api.body import ClientGone
-from basal.core.engine import Cancelled, EngineClosed, Overloaded
+from basal.core.engine.engine import Cancelled, EngineClosed, Overloaded
 from basal.core.errors import RequestError
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import time
 import uvicorn
 from litestar import Litestar
 
-from basal.api.protocol import guarded_protocol
-from basal.core.engine import EnginesFront
-from basal.core.limits import DEFAULT_LIMITS, Limits
+from basal.api.connection_guard import guarded_protocol
+from basal.core.engine.engine import EnginesFront
+from basal.core.request.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
 

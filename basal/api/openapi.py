@@ -12,8 +12,8 @@ from typing import Any
 
 from litestar.openapi.spec import Operation
 
-from basal.api.wire import BasalError, SystemOneError, UnsupportedError, json_schema
-from basal.core.limits import Limits
+from basal.api.schema_types import BasalError, SystemOneError, UnsupportedError, json_schema
+from basal.core.request.limits import Limits
 
 BEARER = "bearerAuth"
 RETRY_HEADERS = {

@@ -1,8 +1,8 @@
 """What this machine can do for the model's shapes, measured in the same run as the suites (issue 16): the GEMM
 rate of the library on the model's weight shapes, and on CUDA the copy bandwidth and the matrix rate.
 
-A suite's *achieved fraction* is its useful FLOPs (`basal.core.flops`, counted from the packed tokens and the model
-shape) per second over the GEMM rate here: 1.0 would be a forward that runs every FLOP at the speed the library
+A suite's *achieved fraction* is its useful FLOPs (`basal.benchsuite.flops`, counted from the packed tokens and the
+model shape) per second over the GEMM rate here: 1.0 would be a forward that runs every FLOP at the speed the library
 reaches on large GEMMs of the model's own shapes.
 """
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from basal.core.contract import DecisionRequest
-from basal.core.flops import NO_FLOPS, Flops, forward_flops, gemm_shapes, per_token_gemm_flops
-from basal.core.model_dir import LlamaConfig
-from basal.core.pipeline import Pipeline
-from basal.core.tree import plan_forwards
+from basal.benchsuite.flops import NO_FLOPS, Flops, forward_flops, gemm_shapes, per_token_gemm_flops
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import LlamaConfig
+from basal.core.packing.tree import plan_forwards
+from basal.core.request.dialects import DecisionRequest
 
 LIMIT_ROWS = 512  # rows per call: past this the CPU library's rate is flat (issue 16's table)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

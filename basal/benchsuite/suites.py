@@ -33,17 +33,17 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from basal.backends.base import load_backend
+from basal.backends.load import load_backend
 from basal.benchsuite import limits
 from basal.benchsuite.report import SuiteResult, pct, stats_ms
 from basal.benchsuite.workloads import bench_items, questions, state_of_tokens
-from basal.core.contract import DecisionRequest, parse_systemone
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.scheduler import Policy
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.engine.scheduler import Policy
+from basal.core.model.model_dir import ModelDir
+from basal.core.request.dialects import DecisionRequest, parse_systemone
 from basal.progress import Progress
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from basal.core.tokenizer import Tokenizer
+from basal.core.model.tokenizer import Tokenizer
 
 PL = (
     "Klient zgłosił, że paczka nr 5521 dotarła uszkodzona, a faktura zawiera błędny numer NIP. Termin zwrotu "

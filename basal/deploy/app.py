@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from basal.config import ModelConfig, RayConfig, ServeConfig, load_config
 from basal.deploy.ingress import RayEngines
 from basal.deploy.replica import BasalReplica
+from basal.serve.config import ModelConfig, RayConfig, ServeConfig, load_config
 
 log = logging.getLogger("basal")
 
@@ -27,8 +27,8 @@ ROUTER_CLASS = "basal.deploy.router:StateAffinityRouter"
 
 def model_names(config: ServeConfig) -> list[str]:
     """Served names of the configured models (the demo model when none), read from their directories."""
-    from basal.core.synth import demo_model
-    from basal.server import model_directory
+    from basal.core.model.synth import demo_model
+    from basal.serve.server import model_directory
 
     if not config.models:
         return [demo_model().name]
@@ -116,8 +116,8 @@ def serve_ray(config: ServeConfig) -> None:
     """`basal serve --ray`: the HTTP front here, the engines on Ray; a local Ray is shut down on exit."""
     from ray import serve
 
-    from basal.port_check import check_port
-    from basal.server import listen
+    from basal.serve.port_check import check_port
+    from basal.serve.server import listen
 
     check_port(config.host, config.port)  # before Ray starts and the replicas load
     engines = start(config)

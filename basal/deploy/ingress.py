@@ -1,6 +1,6 @@
 """The ingress side of a Ray deployment: the basal HTTP front calls model replicas through deployment handles.
 
-`RayEngines` stands where `basal.core.engine.Engines` stands in one process — the Litestar app cannot tell them
+`RayEngines` stands where `basal.core.engine.engine.Engines` stands in one process — the Litestar app cannot tell them
 apart: the same in-flight limit (529), the same errors, and a `Result` per request, plus the replica that
 answered. Each call carries the request's affinity key for the router. A replica that dies during a call is
 retried once on another replica (answers are deterministic, so a retry is safe); a client that goes away cancels
@@ -16,9 +16,9 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from basal.core.contract import DecisionRequest
-from basal.core.engine import Cancelled, EngineClosed, InflightLimit, ModelInfo, Result
-from basal.core.metrics import Metrics
+from basal.core.engine.engine import Cancelled, EngineClosed, InflightLimit, ModelInfo, Result
+from basal.core.engine.metrics import Metrics
+from basal.core.request.dialects import DecisionRequest
 from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
 from basal.deploy.replica import ReplicaAnswer
 

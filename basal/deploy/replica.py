@@ -14,11 +14,11 @@ from typing import Any
 
 import msgspec
 
-from basal.config import ServeConfig
-from basal.core.contract import BasalResponse, DecisionRequest, SystemOneResponse
-from basal.core.engine import Cancelled, EngineClosed, ModelInfo, Overloaded, Result
+from basal.core.engine.engine import Cancelled, EngineClosed, ModelInfo, Overloaded, Result
+from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import RequestError
-from basal.core.memory import freeze_startup_heap
+from basal.core.request.dialects import BasalResponse, DecisionRequest, SystemOneResponse
+from basal.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class BasalReplica:
     def __init__(self, config: dict[str, Any]):
         from ray import serve
 
-        from basal.server import build_engines
+        from basal.serve.server import build_engines
 
         cfg = msgspec.convert(config, ServeConfig)
         self.engines = build_engines(cfg)

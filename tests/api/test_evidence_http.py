@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-import basal.core.pipeline as pipeline_module
-from basal.core.evidence import ANSWER_TOP
+import basal.core.engine.pipeline as pipeline_module
+from basal.core.decision.evidence import ANSWER_TOP
 from tests.api.test_http import post
 from tests.conftest import DATA, golden_records
 

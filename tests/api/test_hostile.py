@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from basal.api.handling import ApiSettings
-from basal.core.limits import Limits
+from basal.api.decisions import ApiSettings
+from basal.core.request.limits import Limits
 from tests.servers import live_server, make_engines
 
 CASE_BUDGET_S = 10.0  # today's defects took 46 s to 15 min; every case here ends in well under a second

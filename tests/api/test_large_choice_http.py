@@ -9,8 +9,8 @@ import random
 import msgspec
 import pytest
 
-from basal.core.contract import parse_systemone
-from basal.core.large_choice import prompt_count
+from basal.core.decision.large_choice import prompt_count
+from basal.core.request.dialects import parse_systemone
 
 N = 59
 KEYS = [f"intent_{i}" for i in random.Random(0).sample(range(N), N)]  # not sorted: the order must be the request's

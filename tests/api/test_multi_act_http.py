@@ -11,14 +11,14 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.core.act import decide
-from basal.core.contract import parse_basal
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.model_dir import Calibration
-from basal.core.multi import multi_answer
-from basal.core.pipeline import Pipeline
+from basal.core.decision.act import decide
+from basal.core.decision.multi import multi_answer
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import Calibration
+from basal.core.request.dialects import parse_basal
 from tests.api.test_http import post
 from tests.conftest import DATA
 from tests.stub_backend import StubBackend

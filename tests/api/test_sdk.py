@@ -15,7 +15,7 @@ from typesafe_sdk._core.errors import (
     TypeSafeUnprocessableEntityError,
 )
 
-from basal.api.handling import ApiSettings
+from basal.api.decisions import ApiSettings
 from tests.servers import live_server, make_engines
 
 

@@ -8,8 +8,8 @@ import shutil
 import httpx
 import pytest
 
-from basal.config import ConfigError, load_config, parse_config
-from basal.server import api_settings, build_engines
+from basal.serve.config import ConfigError, load_config, parse_config
+from basal.serve.server import api_settings, build_engines
 from tests.servers import live_server
 
 
@@ -88,18 +88,18 @@ def test_limits_in_yaml_and_flags(tmp_path):
 
 
 def test_limit_flags_reach_the_config(monkeypatch):
-    import basal.server
+    import basal.serve.server
     from basal.cli import main
 
     seen = []
-    monkeypatch.setattr(basal.server, "serve", seen.append)
+    monkeypatch.setattr(basal.serve.server, "serve", seen.append)
     main(["serve", "--max-questions", "7", "--body-timeout-s", "1.5", "--cors-origin", "https://a.example"])
     assert (seen[0].limits.max_questions, seen[0].limits.body_timeout_s) == (7, 1.5)
     assert seen[0].cors_origins == ["https://a.example"]
 
 
 def test_the_long_lane_floor_in_yaml_and_flags(demo_dir, monkeypatch):
-    import basal.server
+    import basal.serve.server
     from basal.cli import main
 
     config = parse_config({"models": [{"path": str(demo_dir)}], "long_share": 0.4})
@@ -108,6 +108,6 @@ def test_the_long_lane_floor_in_yaml_and_flags(demo_dir, monkeypatch):
     with pytest.raises(ConfigError, match="long_share"):
         parse_config({"long_share": 1.0})
     seen = []
-    monkeypatch.setattr(basal.server, "serve", seen.append)
+    monkeypatch.setattr(basal.serve.server, "serve", seen.append)
     main(["serve", "--long-share", "0"])
     assert seen[0].long_share == 0.0

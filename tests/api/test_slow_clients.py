@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from basal.api.handling import ApiSettings
-from basal.core.limits import Limits
+from basal.api.decisions import ApiSettings
+from basal.core.request.limits import Limits
 from tests.servers import live_server, make_engines
 
 LIMITS = Limits(

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from basal.core.decision import distribution
-from basal.core.model_dir import ModelDir
-from basal.core.prompt import option_orders
-from basal.core.synth import synth_model
+from basal.core.decision.distribution import distribution
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import option_orders
+from basal.core.model.synth import synth_model
 from tests.determinism.harness import Harness
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from basal.backends.cuda import cpu_kernels
-from basal.backends.cuda import gemm_chunks as G
-from basal.backends.cuda import kernels as K
+from basal.backends.cuda import ops as K
 from basal.backends.cuda.backend import TorchBackend
+from basal.backends.cuda.cpu import cpu_kernels
+from basal.backends.cuda.cpu import gemm_chunks as G
 
 W = torch.randn(96, 128, generator=torch.Generator().manual_seed(0))
 

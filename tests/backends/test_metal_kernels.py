@@ -16,7 +16,7 @@ import pytest
 
 from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
-from basal.core.attention_plan import QUERY_ROWS, plan_attention
+from basal.core.packing.attention_plan import QUERY_ROWS, plan_attention
 from tests.backends import metal_emulation as E
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
@@ -253,8 +253,8 @@ def test_the_metal_model_path_runs_end_to_end_under_the_stand_in(demo_model, bui
     readout kernel. A question alone and in a tree with others gives the same bits, and agrees with the portable
     path within 1e-5. (Norms and SwiGLU stay portable here: the Metal-native ones are row-invariant on Metal only.)"""
     from basal.backends.mlx.backend import MLXBackend
-    from basal.core.compute import run_to_end
-    from basal.core.pipeline import Pipeline
+    from basal.core.engine.pipeline import Pipeline
+    from basal.core.packing.backend import run_to_end
     from tests.engine.test_prepared_forwards import questions
 
     counts = {"launch": 0, "tree_attention": 0, "letter_readout": 0}

@@ -17,13 +17,13 @@ from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
 from basal.backends.mlx.device_scope import on_device
-from basal.core.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
-from basal.core.compute import run_to_end
-from basal.core.engine import Engine, Engines
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.pipeline import Pipeline
-from basal.core.tree import single_prompt_batch
+from basal.core.engine.engine import Engine, Engines
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import single_prompt_batch
 
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -164,7 +164,7 @@ def test_metal_native_ops_agree_with_the_portable_ones(demo_model):
     """The Metal path's norms and SwiGLU (`native.py`), run here on the CPU: same model, logits within f32 noise.
     (Their invariance is a Metal property; bench/mac_check.py checks it there.)"""
     from basal.backends.mlx.model import MLXLlama
-    from basal.core.tree import single_prompt_batch
+    from basal.core.packing.tree import single_prompt_batch
 
     tokens = demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie")
     batch = single_prompt_batch(tokens)
@@ -181,7 +181,7 @@ def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model, mon
     """On the CPU, past STEP_ROWS rows a layer yields between row blocks and attention groups; the engine may
     pause at every yield, so another batch runs at each one here, and the bits must not change."""
     from basal.backends.mlx import model as mlx_model
-    from basal.core.tree import plan_forwards
+    from basal.core.packing.tree import plan_forwards
     from tests.determinism.harness import Harness
 
     h = Harness(demo_model, "mlx", "cpu", "f32")

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from basal.backends.cuda import threads as T
-from basal.config import ConfigError, parse_config
+from basal.backends.cuda.cpu import threads as T
+from basal.serve.config import ConfigError, parse_config
 
 
 def test_physical_cores_are_at_most_the_usable_cpus():

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from basal.backends.base import load_backend, pick_backend
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.contract import parse_systemone
-from basal.core.pipeline import Pipeline, Stats, model_resolver
+from basal.backends.load import load_backend, pick_backend
+from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
+from basal.core.request.dialects import parse_systemone
 
 
 def test_defaults_and_selection(demo_model):
-    from basal.backends.base import _apple_silicon, load_backend_class
+    from basal.backends.load import _apple_silicon, load_backend_class
 
     if torch.cuda.is_available():
         expected = ("torch",)  # CUDA (the GPU engineer's tests cover its device and dtype)
@@ -83,7 +83,7 @@ def test_letter_logits_are_float32_for_k_letters(demo_model):
         },
         lambda m: m,
     )
-    from basal.core.compute import run_to_end
+    from basal.core.packing.backend import run_to_end
 
     (orders,) = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
     assert len(orders) == 2 and all(o.dtype == np.float32 and o.shape == (10,) for o in orders)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.contract import DecisionRequest, decode_body, parse_basal, parse_systemone
 from basal.core.errors import RequestError
+from basal.core.request.dialects import DecisionRequest, decode_body, parse_basal, parse_systemone
 from tests.core.test_render import json_values
 
 SERVED = {"basal-demo": "basal-demo", "jev-latest": "basal-demo"}
@@ -68,7 +68,7 @@ def test_choice_option_limits(n, status, body):
 
 @pytest.mark.parametrize("n", [11, 255])
 def test_choice_with_11_to_255_options_is_planned_whole(n):
-    """The TypeSafe dialect takes up to 255 choices (asked in groups, basal.core.large_choice)."""
+    """The TypeSafe dialect takes up to 255 choices (asked in groups, basal.core.decision.large_choice)."""
     (q,) = systemone(req(q={"type": "choice", "criteria": {f"o{i}": None for i in range(n)}})).questions
     assert q.kind == "choice" and q.item.keys == tuple(f"o{i}" for i in range(n)) and q.needs_model
 

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.contract import Question, parse_basal, parse_systemone
-from basal.core.decision import (
+from basal.core.decision.distribution import (
     answer_basal,
     answer_systemone,
     calibrate,
@@ -19,7 +18,8 @@ from basal.core.decision import (
     score_confidence,
     unpermute,
 )
-from basal.core.prompt import option_orders
+from basal.core.model.prompt import option_orders
+from basal.core.request.dialects import Question, parse_basal, parse_systemone
 
 T_MAX = {"choice": 1.4983070768766815, "noul": 1.5422108254079405, "score": 2.058604473286984}
 

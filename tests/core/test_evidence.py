@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from basal.core.evidence import EvidenceHead, best_spans, layer_norm, log_softmax, state_tokens
-from basal.core.torch_file import TorchFileError, load_tensors, save_tensors
+from basal.core.decision.evidence import EvidenceHead, best_spans, layer_norm, log_softmax, state_tokens
+from basal.core.model.torch_file import TorchFileError, load_tensors, save_tensors
 from tests.conftest import DATA
 
 VECTORS = [json.loads(line) for line in (DATA / "extensions" / "evidence.jsonl").read_text().splitlines() if line]
@@ -117,8 +117,8 @@ def test_missing_and_misshapen_weights_are_named(tmp_path):
 
 
 def test_synth_model_writes_a_head_that_loads(tmp_path):
-    from basal.core.evidence import load_head
-    from basal.core.synth import synth_model
+    from basal.core.decision.evidence import load_head
+    from basal.core.model.synth import synth_model
 
     plain = synth_model(tmp_path / "plain", "demo")
     with_head = synth_model(tmp_path / "head", "demo", evidence_head=True)
@@ -131,7 +131,7 @@ def test_synth_model_writes_a_head_that_loads(tmp_path):
 
 
 def _evidence_request(state: str, *names: str):
-    from basal.core.contract import parse_basal
+    from basal.core.request.dialects import parse_basal
 
     questions = {n: {"type": "noul", "instructions": f"{n}?", "evidence": True} for n in names}
     return parse_basal({"state": state, "questions": questions}, lambda _m: "m", serves_evidence=lambda _m: True)
@@ -139,7 +139,7 @@ def _evidence_request(state: str, *names: str):
 
 def test_hidden_rows_are_the_state_tokens_and_questions_on_one_state_share_them(demo_model):
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.pipeline import Pipeline
+    from basal.core.engine.pipeline import Pipeline
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     rounds = pipeline.plan(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b"))
@@ -159,8 +159,8 @@ def test_a_state_found_inside_the_template_is_computed_without_the_prefix_cache(
     import msgspec
 
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.pipeline import Pipeline
-    from basal.core.prompt import SYSTEM
+    from basal.core.engine.pipeline import Pipeline
+    from basal.core.model.prompt import SYSTEM
 
     backend = TorchBackend.load(demo_model)
     cached, uncached = Pipeline(demo_model, backend), Pipeline(demo_model, backend, prefix_cache=False)
@@ -178,12 +178,12 @@ def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
     import msgspec
 
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.pipeline import Pipeline
+    from basal.core.engine.pipeline import Pipeline
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     request = _evidence_request("Termin płatności faktury minął wczoraj. Klient prosi o przedłużenie.", "q")
     rounds = pipeline.plan(request)
-    from basal.core.compute import run_to_end
+    from basal.core.packing.backend import run_to_end
 
     pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
     states, found = rounds.states["q"], rounds.state_tokens["q"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from basal.core.flops import forward_flops, per_token_gemm_flops
-from basal.core.model_dir import LlamaConfig
-from basal.core.tree import PackedBatch
+from basal.benchsuite.flops import forward_flops, per_token_gemm_flops
+from basal.core.model.model_dir import LlamaConfig
+from basal.core.packing.tree import PackedBatch
 
 # hidden 8, intermediate 12, 2 layers, 2 heads of 4 (q width 8), 1 KV head (k, v width 4 each)
 CFG = LlamaConfig(8, 12, 2, 2, 1, 4, 100, 1e-5, 1e4, 64, False)

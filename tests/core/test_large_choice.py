@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.contract import parse_systemone
-from basal.core.large_choice import LargeChoice, blocks, finalists, groups, prompt_count, sub_item
-from basal.core.luce import fit
-from basal.core.model_dir import Calibration
-from basal.core.pipeline import Pipeline, Stats
-from basal.core.prompt import Item, option_orders
-from basal.core.rounds import Rounds
+from basal.core.decision.large_choice import LargeChoice, blocks, finalists, groups, prompt_count, sub_item
+from basal.core.decision.luce import fit
+from basal.core.engine.pipeline import Pipeline, Stats
+from basal.core.engine.rounds import Rounds
+from basal.core.model.model_dir import Calibration
+from basal.core.model.prompt import Item, option_orders
+from basal.core.request.dialects import parse_systemone
 from tests.conftest import DATA
 from tests.stub_backend import FakeBackend
 

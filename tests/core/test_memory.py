@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]  # `python -c` imports basal from its
 
 PROBE = """
 import sys
-from basal.core.memory import release_free_memory
+from basal.core.engine.memory import release_free_memory
 
 def rss_mb():
     with open("/proc/self/statm") as f:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from basal.core.errors import ModelDirError
-from basal.core.model_dir import ModelDir
-from basal.core.prompt import SYSTEM, USER
-from basal.core.safetensors_io import read_header
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import SYSTEM, USER
+from basal.core.model.safetensors_io import read_header
 
 
 @pytest.fixture

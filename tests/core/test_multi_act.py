@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.act import NEEDS_DEFER, decide
-from basal.core.contract import parse_basal, parse_systemone
-from basal.core.decision import answer_act
+from basal.core.decision.act import NEEDS_DEFER, decide
+from basal.core.decision.distribution import answer_act
+from basal.core.decision.multi import MultiSpec, multi_answer, select
 from basal.core.errors import RequestError
-from basal.core.model_dir import Calibration
-from basal.core.multi import MultiSpec, multi_answer, select
+from basal.core.model.model_dir import Calibration
+from basal.core.request.dialects import parse_basal, parse_systemone
 from tests.conftest import DATA
 
 VECTORS = [json.loads(line) for line in (DATA / "extensions" / "multi_act.jsonl").read_text().splitlines()]
@@ -144,7 +144,7 @@ def test_act_decide_vectors(v, dialect):
 def _dist(p: dict):
     import numpy as np
 
-    from basal.core.decision import Distribution
+    from basal.core.decision.distribution import Distribution
 
     values = np.asarray(list(p.values()))
     return Distribution([], values, values)
@@ -266,7 +266,7 @@ def test_any_multi_or_act_plans_and_answers_or_is_a_clear_error(qtype, criteria,
     """Both dialects: a RequestError at planning or after the run, or an answer that encodes — never a crash."""
     import numpy as np
 
-    from basal.core.decision import Distribution, answer_multi
+    from basal.core.decision.distribution import Distribution, answer_multi
 
     question = {"type": qtype, **({} if criteria is None else {"criteria": criteria}), **fields}
     calibration = Calibration(TEMPERATURES, {"0.01": {"confidence": 0.9}, "2": {"confidence": 0.5}})

@@ -1,4 +1,4 @@
-"""Two forwards in flight (`basal.core.overlap`): on an asynchronous device the next forward is queued before the
+"""Two forwards in flight (`basal.core.packing.passes`): on an asynchronous device the next forward is queued before the
 previous one's result is waited for; synchronous passes run one after the other as before; a stop or a failure
 closes every pass in flight; the pipeline's answers do not change."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from basal.core.compute import run_to_end
-from basal.core.overlap import QUEUED, overlapped
-from basal.core.pipeline import Pipeline
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import QUEUED, overlapped
 from tests.engine.test_prepared_forwards import questions, uniform
 from tests.stub_backend import StubBackend
 

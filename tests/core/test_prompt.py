@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from basal.core.contract import parse_basal, parse_systemone
-from basal.core.prompt import Item, lang_of, named_options, option_orders, render_prompt, template_prefix
+from basal.core.model.prompt import Item, lang_of, named_options, option_orders, render_prompt, template_prefix
+from basal.core.request.dialects import parse_basal, parse_systemone
 from tests.conftest import golden_records
 
 # docs/contract.md §1.1: basal-1.5, EN, noul without instructions — order 1, byte for byte.

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from basal.cli import main
-from basal.core.reference import ReferenceChecker, manifest_temperatures
+from basal.export.reference import ReferenceChecker, manifest_temperatures
 from tests.conftest import DATA, GOLDEN, golden_records
 
 
@@ -100,7 +100,7 @@ EXTENSION_CASES = ["m15-mixed", "m15-act-full", "m15-act-no-threshold"]
 @pytest.fixture(scope="module")
 def reference_pipeline(demo_model):
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.pipeline import Pipeline
+    from basal.core.engine.pipeline import Pipeline
 
     return Pipeline(demo_model, TorchBackend.load(demo_model))
 
@@ -109,8 +109,8 @@ def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
     """A reference record of one case made with the demo model (one item per readout, as exported), and its rounds."""
     import msgspec
 
-    from basal.core.compute import run_to_end
-    from basal.core.contract import parse_basal
+    from basal.core.packing.backend import run_to_end
+    from basal.core.request.dialects import parse_basal
 
     request = {**case["request"], "model": demo_model.name}
     plan = parse_basal(request, lambda _name: demo_model.name, serves_evidence=lambda _name: True)

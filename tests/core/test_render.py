@@ -8,8 +8,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.contract import decode_body
-from basal.core.render import depth_of, text_of
+from basal.core.model.render import depth_of, text_of
+from basal.core.request.dialects import decode_body
 
 json_values = st.recursive(
     st.none()

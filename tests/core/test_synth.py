@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from basal.core import synth
-from basal.core.model_dir import ModelDir
-from basal.core.synth import PRESETS, demo_model, preset_config, synth_model
+from basal.core.model import synth
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import PRESETS, demo_model, preset_config, synth_model
 
 
 def _digest(path) -> dict[str, str]:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from basal.core.errors import ModelDirError
-from basal.core.prompt import LETTERS, render_prompt, template_prefix
-from basal.core.tokenizer import Tokenizer
+from basal.core.model.prompt import LETTERS, render_prompt, template_prefix
+from basal.core.model.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

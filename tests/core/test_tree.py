@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.tree import MAX_DEPTH, TokenizedQuestion, TrieSize, pack_fields, pack_row, packed_tokens, plan_forwards
+from basal.core.packing.tree import (
+    MAX_DEPTH,
+    TokenizedQuestion,
+    TrieSize,
+    pack_fields,
+    pack_row,
+    packed_tokens,
+    plan_forwards,
+)
 from tests.conftest import golden_records
 
 LETTERS = list(range(100, 110))

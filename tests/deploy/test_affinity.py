@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from basal.core.contract import parse_systemone
+from basal.core.request.dialects import parse_systemone
 from basal.deploy.affinity import affinity_key, preferred, rank_replicas
 
 REPLICAS = [f"r{i}" for i in range(4)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from basal.config import ConfigError, load_config, parse_config
+from basal.serve.config import ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,5 +29,5 @@ def test_ray_keys_are_checked():
 
 
 def test_plain_serving_never_imports_ray():
-    code = "import sys, basal.cli, basal.server, basal.api.app; sys.exit('ray' in sys.modules)"
+    code = "import sys, basal.cli, basal.serve.server, basal.api.app; sys.exit('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

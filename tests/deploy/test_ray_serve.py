@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("ray")
 
-from basal.config import parse_config
-from basal.core.engine import Cancelled
+from basal.core.engine.engine import Cancelled
 from basal.deploy.app import start
 from basal.deploy.ingress import RayEngines, _cancellable
+from basal.serve.config import parse_config
 from tests.servers import live_server, make_engines
 
 MODEL = "basal-synthetic-demo"

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from basal.backends.base import load_backend_class
-from basal.core.compute import run_to_end
-from basal.core.model_dir import ModelDir
-from basal.core.pipeline import Pipeline
-from basal.core.prompt import option_orders, render_prompt
-from basal.core.tree import TokenizedQuestion
+from basal.backends.load import load_backend_class
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import option_orders, render_prompt
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion
 
 WORDS = {
     "pl": "zamówienie klient paczka dotarła uszkodzona zwrot faktura termin płatność źle żółw gęś".split(),

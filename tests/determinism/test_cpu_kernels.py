@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (basal/backends/cuda/cpu_kernels.c) give the bits of the torch ops they replace:
+"""The compiled CPU kernels (basal/backends/cuda/cpu/cpu_kernels.c) give the bits of the torch ops they replace:
 det_exp and its non-positive variant, SwiGLU on every dtype, tree attention on the prefix-length and tree cases
 of test_attention_equality and across spans, and a model's logits. The negative control: the same comparisons
 see a build that contracts multiply-adds into FMAs (the compiler's default on many targets). Also: the switch,
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from basal.backends.cuda import cpu_kernels
-from basal.backends.cuda import kernels as K
+from basal.backends.cuda import ops as K
+from basal.backends.cuda.cpu import cpu_kernels
 from tests.determinism.test_attention_equality import CASES, CPU, _tree_case
 
 LIB = cpu_kernels.load()
@@ -130,7 +130,7 @@ def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
 
 
 def _status_in_subprocess(env: dict[str, str]) -> str:
-    code = "from basal.backends.cuda import cpu_kernels as c; print(c.load() is None); print(c.status())"
+    code = "from basal.backends.cuda.cpu import cpu_kernels as c; print(c.load() is None); print(c.status())"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), **env}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

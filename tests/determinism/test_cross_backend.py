@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from basal.core.decision import distribution
-from basal.core.prompt import option_orders
+from basal.core.decision.distribution import distribution
+from basal.core.model.prompt import option_orders
 from tests.backends.test_agreement import _transformers_letter_logits
 from tests.determinism.harness import Harness, available, combo_id
 

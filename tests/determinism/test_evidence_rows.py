@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from basal.core.compute import run_to_end
-from basal.core.pipeline import Pipeline
-from basal.core.prompt import Item
-from basal.core.tree import TokenizedQuestion
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.prompt import Item
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion
 from tests.determinism.harness import WORDS, Harness, available, bits, same_bits
 
 

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from basal.core.compute import run_to_end
-from basal.core.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 from tests.determinism.harness import WORDS, Harness, available, same_bits
 
 WORDS_PL = WORDS["pl"]
@@ -142,7 +142,7 @@ def test_run_to_end_matches_stepping(harness):
 def test_multi_branches_and_act_alone_batched_and_in_a_tree(harness):
     """Every branch of a multi and an act readout: the same bits alone, with each other (one tree over the
     shared state) and batched with unrelated questions."""
-    from basal.core.contract import parse_basal
+    from basal.core.request.dialects import parse_basal
 
     rng = random.Random(5)
     state = " ".join(rng.choice(WORDS_PL) for _ in range(20))

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from basal.core.large_choice import LargeChoice
-from basal.core.prompt import Item
+from basal.core.decision.large_choice import LargeChoice
+from basal.core.model.prompt import Item
 from tests.determinism.harness import WORDS, Harness, available, same_bits
 
 N_OPTIONS = 12  # 4 groups of 6, then the final 10

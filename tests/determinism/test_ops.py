@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from basal.backends.cuda import kernels as K
-from basal.core.attention_plan import plan_attention
+from basal.backends.cuda import ops as K
+from basal.core.packing.attention_plan import plan_attention
 
 ROW_COUNTS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 63, 64, 65, 131, 257]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -105,8 +105,8 @@ def test_det_exp_keeps_main_bits_in_blocks_and_nonpositive(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_chunk_outputs_keep_main_bits(dtype):
     """GEMM, norm and swiglu chunks written into one output give the bits of main's chunks joined by cat."""
-    from basal.backends.cuda.gemm_chunks import ChunkPlan
-    from basal.core.compute import run_to_end
+    from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+    from basal.core.packing.backend import run_to_end
     from bench import main_path
 
     g = torch.Generator().manual_seed(4)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from basal.backends.cuda import cpu_kernels, tile_rows
-from basal.backends.cuda import kernels as K
+from basal.backends.cuda import ops as K
+from basal.backends.cuda import tile_rows
+from basal.backends.cuda.cpu import cpu_kernels
 from tests.determinism.test_attention_equality import CASES, CPU, _tree_case
 
 

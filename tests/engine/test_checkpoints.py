@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-import basal.core.pipeline as pipeline_module
-from basal.core.engine import Cancelled
+import basal.core.engine.pipeline as pipeline_module
+from basal.core.engine.engine import Cancelled
+from basal.core.engine.gate import Holder
 from basal.core.errors import RequestError
-from basal.core.gate import Holder
-from basal.core.limits import Limits
+from basal.core.request.limits import Limits
 from tests.engine.test_scheduling import device_held, request, timed
 from tests.servers import make_engines
 

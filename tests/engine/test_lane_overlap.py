@@ -13,12 +13,12 @@ import msgspec
 import pytest
 
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.compute import run_to_end
-from basal.core.engine import Cancelled, Engine, EngineClosed, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.overlap import QUEUED
-from basal.core.pipeline import Pipeline
+from basal.core.engine.engine import Cancelled, Engine, EngineClosed, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import QUEUED
 from tests.engine.test_scheduling import request
 from tests.stub_backend import FakeBackend
 

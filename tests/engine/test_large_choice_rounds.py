@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.contract import parse_systemone
-from basal.core.pipeline import Pipeline
+from basal.core.engine.pipeline import Pipeline
+from basal.core.request.dialects import parse_systemone
 from tests.servers import make_engines
 
 MODEL = "basal-synthetic-demo"

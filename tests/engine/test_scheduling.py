@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from basal.core.contract import parse_systemone
-from basal.core.engine import Cancelled, EngineClosed, Overloaded
-from basal.core.scheduler import Job, JobQueue, Policy
-from basal.core.tree import TokenizedQuestion
+from basal.core.engine.engine import Cancelled, EngineClosed, Overloaded
+from basal.core.engine.scheduler import Job, JobQueue, Policy
+from basal.core.packing.tree import TokenizedQuestion
+from basal.core.request.dialects import parse_systemone
 from tests.servers import make_engines
 
 

@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from basal.core.engine import Engine, Engines, EngineSettings
-from basal.core.gate import Gate
-from basal.core.metrics import Metrics
-from basal.core.pipeline import Pipeline
-from basal.core.tree import PackedBatch
+from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.tree import PackedBatch
 from tests.engine.test_scheduling import request
 from tests.stub_backend import StubBackend
 

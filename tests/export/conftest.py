@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from basal.backends.base import load_backend_class
-from basal.export import export_records
+from basal.backends.load import load_backend_class
+from basal.export.api import export_records
 from tests.conftest import DATA
 
 REQUESTS = DATA / "export_requests.jsonl"  # 6 lines: 4 basal-dialect requests (one refused), 1 System One, 1 bench

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from basal.backends.base import load_backend_class
+from basal.backends.load import load_backend_class
 
 CI = Path(__file__).parents[2] / "examples" / "ci"
 SCRIPT = CI / "determinism.sh"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from basal.cli import main
-from basal.core.compare import DifferentModels, compare_files
-from basal.core.export_format import ExportFileError
+from basal.export.compare import DifferentModels, compare_files
+from basal.export.format import ExportFileError
 from tests.conftest import GOLDEN
 
 

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from basal.backends.base import load_backend_class
+from basal.backends.load import load_backend_class
 from basal.cli import main
-from basal.core.compare import compare_files
-from basal.core.export_format import ExportFileError, read_export
-from basal.core.reference import ReferenceChecker
-from basal.export import export_records
+from basal.export.api import export_records
+from basal.export.compare import compare_files
+from basal.export.format import ExportFileError, read_export
+from basal.export.reference import ReferenceChecker
 from tests.conftest import GOLDEN
 from tests.export.conftest import REQUESTS, combos
 

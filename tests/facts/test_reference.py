@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from basal.core.facts import inject
-from basal.core.reference import ReferenceChecker
+from basal.export.reference import ReferenceChecker
 
 STATE = "Doręczono 20 marca 2027 r., termin 7 dni."
 

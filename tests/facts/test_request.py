@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from basal.core.contract import parse_basal, parse_systemone
 from basal.core.errors import RequestError
 from basal.core.facts import inject
+from basal.core.request.dialects import parse_basal, parse_systemone
 
 SERVED = {"basal-demo": "basal-demo"}
 DATES = "Dziś jest 15 kwietnia 2026 r. Towar wydano 21 marca 2026 r."

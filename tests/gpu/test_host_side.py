@@ -28,8 +28,8 @@ from basal.backends.cuda.gpu.graphs import GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
 from basal.backends.cuda.gpu.readback import ONE_OFF, StagingSlots, numpy_buffers
 from basal.core import atomic_file
-from basal.core.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
-from basal.core.tree import (
+from basal.core.packing.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
+from basal.core.packing.tree import (
     FORWARD_MAX_TOKENS,
     MAX_DEPTH,
     TREE_MAX_TOKENS,

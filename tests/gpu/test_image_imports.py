@@ -39,8 +39,8 @@ def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
         tmp_path,
         "import runpy\n"
         "import basal.backends.cuda.gpu.backend, basal.backends.cuda.gpu.attention_cases\n"
-        "import basal.core.compute, basal.core.tree, basal.core.model_dir\n"
-        "import basal.backends.base, basal.core.synth  # gpu_check's checkpoint on disk, loaded as basal serve does\n"
+        "import basal.core.packing.backend, basal.core.packing.tree, basal.core.model.model_dir\n"
+        "import basal.backends.load, basal.core.model.synth  # gpu_check's checkpoint, loaded as basal serve does\n"
         f"runpy.run_path({str(ROOT / 'bench' / 'gpu_check.py')!r}, run_name='gpu_check')\n"
         "print('imported')\n",
     )
@@ -49,7 +49,7 @@ def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
 
 def test_the_guard_refuses_what_the_image_lacks(tmp_path):
     """Negative control: the evidence head's module needs msgspec, which the image does not have."""
-    done = run_guarded(tmp_path, "import basal.core.evidence\n")
+    done = run_guarded(tmp_path, "import basal.core.decision.evidence\n")
     assert done.returncode != 0
     assert "No module named 'msgspec' on the GPU machine's image" in done.stderr
 

@@ -24,9 +24,9 @@ def test_serve_is_skipped_with_what_to_do_where_its_packages_are_missing(monkeyp
 
 def test_a_server_that_cannot_start_is_an_error_with_its_log(monkeypatch, tmp_path):
     """A real `basal serve` child that exits at once (no such model)."""
-    import basal.core.synth
+    import basal.core.model.synth
 
-    monkeypatch.setattr(basal.core.synth, "synth_model", lambda out, *a, **k: tmp_path / "no-such-model")
+    monkeypatch.setattr(basal.core.model.synth, "synth_model", lambda out, *a, **k: tmp_path / "no-such-model")
     failed = serve_check.serve_checks("cpu", demo=True, deadline=math.inf)
     assert failed["error"].startswith("basal serve exited with") and "no-such-model" in failed["log"]
 

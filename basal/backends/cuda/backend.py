@@ -9,13 +9,14 @@ from collections.abc import Generator, Sequence
 import numpy as np
 import torch
 
-from basal.backends.cuda import cpu_kernels, tile_rows
-from basal.backends.cuda.gemm_chunks import process_table
+from basal.backends.cuda import tile_rows
+from basal.backends.cuda.cpu import cpu_kernels
+from basal.backends.cuda.cpu.gemm_chunks import process_table
+from basal.backends.cuda.cpu.threads import configure_threads
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
-from basal.backends.cuda.threads import configure_threads
-from basal.core.compute import Backend
-from basal.core.model_dir import ModelDir
-from basal.core.tree import PackedBatch
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.backend import Backend
+from basal.core.packing.tree import PackedBatch
 
 log = logging.getLogger(__name__)
 # said where CUDA is there but Triton is not (the load's warning, `basal doctor`)

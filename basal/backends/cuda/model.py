@@ -10,13 +10,13 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from basal.backends.cuda import kernels as K
-from basal.backends.cuda.gemm_chunks import ChunkTable
-from basal.core.attention_plan import plan_batch
-from basal.core.compute import run_to_end
-from basal.core.model_dir import LlamaConfig, ModelDir
-from basal.core.safetensors_io import bf16_bits_to_f32
-from basal.core.tree import PackedBatch, single_prompt_batch
+from basal.backends.cuda import ops as K
+from basal.backends.cuda.cpu.gemm_chunks import ChunkTable
+from basal.core.model.model_dir import LlamaConfig, ModelDir
+from basal.core.model.safetensors_io import bf16_bits_to_f32
+from basal.core.packing.attention_plan import plan_batch
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -97,7 +97,7 @@ class TreeInputs:
 
     cos: torch.Tensor
     sin: torch.Tensor
-    plan: list  # all tokens as queries (layers before the last); see basal.core.attention_plan
+    plan: list  # all tokens as queries (layers before the last); see basal.core.packing.attention_plan
     readout_plan: list  # readouts as queries (last layer)
     readouts: torch.Tensor
     all_rows: torch.Tensor  # flat index -> query row, all tokens

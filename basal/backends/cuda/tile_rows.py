@@ -16,8 +16,8 @@ import functools
 
 import torch
 
-from basal.core.attention_plan import KEY_TILE, QUERY_ROWS
-from basal.core.model_dir import LlamaConfig
+from basal.core.model.model_dir import LlamaConfig
+from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS
 
 PROBE_BATCHES = ((1, 1), (2, 3), (4, 2))  # (chunks, tiles per span) of the probe's calls
 

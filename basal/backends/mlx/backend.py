@@ -10,8 +10,8 @@ import numpy as np
 from basal.backends.mlx.device_scope import Scope, on_device
 from basal.backends.mlx.model import MLXLlama
 from basal.backends.mlx.precision import require_full_f32
-from basal.core.model_dir import ModelDir
-from basal.core.tree import PackedBatch
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.tree import PackedBatch
 
 
 class MLXBackend:

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from basal.core.attention_plan import KEY_TILE, AttentionPlan
+from basal.core.packing.attention_plan import KEY_TILE, AttentionPlan
 
 KERNELS = Path(__file__).parent / "kernels"
 MAX_HEAD_DIM = 256

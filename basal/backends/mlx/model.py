@@ -22,10 +22,10 @@ import numpy as np
 
 from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
-from basal.core.attention_plan import AttentionPlan, plan_batch
-from basal.core.compute import run_to_end
-from basal.core.model_dir import ModelDir
-from basal.core.tree import PackedBatch, single_prompt_batch
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.attention_plan import AttentionPlan, plan_batch
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 # On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
 # groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.

@@ -1,5 +1,5 @@
 """Batch-invariant building blocks in portable MLX ops — the same algorithm as the torch kernels
-(`basal/backends/cuda/kernels.py`): fixed-shape row chunks for every reduction, `exp` from exactly rounded
+(`basal/backends/cuda/ops.py`): fixed-shape row chunks for every reduction, `exp` from exactly rounded
 operations, RoPE from a per-position table, and tree attention over keys in position order in tiles of
 `KEY_TILE` anchored at position 0 with an f32 online softmax.
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from basal.core.attention_plan import KEY_TILE, AttentionPlan
+from basal.core.packing.attention_plan import KEY_TILE, AttentionPlan
 
 ROWS = 64
 READOUT_ROWS = 16

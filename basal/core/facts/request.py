@@ -16,7 +16,7 @@ from typing import Any
 
 from basal.core.errors import RequestError
 from basal.core.facts.inject import FactsError, inject
-from basal.core.render import text_of
+from basal.core.model.render import text_of
 
 FACTS_VALUE_ERROR = 'facts must be "off" or "auto"'
 

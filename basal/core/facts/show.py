@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from basal.core.facts.inject import FactsError, inject
-from basal.core.render import text_of
+from basal.core.model.render import text_of
 
 
 def state_of_file(content: str) -> str:

@@ -16,8 +16,8 @@ from basal.backends.cuda.gpu import engine_table as et
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.backends.cuda.gpu.triton_gemm import linear
-from basal.core.compute import run_to_end
-from basal.core.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 
 
 def _bits(t: torch.Tensor) -> bytes:

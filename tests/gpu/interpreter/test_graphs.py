@@ -15,10 +15,10 @@ from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.backends.cuda.gpu.graphs import rerun_capture
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-from basal.core.compute import run_to_end
-from basal.core.model_dir import LlamaConfig
-from basal.core.overlap import overlapped
-from basal.core.tree import TokenizedQuestion, plan_forwards
+from basal.core.model.model_dir import LlamaConfig
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import overlapped
+from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 
 CPU = torch.device("cpu")
 LETTERS = {3: [0, 1, 2], 5: [5, 6, 7, 8, 9]}

@@ -11,9 +11,9 @@ import pytest
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.backends.cuda.gpu.backend import GpuBackend
-from basal.core.compute import run_to_end
-from basal.core.pipeline import Pipeline
-from basal.core.tree import plan_forwards
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.tree import plan_forwards
 from tests.determinism.harness import Harness, same_bits
 
 pytestmark = pytest.mark.slow  # minutes under the interpreter; bench/gpu_check.py --cpu-dry-run covers a toy model

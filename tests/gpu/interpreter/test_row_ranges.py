@@ -65,7 +65,7 @@ def test_gemm_over_row_ranges(monkeypatch, epilogue):
 
 
 def test_row_kernels_over_row_ranges(monkeypatch):
-    from basal.backends.cuda import kernels as cpu
+    from basal.backends.cuda import ops as cpu
 
     g = torch.Generator().manual_seed(1)
     hidden = 64

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from basal.backends.cuda import kernels as cpu
+from basal.backends.cuda import ops as cpu
 from basal.backends.cuda.gpu.triton_rowwise import letter_readout, rmsnorm, rope_kv, swiglu
 
 BATCHES = [1, 7, 64]

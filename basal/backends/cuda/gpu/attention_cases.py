@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from basal.core.tile_plan import plan_tiles
-from basal.core.tree import PackedBatch
+from basal.core.packing.tile_plan import plan_tiles
+from basal.core.packing.tree import PackedBatch
 
 
 @dataclass

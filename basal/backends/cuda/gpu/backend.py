@@ -34,11 +34,11 @@ from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
-from basal.core.compute import run_to_end
-from basal.core.model_dir import ModelDir
-from basal.core.overlap import QUEUED, Queued
-from basal.core.tile_plan import BlobLayout, pack_blob, plan_tiles
-from basal.core.tree import PackedBatch, single_prompt_batch
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import QUEUED, Queued
+from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
+from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 log = logging.getLogger(__name__)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -314,7 +314,7 @@ class GpuBackend:
             with torch.inference_mode():
                 slot.out[:r].copy_(logits[:r], non_blocking=True)
                 slot.event.record()
-            yield QUEUED  # the pipeline may queue its next forward behind this one now (core/overlap.py)
+            yield QUEUED  # the pipeline may queue its next forward behind this one now (core/packing/passes.py)
             yield from until_done(slot.event)  # the planners prepare the next batch meanwhile
             return slot.out[:r, : len(letters)].numpy().copy()
         finally:

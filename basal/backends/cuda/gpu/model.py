@@ -16,8 +16,8 @@ from basal.backends.cuda.gpu import triton_gemm as tri
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS, AttentionConfig
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-from basal.backends.cuda.kernels import rope_tables
-from basal.core.model_dir import LlamaConfig
+from basal.backends.cuda.ops import rope_tables
+from basal.core.model.model_dir import LlamaConfig
 
 Linear = Callable[..., torch.Tensor]  # (x, w, out, bias=None) -> out = x · wᵀ (+ bias)
 

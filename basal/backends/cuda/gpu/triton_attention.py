@@ -1,7 +1,7 @@
 """Tree attention with key tiles anchored at position 0 (docs/gpu-path.md §3.2, rule R3).
 
-Grid `(tile capacity, KV heads)`: a program takes one query tile of `basal.core.tile_plan` — up to NT tokens of one
-block, × the G query heads that share this KV head = BM rows — and walks its keys in logical tiles
+Grid `(tile capacity, KV heads)`: a program takes one query tile of `basal.core.packing.tile_plan` — up to NT tokens
+of one block, × the G query heads that share this KV head = BM rows — and walks its keys in logical tiles
 `[j·BN, (j+1)·BN)` for j = 0 … last position // BN. Each key position is mapped to its physical row through the
 block's chain ranges (a static loop over `RANGES` range starts), so a query reads its cached prefix, its ancestors
 and its own block in position order, wherever the packer put them. A row's arithmetic is then a function of its
@@ -25,7 +25,7 @@ import triton.language as tl
 
 from basal.backends.cuda.gpu.kernel_configs import AttentionConfig
 from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT
-from basal.core.tile_plan import RANGES
+from basal.core.packing.tile_plan import RANGES
 
 
 @triton.jit

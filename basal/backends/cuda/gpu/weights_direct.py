@@ -12,8 +12,8 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS
-from basal.core.model_dir import LlamaConfig, ModelDir
-from basal.core.safetensors_io import bf16_bits_to_f32
+from basal.core.model.model_dir import LlamaConfig, ModelDir
+from basal.core.model.safetensors_io import bf16_bits_to_f32
 
 
 @dataclass

@@ -1,0 +1,115 @@
+"""`act` questions (docs/extensions.md §4): a readout, then the action of minimum expected cost.
+
+    E[a]   = Σ_z p(z) · C[a][z]          summed from 0 in the row's own key order (upstream's order)
+    action = argmin E (first row wins a tie);  expected_costs = round(E, 6) (Python's correctly rounded round)
+    refusal: with `max_error`, below the certified confidence of CALIBRATION.json the defer action replaces it
+
+Host math is float64 throughout (as the Rust engine); upstream hands float32-rounded probabilities to this step,
+so probabilities can differ from upstream's in the ~1e-7 range (decisions only at exact ties and thresholds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from basal.core.decision.evidence import Evidence
+
+NO_THRESHOLD = "no certified threshold for this target"
+NEEDS_DEFER = 'max_error needs a defer action ("defer"/"human" or defer_action)'
+
+
+class ActAnswer(msgspec.Struct, tag_field="type", tag="act", kw_only=True):
+    """Key order: type, action, expected_costs, answer, probabilities, confidence, [max_error | refused],
+    calibration, [evidence]."""
+
+    action: Any
+    expected_costs: dict[str, float]
+    answer: str
+    probabilities: dict[str, float]
+    confidence: float
+    max_error: str | msgspec.UnsetType = msgspec.UNSET
+    refused: Any = msgspec.UNSET
+    calibration: str
+    evidence: Evidence = msgspec.UNSET
+
+
+class NeedsDeferAction(Exception):
+    """A refusal is required but the question has no defer action; each dialect words the HTTP error."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActSpec:
+    """A parsed cost matrix. Rows keep request order; each row keeps its own key order (the summation order)."""
+
+    outcomes: tuple[str, ...]
+    rows: tuple[tuple[Any, tuple[tuple[str, float], ...]], ...]  # (action, ((outcome, cost), ...))
+    defer_action: Any = None  # None: no defer action
+    max_error_key: str | None = None  # CALIBRATION.json thresholds key; None: no max_error
+    validated_readout: bool = False  # yes/no readout or option_keys "hide" (the calibration flag's condition)
+
+
+def short_form_rows(outcomes: tuple[str, ...], wrong: float, defer: float | None):
+    """``{"wrong": W, "defer": D}`` -> one action per outcome (0 if right, W otherwise), then ``defer``."""
+    rows = [(y, tuple((z, 0.0 if z == y else wrong) for z in outcomes)) for y in outcomes]
+    if defer is not None:
+        rows.append(("defer", tuple((z, defer) for z in outcomes)))
+    return tuple(rows)
+
+
+def full_form_defer(actions: list[Any], defer_action: Any) -> Any:
+    """`defer_action` if truthy (not checked against the actions), else ``defer``, else ``human``, else none."""
+    if defer_action:
+        return defer_action
+    for name in ("defer", "human"):
+        if name in actions:
+            return name
+    return None
+
+
+def expected_cost(p: Mapping[str, float], row: tuple[tuple[str, float], ...]) -> float:
+    total: float = 0  # upstream's sum() starts from the integer 0
+    for z, c in row:
+        total += p[z] * c
+    return total
+
+
+def certified_confidence(thresholds: Mapping[str, Any], key: str) -> float | None:
+    """``thresholds[key]["confidence"]`` if it is a number; anything missing or malformed: none."""
+    entry = thresholds.get(key) if isinstance(thresholds, Mapping) else None
+    value = entry.get("confidence") if isinstance(entry, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def decide(
+    p: Mapping[str, float], spec: ActSpec, thresholds: Mapping[str, Any], temperatures_present: bool
+) -> ActAnswer:
+    """Probabilities by outcome (canonical order) -> the act answer. Raises NeedsDeferAction."""
+    probabilities = {z: float(p[z]) for z in spec.outcomes}
+    costs = [(action, expected_cost(probabilities, row)) for action, row in spec.rows]
+    action = min(costs, key=lambda ac: ac[1])[0]  # min keeps the first of equal costs
+    confidence = max(probabilities.values())
+    answer = max(probabilities, key=lambda z: probabilities[z])  # first maximum
+    extra: dict[str, Any] = {}
+    if spec.max_error_key is not None:
+        threshold = certified_confidence(thresholds, spec.max_error_key)
+        if threshold is None:
+            extra["max_error"] = NO_THRESHOLD
+        elif confidence < threshold and action != spec.defer_action:
+            if spec.defer_action is None:
+                raise NeedsDeferAction(NEEDS_DEFER)
+            extra["refused"], action = action, spec.defer_action
+    return ActAnswer(
+        action=action,
+        expected_costs={str(a): round(e, 6) for a, e in costs},
+        answer=answer,
+        probabilities=probabilities,
+        confidence=confidence,
+        calibration="validated" if temperatures_present and spec.validated_readout else "unvalidated",
+        **extra,
+    )

@@ -1,0 +1,311 @@
+"""One model, end to end and synchronous: plan -> tokenize -> pack -> forward -> decide -> answer.
+
+The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the plain path used by
+`basal decide`, the tests and the in-process benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+
+import msgspec
+import numpy as np
+
+from basal.core.decision.distribution import (
+    Distribution,
+    answer_act,
+    answer_basal,
+    answer_multi,
+    answer_systemone,
+    calibrate,
+    certain,
+    distribution,
+)
+from basal.core.decision.evidence import EvidenceSpan, StateTokens, best_spans, state_tokens
+from basal.core.decision.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
+from basal.core.engine.rounds import Rounds
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.prompt import LETTERS, Item, template_prefix
+from basal.core.packing.backend import Backend, run_to_end
+from basal.core.packing.passes import overlapped
+from basal.core.packing.tree import (
+    FORWARD_MAX_TOKENS,
+    TREE_MAX_TOKENS,
+    Forward,
+    ItemLogits,
+    TokenizedQuestion,
+    packed_tokens,
+    plan_forwards,
+)
+from basal.core.request.dialects import (
+    BasalResponse,
+    BasalUsage,
+    DecisionRequest,
+    Question,
+    SystemOneResponse,
+    Usage,
+)
+from basal.core.request.extensions import evidence_refusal_basal, multi_evidence_error_basal
+from basal.core.request.model_names import ServedModels
+
+
+def model_resolver(served: Sequence[str], default: str) -> ServedModels:
+    """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
+    return ServedModels(tuple(served), default)
+
+
+@dataclass
+class Stats:
+    """Where the time went, and what packing saved."""
+
+    tokenize_ms: float = 0.0
+    pack_ms: float = 0.0
+    forward_ms: float = 0.0
+    forwards: int = 0
+    packed_tokens: int = 0  # tokens computed (shared prefixes once, cached template prefix not at all)
+    prompt_tokens: int = 0  # tokens of every option-order prompt, as if each ran alone
+
+
+class Pipeline:
+    def __init__(
+        self,
+        model: ModelDir,
+        backend: Backend,
+        prefix_cache: bool = True,
+        tree_max_tokens: int = TREE_MAX_TOKENS,
+        forward_max_tokens: int = FORWARD_MAX_TOKENS,
+        share_across_questions: bool = True,
+        large_choice: Strategy = DEFAULT_STRATEGY,
+    ):
+        self.model = model
+        self.large_choice = large_choice  # strategy for choices with 11..255 options
+        self.backend = backend
+        self.tokenizer = model.tokenizer
+        self.letter_ids = self.tokenizer.letter_ids(len(LETTERS))
+        self.tree_max_tokens = tree_max_tokens
+        self.forward_max_tokens = forward_max_tokens
+        self.share_across_questions = share_across_questions
+        self.prefixes: dict[str, tuple[int, ...]] = {}
+        if prefix_cache:
+            for lang, n in self.tokenizer.prefix_len.items():
+                ids = tuple(self.tokenizer.encode(template_prefix(lang, model.bos))[:n])
+                backend.prefix(lang, ids)
+                self.prefixes[lang] = ids
+
+    def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
+        """Token ids of every option order of every readout the questions ask (a multi: one per label).
+
+        The branches of a multi are separate entries about the same state, so the packer places them next to
+        each other in one trie row (the state is computed once) and may cut rows between them."""
+        return self.tokenize_items([item for q in questions for item in q.asked])
+
+    @property
+    def serves_evidence(self) -> bool:
+        """The model has an evidence head and the backend reads hidden states (`run_with_hidden`)."""
+        return self.model.evidence_head is not None and self.backend.reads_hidden_states
+
+    def tokenize_items(
+        self, items: Sequence[Item], evidence: dict[int, StateTokens | None] | None = None
+    ) -> list[TokenizedQuestion]:
+        """Token ids of every asked option order of each item.
+
+        `evidence`: id(item) -> filled with where the state lies in the item's order-1 prompt; such an item asks
+        for the final hidden states of those tokens too (docs: evidence)."""
+        prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
+        ids = iter(self.tokenizer.encode_batch(prompts))
+        out = []
+        for item in items:
+            tokenized = TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
+            if evidence is not None and id(item) in evidence:
+                found = self._state_tokens(item, tokenized.prompts[0])
+                evidence[id(item)] = found
+                if found is not None:
+                    tokenized = replace(tokenized, hidden=tuple(range(found.t0, found.t1)))
+            out.append(tokenized)
+        return out
+
+    def _state_tokens(self, item: Item, ids: tuple[int, ...]) -> StateTokens | None:
+        prompt = item.prompt(item.orders[0], self.model.bos)
+        with_offsets, offsets = self.tokenizer.encode_with_offsets(prompt)
+        if tuple(with_offsets) != ids:
+            raise RuntimeError("the tokenizer gave two tokenizations of one prompt; this is a bug")
+        return state_tokens(prompt, item.state_text, offsets)
+
+    # -- rounds: a request whose later prompts depend on earlier answers (choices with 11..255 options) ------
+
+    def plan(self, request: DecisionRequest) -> Rounds:
+        """The request's rounds, the first one tokenized."""
+        rounds = Rounds(request, self.large_choice)
+        if rounds.evidence and not self.serves_evidence:  # the dialect refused it already, unless upstream's order
+            rounds.evidence = frozenset()
+        wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
+        found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found)
+        rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
+        return rounds
+
+    def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
+        """Hand a round's letter logits back; tokenize the next round, if there is one."""
+        rounds.take(logits)
+        if not rounds.done:
+            rounds.tokenized = self.tokenize_items(rounds.asked)
+
+    def later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
+        """Stand-ins for the final rounds before they are known: each large choice's 10 longest options (by
+        characters), in both orders. Their cost and length bound the real final group's closely."""
+        stand_ins = []
+        for lc in rounds.large.values():
+            options = lc.item.options
+            longest = sorted(sorted(range(len(options)), key=lambda i: (-len(options[i]), i))[:FINALISTS])
+            stand_ins.append(sub_item(lc.item, longest, f"{lc.item.name}#final", 2))
+        return self.tokenize_items(stand_ins)
+
+    def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
+        """The response of a request whose rounds have all been run."""
+        return self.answer(
+            rounds.request, rounds.plain_logits, rounds.input_tokens, latency_ms, rounds.joints(), rounds
+        )
+
+    def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
+        """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
+        total = 0
+        for lang in {t.lang for t in tokenized}:
+            prompts = [p for t in tokenized if t.lang == lang for p in t.prompts]
+            total += packed_tokens(prompts, len(self.prefixes.get(lang, ())))
+        return total
+
+    def letter_logits(
+        self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
+    ) -> Generator[None, None, list[list[np.ndarray]]]:
+        """Letter logits of every order of every question (float32, first k letters); yields between layers."""
+        forwards = self.pack(tokenized, stats)
+        return (yield from self.forward(tokenized, forwards, stats))
+
+    def pack(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
+        """Trie rows and forwards of a batch: host work, done before the device is taken."""
+        t0 = time.perf_counter()
+        forwards = plan_forwards(
+            tokenized,
+            self.letter_ids,
+            self.prefixes,
+            self.tree_max_tokens,
+            self.forward_max_tokens,
+            share_across_questions=self.share_across_questions,
+        )
+        forwards = [f if f.hidden_of else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards]
+        if stats is not None:
+            stats.pack_ms += (time.perf_counter() - t0) * 1000
+        return forwards
+
+    def forward(
+        self,
+        tokenized: Sequence[TokenizedQuestion],
+        forwards: Sequence[Forward],
+        stats: Stats | None = None,
+        preemptible: bool = False,
+    ) -> Generator[None, None, list[list[np.ndarray]]]:
+        """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause). On an
+        asynchronous device the next forward is queued before the last one's result is waited for (overlap.py).
+        `preemptible`: the long lane's pass, which must pause between layers (the GPU path then runs no graph)."""
+        t1 = time.perf_counter()
+        out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
+
+        def collect(i: int, result) -> None:
+            f = forwards[i]
+            logits, states = result if f.hidden_of else (result, None)
+            for (qi, order), row in f.readout_of.items():
+                out[qi][order] = logits[row]
+            for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
+                at = f.readout_of[(qi, 0)]
+                out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
+
+        yield from overlapped((self._run(f, preemptible) for f in forwards), collect)
+        if stats is not None:
+            stats.forward_ms += (time.perf_counter() - t1) * 1000
+            stats.forwards += len(forwards)
+            stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
+            stats.prompt_tokens += sum(len(p) for t in tokenized for p in t.prompts)
+        return out
+
+    def _run(self, f: Forward, preemptible: bool):
+        """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
+        if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
+            return self.backend.run_with_hidden(f.batch)
+        return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
+
+    def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
+        """Answer a planned request (no pausing, no batching with other requests)."""
+        stats = stats if stats is not None else Stats()
+        started = time.perf_counter()
+        rounds = self.plan(request)
+        stats.tokenize_ms += (time.perf_counter() - started) * 1000
+        while not rounds.done:  # one pass for an ordinary request; a large choice adds its final round
+            self.advance(rounds, run_to_end(self.letter_logits(rounds.tokenized, stats)))
+        return self.respond(rounds, (time.perf_counter() - started) * 1000)
+
+    def answer(
+        self,
+        request: DecisionRequest,
+        logits: dict[str, list[np.ndarray]],
+        input_tokens: int,
+        latency_ms: float,
+        joints: dict[str, np.ndarray] | None = None,
+        rounds: Rounds | None = None,
+    ) -> SystemOneResponse | BasalResponse:
+        """Letter logits per question (joint distributions of large choices) -> the response in the dialect;
+        `rounds` brings the evidence questions' hidden states."""
+        answers = {}
+        for q in request.questions:
+            if q.deferred_error is not None:  # upstream: raised while building this answer
+                raise q.deferred_error
+            if joints and q.name in joints:
+                joint = joints[q.name]
+                dists = [Distribution([], joint, calibrate(joint, self.model.calibration.temperature(q.item.type)))]
+            else:
+                dists = self.distributions(q, logits.get(q.name, []))
+            if q.kind == "multi":
+                answers[q.name] = answer_multi(q, dists)
+            elif q.kind == "act":
+                answers[q.name] = answer_act(q, dists[0], self.model.calibration, request.dialect)
+            else:
+                answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dists[0])
+        if any(q.evidence for q in request.questions):
+            self._add_evidence(request, answers, rounds)
+        if request.dialect == "systemone":
+            return SystemOneResponse(request.model, answers, Usage(input_tokens))
+        n, branches = len(request.questions), sum(q.branch_count for q in request.questions)
+        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, branches, round(latency_ms, 2)))
+
+    def _add_evidence(self, request: DecisionRequest, answers: dict, rounds: Rounds | None) -> None:
+        """Append `evidence` to every answer that asked for it. Upstream's order (/v1/basal): after all answers,
+        first the head, then multi questions, then the spans. /v1/systemone refused both while parsing."""
+        if not self.serves_evidence or rounds is None:
+            raise evidence_refusal_basal()
+        asking = [q for q in request.questions if q.evidence]
+        for q in asking:
+            if q.branches:
+                raise multi_evidence_error_basal(q.name)
+        head = self.model.evidence_head
+        for q in asking:
+            found, states = rounds.state_tokens.get(q.name), rounds.states.get(q.name)
+            spans: list[dict[str, object]] = []
+            if found is not None:
+                if states is None or head is None:
+                    raise RuntimeError(f"no hidden states were computed for {q.name!r}; this is a bug")
+                ls, le = head.log_scores(states[:-1], states[-1])
+                spans = best_spans(q.asked[0].state_text, found.rel, ls, le, request.facts_limit)
+            answers[q.name] = msgspec.structs.replace(answers[q.name], evidence=[EvidenceSpan(**s) for s in spans])
+
+    def distributions(self, question: Question, rows: Sequence[np.ndarray]) -> list[Distribution]:
+        """One distribution per readout of the question; `rows` = letter logits of its readouts' orders in turn."""
+        if not question.needs_model:
+            return [certain()]
+        out, at = [], 0
+        for item in question.asked:
+            n, k = len(item.orders), len(item.options)
+            temperature = self.model.calibration.temperature(item.type)
+            out.append(distribution([lg[:k] for lg in rows[at : at + n]], item.orders, temperature))
+            at += n
+        return out

@@ -1,0 +1,110 @@
+"""Who runs next: the queue of one lane of one model, its order (HRRN or FIFO) and admission by token budget.
+
+The only place that decides what goes into a batch (backends never do). Cost is counted in packed tokens — the
+tokens the prefix tree will actually compute, shared prefixes once, across requests too.
+
+HRRN (highest response ratio next): priority = (waited + estimated) / estimated, with estimated = cost / rate and
+rate an exponential average of packed tokens/s of recent batches. Short requests go first; a long one's ratio
+grows while it waits, so it is never starved. FIFO keeps arrival order.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from basal.core.engine.rounds import Rounds
+from basal.core.packing.tree import TokenizedQuestion, TrieSize
+from basal.core.request.dialects import DecisionRequest
+
+INITIAL_RATE = 3000.0  # packed tokens/s before the first batch was measured
+
+
+class Policy(enum.Enum):
+    HRRN = "hrrn"
+    FIFO = "fifo"
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request inside the engine."""
+
+    request: DecisionRequest
+    tokenized: list[TokenizedQuestion]  # the items of the round to run next, in request order
+    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is planned)
+    prompt_tokens: int  # tokens of every option-order prompt (usage.input_tokens)
+    finish: Callable[[Any], None]  # called once from a lane thread with the result or an exception
+    cancelled: Callable[[], bool] = lambda: False
+    arrival: float = field(default_factory=time.perf_counter)
+    seq: int = field(default_factory=itertools.count().__next__)
+    # filled when its batch runs
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    batch_requests: int = 0
+    rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
+
+
+class JobQueue:
+    """Waiting jobs of one lane. Not thread-safe: the engine guards it with its lane's condition."""
+
+    def __init__(self, policy: Policy = Policy.HRRN, prefix_len: dict[str, int] | None = None):
+        self.policy = policy
+        self.rate = INITIAL_RATE
+        self.prefix_len = prefix_len or {}
+        self._jobs: list[Job] = []
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def push(self, job: Job) -> None:
+        self._jobs.append(job)
+
+    def observe(self, packed_tokens: int, seconds: float) -> None:
+        """Update the token rate from a finished batch (batches under 1 ms say nothing)."""
+        if seconds > 0.001:
+            self.rate = 0.8 * self.rate + 0.2 * (packed_tokens / seconds)
+
+    def priority(self, job: Job, now: float) -> tuple[float, int, int]:
+        """Sort key, smallest first: FIFO by arrival; HRRN by response ratio, then cheaper, then older."""
+        if self.policy is Policy.FIFO:
+            return (0.0, 0, job.seq)
+        estimated = max(job.cost, 1) / self.rate
+        return (-(now - job.arrival + estimated) / estimated, job.cost, job.seq)
+
+    def drop_cancelled(self) -> list[Job]:
+        gone = [j for j in self._jobs if j.cancelled()]
+        if gone:
+            self._jobs = [j for j in self._jobs if j not in gone]
+        return gone
+
+    def admit(self, max_tokens: int, now: float | None = None) -> list[Job]:
+        """The first job in order always; then every waiting job that keeps the batch within `max_tokens`
+        packed tokens (prompts shared with jobs already admitted count once). No waiting for more work."""
+        if not self._jobs:
+            return []
+        now = time.perf_counter() if now is None else now
+        ordered = sorted(self._jobs, key=lambda j: self.priority(j, now))
+        sizes: dict[str, TrieSize] = {}
+        batch: list[Job] = []
+        for job in ordered:
+            added = []
+            for t in job.tokenized:
+                size = sizes.setdefault(t.lang, TrieSize())
+                for p in t.prompts:
+                    size.add(p)
+                    added.append((size, p))
+            total = sum(s.tokens - self.prefix_len.get(lang, 0) for lang, s in sizes.items() if s.tokens)
+            if batch and total > max_tokens:
+                for size, p in reversed(added):
+                    size.remove(p)
+                continue
+            batch.append(job)
+            if total >= max_tokens:
+                break
+        chosen = set(map(id, batch))
+        self._jobs = [j for j in self._jobs if id(j) not in chosen]
+        return batch

@@ -1,0 +1,80 @@
+"""What core needs from a compute backend (the protocol every backend implements; backends/load.py selects one).
+
+It lives in core because core drives backends (the engine pauses long passes at every yield of `run`); backends import
+core types, never the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from basal.core.model.model_dir import ModelDir
+from basal.core.packing.tree import PackedBatch
+
+
+class Backend(Protocol):
+    """Everything core asks of a compute backend. Every backend implements every member; where one has nothing to
+    do for a capability (no host-side preparation, no warm-up), the member says so in its result."""
+
+    name: str  # "torch" | "mlx"
+    device: str  # "cpu", "cuda", "metal", ...
+    dtype: str  # "f32" | "f16" | "bf16"
+    model: ModelDir
+    reads_hidden_states: bool  # `run_with_hidden` works: the evidence head can be served
+
+    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+        """Compute and keep the K/V of a template prefix (positions 0..n-1); batches refer to it by `key`."""
+        ...
+
+    def prepare(self, batch: PackedBatch) -> Any:
+        """The host work of a pass, done while packing, before the device is taken (the GPU path: the tile plan
+        and the metadata blob); `run` gets it back as `prepared`. None from a backend that has no such work."""
+        ...
+
+    def run(
+        self, batch: PackedBatch, prepared: Any = None, preemptible: bool = False
+    ) -> Generator[Any, None, np.ndarray]:
+        """Forward over the packed tree; returns float32[readouts, letters].
+
+        Every yield is a pause point: the engine may run other batches there (a long lane steps aside for a main
+        lane) before it resumes the pass. A backend yields at least after every layer, and may yield inside a
+        layer too (the torch backend does between GEMM row chunks and key-tile spans, so that one long layer does
+        not hold the device for seconds). A pause must never change the result: the pass keeps its tensors and
+        its arithmetic across it, and leaves no state behind that other batches would see.
+
+        `prepared`: what `prepare(batch)` returned. `preemptible`: the long lane's pass, which must be able to
+        pause between layers (the GPU path then replays no graph; same kernels, same bits).
+
+        A backend on an asynchronous device may yield `passes.QUEUED` once instead of None, when all of the
+        pass's device work is queued and only its readback is left: the pipeline then queues its next forward
+        before it waits for this one's result. A pass with another one started after its QUEUED must still
+        give the same result."""
+        ...
+
+    def run_with_hidden(self, batch: PackedBatch) -> Generator[Any, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`
+        (evidence questions); the readouts keep the bits `run` gives them. Only called where
+        `reads_hidden_states`."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        """What decides this backend's bits and speed here (backend, device, dtype, library versions, threads,
+        kernel plans): `basal doctor`, `/v1/models` and exports show it."""
+        ...
+
+    def warm_up(self) -> int:
+        """Work done once before serving so that the first requests do not pay for it (the GPU path captures CUDA
+        graphs of the common buckets) -> how many things it prepared; 0 where a backend has nothing to warm."""
+        ...
+
+
+def run_to_end(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
+    """Drive a `Backend.run` generator without pausing."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

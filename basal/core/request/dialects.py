@@ -1,0 +1,719 @@
+"""Request contracts of the two HTTP dialects and the answers they return.
+
+* ``/v1/systemone`` — the TypeSafe System One API (docs/http-api.md): strict. Shape errors are
+  FastAPI-style 422 lists (``{"detail": [{"type", "loc", "msg", ...}]}``, every error at once, the question
+  type inside ``loc``); semantic limits are 400 with Jev's exact bodies; valid requests that basal does not
+  support yet are 422 ``{"error": "unsupported", "detail": [...]}``.
+* ``/v1/basal`` — the upstream basal-serve dialect (docs/contract.md §1.5, §2.3): lenient ``to_items``,
+  every error 422 ``{"error": "..."}``.
+
+Both produce the same plan, a `DecisionRequest` of `Question`s; nothing past this module sees raw JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import msgspec
+
+from basal.core.decision.act import ActAnswer, ActSpec
+from basal.core.decision.evidence import Evidence
+from basal.core.decision.multi import MultiAnswer, MultiSpec
+from basal.core.errors import RequestError
+from basal.core.facts.request import basal_state_text, systemone_state_text
+from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, Item, named_options
+from basal.core.model.render import MAX_DEPTH, depth_of, text_of
+from basal.core.request import extensions as ext
+from basal.core.request.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
+from basal.core.request.limits import DEFAULT_LIMITS, Limits, echo
+from basal.core.request.model_names import ServedModels
+
+Dialect = Literal["systemone", "basal"]
+Kind = Literal["choice", "noul", "score", "multi", "act"]
+MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (decision/large_choice.py); /v1/basal keeps 2..10
+MAX_LEVELS = 10
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plan: what the engine runs and the answer builder needs.
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    kind: Kind  # answer shape
+    item: Item  # what the model sees; one option -> answered with p = 1 without running the model
+    legend: tuple[Any, ...] = ()  # score legend values (TypeSafe: levels as sent; upstream: shown texts)
+    branches: tuple[Item, ...] = ()  # multi: one yes/no item per label, asked instead of `item`
+    spec: MultiSpec | ActSpec | None = None  # multi selection rule / act cost matrix
+    evidence: bool = False  # a truthy `evidence` field
+    deferred_error: RequestError | None = None  # upstream: raised when the answer is built (after the run)
+
+    @property
+    def name(self) -> str:
+        return self.item.name
+
+    @property
+    def needs_model(self) -> bool:
+        return bool(self.branches) or len(self.item.options) >= 2
+
+    @property
+    def asked(self) -> tuple[Item, ...]:
+        """The readouts the model answers for this question, in order (multi: its branches)."""
+        return self.branches or (self.item,)
+
+    @property
+    def branch_count(self) -> int:
+        """``usage.branches`` of the question: its labels for multi, 1 otherwise."""
+        return len(self.branches) or 1
+
+
+def _from_planned(planned: ext.Planned, evidence: bool) -> Question:
+    return Question(
+        planned.kind,  # type: ignore[arg-type]
+        planned.item,
+        branches=planned.branches,
+        spec=planned.spec,
+        evidence=evidence,
+        deferred_error=planned.deferred_error,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    dialect: Dialect
+    model: str
+    questions: tuple[Question, ...]
+    warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
+    facts_limit: int | None = None  # with facts "auto": the original state's length (evidence spans end there)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Answers (wire types). Field order follows the live API / upstream engine.
+
+Probabilities = dict[str, float]
+
+
+class NoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
+    noul: float
+    evidence: Evidence = msgspec.UNSET
+
+
+class ChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
+    choice: str
+    confidence: float
+    probabilities: Probabilities
+    evidence: Evidence = msgspec.UNSET
+
+
+class ScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
+    score: float
+    confidence: float
+    legend: dict[str, Any]
+    probabilities: Probabilities
+    evidence: Evidence = msgspec.UNSET
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int = 0
+
+
+class SystemOneResponse(msgspec.Struct):
+    model: str
+    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer | MultiAnswer | ActAnswer]
+    usage: Usage
+
+
+class BasalNoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
+    noul: float
+    probabilities: Probabilities
+    confidence: float
+    evidence: Evidence = msgspec.UNSET
+
+
+class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
+    choice: str
+    probabilities: Probabilities
+    confidence: float
+    evidence: Evidence = msgspec.UNSET
+
+
+class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
+    score: float
+    legend: dict[str, Any]
+    probabilities: Probabilities
+    confidence: float
+    evidence: Evidence = msgspec.UNSET
+
+
+class BasalUsage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+    questions: int
+    branches: int
+    latency_ms: float
+
+
+class BasalResponse(msgspec.Struct):
+    model: str
+    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer | MultiAnswer | ActAnswer]
+    usage: BasalUsage
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON bodies
+
+_BYTE_AT = re.compile(r"\(byte (\d+)\)")
+_COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _why_not_json(body: bytes) -> str | None:
+    """A body that fails to decode for a reason the user can fix at once: none at all, or compressed data."""
+    if not body.strip():
+        return "empty body"
+    for magic, encoding in _COMPRESSED_MAGIC.items():
+        if body.startswith(magic):
+            return f"the body is {encoding} data: set Content-Encoding: {encoding}"
+    return None
+
+
+def decode_body(body: bytes, dialect: Dialect) -> Any:
+    """Raw body -> Python JSON value (same values as ``json.loads``), or the dialect's invalid-JSON error."""
+    try:
+        return msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError) as e:
+        message = str(e) if isinstance(e, msgspec.DecodeError) else "JSON nested too deeply"
+        reason = _why_not_json(body)
+        if dialect == "basal":
+            shown = message if reason is None else reason
+            raise RequestError(422, {"error": f"invalid JSON: {shown}"}, upstream=f"JSONDecodeError: {message}") from e
+        m = _BYTE_AT.search(message)
+        offset = len(body[: int(m.group(1))].decode("utf-8", errors="ignore")) if m else 0
+        raise RequestError(
+            422,
+            {
+                "detail": [
+                    {
+                        "type": "json_invalid",
+                        "loc": ["body", offset],
+                        "msg": "JSON decode error" if reason is None else f"JSON decode error: {reason}",
+                        "input": {},
+                        "ctx": {"error": message if reason is None else reason},
+                    }
+                ]
+            },
+        ) from e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/systemone — TypeSafe System One
+
+
+def _served_hint(resolve_model: Callable[..., str | None]) -> str:
+    """`` (served: ...; GET /v1/models lists them)`` after an unknown model name, where the served names are known."""
+    return f" ({resolve_model.hint()})" if isinstance(resolve_model, ServedModels) else ""
+
+
+def _usage_error(message: str) -> RequestError:
+    return RequestError(400, {"detail": {"error_type": "api_usage_error", "message": message}})
+
+
+class _ShapeErrors:
+    """FastAPI/pydantic-style 422 error list, collected over the whole body, at most `limits.max_errors` listed."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.limits = limits
+        self.unlisted = 0
+        self.stopped = False  # checking stopped once the list was full
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.limits.max_errors
+
+    def body(self) -> dict[str, Any]:
+        items = self.items
+        if self.unlisted or self.stopped:
+            more = f"more errors are not listed (at most {self.limits.max_errors} are)"
+            items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
+        return {"detail": items}
+
+    def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
+        if self.full:
+            self.unlisted += 1
+            return
+        loc = [echo(part, self.limits) if isinstance(part, str) else part for part in loc]
+        err: dict[str, Any] = {"type": type_, "loc": ["body", *loc], "msg": msg}
+        if type_ != "missing":
+            err["input"] = _preview(value, self.limits.max_echo_chars)
+        if ctx:
+            err["ctx"] = ctx
+        self.items.append(err)
+
+    def missing(self, loc: list[Any], hint: str = "") -> None:
+        self.add("missing", loc, "Field required" + hint)
+
+    def extra(self, loc: list[Any], value: Any, allowed: frozenset[str] | tuple[str, ...]) -> None:
+        """An unknown field, with the nearest valid name (computed only while the list has room)."""
+        hint = "" if self.full else did_you_mean(str(loc[-1]), allowed)
+        self.add("extra_forbidden", loc, "Extra inputs are not permitted" + hint, value)
+
+    def entry(self, value: Any, loc: list[Any], nullable: bool) -> bool:
+        """A content value (state, instructions, criterion): string, object or array (or null where allowed)."""
+        if value is None and nullable:
+            return True
+        if not isinstance(value, str | dict | list):
+            allowed = "a string, an object, an array or null" if nullable else "a string, an object or an array"
+            self.add("entry_type", loc, f"Input should be {allowed}", value)
+            return False
+        if depth_of(value) > MAX_DEPTH:
+            self.add("too_deep", loc, f"Value is nested deeper than {MAX_DEPTH} levels", None, max_depth=MAX_DEPTH)
+            return False
+        return True
+
+
+SYSTEMONE_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+MAX_KEYS_COMPARED = 64  # a missing field is compared with the body's first keys only (a body may have thousands)
+
+
+def _misspelled_as(field: str, raw: dict[str, Any]) -> str:
+    """`` (the body has 'questons'; did you mean 'questions'?)`` for a missing top-level field, if a key is close."""
+    unknown = [k[:MAX_KEY_CHARS] for k in itertools.islice(raw, MAX_KEYS_COMPARED) if k not in SYSTEMONE_BODY_KEYS]
+    match = nearest(field, unknown)
+    return f" (the body has {echo(match)!r}; did you mean {field!r}?)" if match else ""
+
+
+def _preview(value: Any, max_chars: int = DEFAULT_LIMITS.max_echo_chars) -> Any:
+    """Input echoed in a 422 error, cut so an error body never grows with the request."""
+    if isinstance(value, str) and len(value) > max_chars:
+        return value[:max_chars] + "…"
+    if isinstance(value, dict | list) and not _fits(value, max_chars):
+        return "…"
+    return value
+
+
+def _fits(value: Any, budget: int) -> bool:
+    """Whether a JSON value encodes to about `budget` bytes or fewer; stops counting once past it."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            budget -= 2 + len(v)
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            budget -= 2 + len(v)
+            stack.extend(v)
+        else:
+            budget -= len(v) + 2 if isinstance(v, str) else 8
+        if budget < 0:
+            return False
+    return True
+
+
+def _lang(state_text: str, question_text: str) -> str:
+    """`lang_of(state_text + question_text)` without copying the state once per question."""
+    return "pl" if _has_polish(state_text) or _has_polish(question_text) else "en"
+
+
+_last_long_text: list[tuple[str, bool]] = []  # the last long state scanned (one entry: bounded memory)
+_last_long_lock = threading.Lock()
+
+
+def _has_polish(text: str) -> bool:
+    if len(text) < 4096:
+        return not POLISH_CHARS.isdisjoint(text)
+    with _last_long_lock:  # the state of a request is scanned once, not once per question
+        if _last_long_text and _last_long_text[0][0] is text:
+            return _last_long_text[0][1]
+    found = not POLISH_CHARS.isdisjoint(text)
+    with _last_long_lock:
+        _last_long_text[:] = [(text, found)]
+    return found
+
+
+def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestError:
+    if dialect == "basal":
+        return _basal_error(f"{n} questions; a request may ask at most {limits.max_questions}")
+    return RequestError(400, {"detail": f"Too many questions. Must have at most {limits.max_questions} questions."})
+
+
+def parse_systemone(
+    raw: Any,
+    resolve_model: Callable[[str], str | None],
+    limits: Limits = DEFAULT_LIMITS,
+    serves_evidence: Callable[[str], bool] = lambda _model: False,
+) -> DecisionRequest:
+    """Validate a decoded ``/v1/systemone`` body and plan its questions.
+
+    `resolve_model` maps a requested model name (or alias) to the served name, or None if not served;
+    `serves_evidence(name)`: that model has an evidence head (else `evidence` is refused as unsupported).
+    Order of checks as on the hosted API: body shape (422, all errors), then model and limits (400, first),
+    then what basal does not support yet (422 unsupported).
+    """
+    errors = _ShapeErrors(limits)
+    if not isinstance(raw, dict):
+        errors.add("dict_type", [], "Input should be a valid dictionary", raw)
+        raise RequestError(422, errors.body())
+    if isinstance(raw.get("questions"), dict) and len(raw["questions"]) > limits.max_questions:
+        raise _too_many_questions("systemone", len(raw["questions"]), limits)  # before any per-question work
+    for key in ("model", "state", "questions"):
+        if key not in raw:
+            errors.missing([key], _misspelled_as(key, raw))
+    if "model" in raw and not isinstance(raw["model"], str):
+        errors.add("string_type", ["model"], "Input should be a valid string", raw["model"])
+    state_ok = "state" in raw and errors.entry(raw["state"], ["state"], nullable=False)
+    questions = raw.get("questions")
+    if "questions" in raw:
+        if not isinstance(questions, dict):
+            errors.add("dict_type", ["questions"], "Input should be a valid dictionary", questions)
+        elif not questions:
+            errors.add(
+                "too_short",
+                ["questions"],
+                "Dictionary should have at least 1 item after validation",
+                questions,
+                field_type="Dictionary",
+                min_length=1,
+                actual_length=0,
+            )
+    state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
+    if isinstance(questions, dict):
+        ext.check_multi_evidence(questions, ext.Errors(errors.items))
+        for qid, q in questions.items():
+            if errors.full:
+                errors.stopped = True
+                break
+            _check_question_shape(qid, q, errors)
+    if errors.items:
+        raise RequestError(422, errors.body())
+
+    model = resolve_model(raw["model"])
+    if model is None:
+        raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
+    unsupported: list[dict[str, Any]] = []
+    planned = []
+    has_head = serves_evidence(model)
+    for qid, q in questions.items():
+        question = _plan_systemone(qid, q, state_text, unsupported, has_head)
+        if question is not None:
+            planned.append(question)
+    if unsupported:
+        raise RequestError(422, {"error": "unsupported", "detail": unsupported})
+    return DecisionRequest("systemone", model, tuple(planned), facts_limit=_facts_limit(raw))
+
+
+def _facts_limit(raw: dict[str, Any]) -> int | None:
+    """With facts "auto": the length of the state before the facts block (evidence spans are clipped to it)."""
+    return len(text_of(raw["state"])) if raw.get("facts") == "auto" else None
+
+
+def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
+    return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
+
+
+_COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
+_ALLOWED_KEYS = {
+    "noul": _COMMON_KEYS,
+    "choice": _COMMON_KEYS | {"option_keys"},
+    "score": _COMMON_KEYS,
+    "multi": ext.MULTI_KEYS,
+    "act": ext.ACT_KEYS,
+}
+
+
+def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
+    if not isinstance(q, dict):
+        errors.add("model_attributes_type", ["questions", qid], "Input should be a valid dictionary", q)
+        return
+    qtype = q.get("type")
+    if "type" not in q:
+        errors.missing(["questions", qid, "type"])
+        return
+    if not isinstance(qtype, str):
+        errors.add("string_type", ["questions", qid, "type"], "Input should be a valid string", qtype)
+        return
+    if qtype not in _ALLOWED_KEYS:
+        return  # an unknown type is a 400 (checked with the limits); extensions are 422 unsupported
+    loc = ["questions", qid, qtype]
+    for key in q:
+        if key not in _ALLOWED_KEYS[qtype]:
+            errors.extra([*loc, key], q[key], _ALLOWED_KEYS[qtype])
+    if "instructions" in q:
+        errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
+    criteria = q.get("criteria")
+    if qtype == "multi":
+        ext.check_multi_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "act":
+        ext.check_act_shape(qid, q, ext.Errors(errors.items), errors.entry)
+    elif qtype == "noul":
+        if criteria is None:
+            return
+        if not isinstance(criteria, dict):
+            errors.add("dict_type", [*loc, "criteria"], "Input should be a valid dictionary", criteria)
+            return
+        for side, value in criteria.items():
+            if side in ("true", "false"):
+                errors.entry(value, [*loc, "criteria", side], nullable=True)
+            else:
+                errors.extra([*loc, "criteria", side], value, ("true", "false"))
+    elif qtype == "choice":
+        if "option_keys" in q and q["option_keys"] not in ("show", "hide"):
+            errors.add(
+                "literal_error",
+                [*loc, "option_keys"],
+                "Input should be 'show' or 'hide'",
+                q["option_keys"],
+                expected="'show' or 'hide'",
+            )
+        if "criteria" not in q:
+            errors.missing([*loc, "criteria"])
+        elif not isinstance(criteria, dict):
+            errors.add("dict_type", [*loc, "criteria"], "Input should be a valid dictionary", criteria)
+        else:
+            for key, value in criteria.items():
+                errors.entry(value, [*loc, "criteria", key], nullable=True)
+    else:  # score
+        if "criteria" not in q:
+            errors.missing([*loc, "criteria"])
+        elif not isinstance(criteria, list):
+            errors.add("list_type", [*loc, "criteria"], "Input should be a valid list", criteria)
+        elif not criteria:
+            errors.add(
+                "too_short",
+                [*loc, "criteria"],
+                "List should have at least 1 item after validation",
+                criteria,
+                field_type="List",
+                min_length=1,
+                actual_length=0,
+            )
+        else:
+            for i, value in enumerate(criteria):
+                errors.entry(value, [*loc, "criteria", i], nullable=False)
+
+
+def _plan_systemone(
+    qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]], has_head: bool = False
+) -> Question | None:
+    """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
+    qtype = q["type"]
+    if qtype == "box":
+        unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
+        return None
+    if qtype not in _ALLOWED_KEYS:
+        raise _usage_error(
+            f"Invalid request: question {echo(qid)!r} has unknown type {echo(qtype)!r}; "
+            f"allowed types: {', '.join(_ALLOWED_KEYS)}."
+        )
+    instructions = q.get("instructions")
+    question_text = "" if instructions is None else text_of(instructions)
+    evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
+    if evidence and not has_head:
+        unsupported.append(ext.evidence_unsupported(qid))
+    elif evidence and not ext.evidence_option_count_ok(q):
+        unsupported.append(ext.evidence_unsupported(qid, ext.EVIDENCE_OPTIONS))
+    if qtype == "multi":
+        planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, False)
+    if qtype == "act":
+        planned = ext.plan_act_systemone(qid, q, state_text, question_text, unsupported)
+        return None if planned is None else _from_planned(planned, evidence)
+    lang = _lang(state_text, question_text)
+    criteria = q.get("criteria")
+    legend: tuple[Any, ...] = ()
+    if qtype == "noul":
+        sides = criteria or {}
+        if instructions is None and sides.get("true") is None and sides.get("false") is None:
+            raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {echo(qid)}"})
+        yes, no = DEFAULT_YES_NO[lang]
+        keys = ["true", "false"]
+        options = [
+            text_of(yes if sides.get("true") is None else sides["true"]),
+            text_of(no if sides.get("false") is None else sides["false"]),
+        ]
+    elif qtype == "choice":
+        if not criteria:
+            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {echo(qid)}"})
+        if len(criteria) > MAX_CHOICES:
+            raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
+        keys, options = named_options(criteria, q.get("option_keys", "show"))
+    else:
+        if len(criteria) > MAX_LEVELS:
+            raise RequestError(400, {"detail": f"Too many score levels. Must have at most {MAX_LEVELS} levels."})
+        keys = [str(i) for i in range(len(criteria))]
+        options = [text_of(level) for level in criteria]
+        legend = tuple(criteria)
+    item = Item(qid, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
+    return Question(qtype, item, legend, evidence=evidence)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/basal — the upstream basal-serve dialect (lenient; upstream messages where upstream has them)
+
+
+BASAL_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+_BASAL_COMMON = frozenset({"type", "instructions", "criteria", "evidence"})
+BASAL_QUESTION_KEYS = {  # the fields upstream reads, by question type (an unknown type is read as a choice)
+    "choice": _BASAL_COMMON | {"option_keys"},
+    "noul": _BASAL_COMMON,
+    "score": _BASAL_COMMON | {"levels", "option_keys"},
+    "multi": ext.MULTI_KEYS,
+    "act": ext.ACT_KEYS,
+}
+
+
+def _basal_error(message: str, kind: str = "ValueError", upstream: str | None = None) -> RequestError:
+    """422 ``{"error": message}``; `upstream` is upstream's own message where basal's says more (the default)."""
+    return RequestError(422, {"error": message}, upstream=f"{kind}: {message if upstream is None else upstream}")
+
+
+def parse_basal(
+    raw: Any,
+    resolve_model: Callable[[str | None], str | None],
+    check_evidence: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
+    serves_evidence: Callable[[str], bool] = lambda _model: False,
+) -> DecisionRequest:
+    """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model.
+
+    `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference);
+    `serves_evidence(name)`: that model has an evidence head."""
+    if not isinstance(raw, dict):
+        raise _basal_error("the request body must be a JSON object", "TypeError")
+    warnings = Warnings()
+    warnings.ignored(raw, BASAL_BODY_KEYS)
+    for key in ("state", "questions"):
+        if key not in raw:
+            raise _basal_error(f'the request has no "{key}"', "KeyError")
+    requested = raw.get("model")
+    if requested is not None and not isinstance(requested, str):
+        raise _basal_error('"model" must be a string', "TypeError")
+    model = resolve_model(requested)
+    if model is None:
+        shown = f"unknown model: {echo(requested, limits)}"
+        raise _basal_error(shown + _served_hint(resolve_model), upstream=shown)
+    questions = raw["questions"]
+    if not isinstance(questions, dict):
+        raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
+    if len(questions) > limits.max_questions:
+        raise _too_many_questions("basal", len(questions), limits)
+    if depth_of(raw["state"]) > MAX_DEPTH:
+        raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
+    state_text = basal_state_text(raw)  # facts: "off" / "auto"
+    planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
+    if check_evidence:
+        _fail_before_the_run(planned, serves_evidence(model))
+    else:
+        planned = tuple(replace(q, evidence=False) for q in planned)
+    return DecisionRequest("basal", model, planned, warnings.messages(), facts_limit=_facts_limit(raw))
+
+
+def _fail_before_the_run(questions: tuple[Question, ...], has_head: bool = False) -> None:
+    """Raise now what upstream would raise after the run, when no earlier question could fail first.
+
+    Upstream builds answers in question order (a multi's int(max), an act refusal without a defer action can
+    fail there), then refuses evidence for want of a head, then evidence on a multi. Only an act with max_error
+    and no defer action depends on the model's output; up to such a question, the outcome is known before
+    anything runs (the pipeline raises the same errors after the run otherwise).
+    """
+    for q in questions:
+        if q.deferred_error is not None:
+            raise q.deferred_error
+        if ext.may_fail_after_run(q.spec):
+            return
+    if any(q.evidence for q in questions) and not has_head:
+        raise ext.evidence_refusal_basal()
+    for q in questions:
+        if q.evidence and q.branches:
+            raise ext.multi_evidence_error_basal(q.name)
+
+
+def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Question:
+    shown = echo(name)  # the name as quoted in errors
+    if not isinstance(q, dict):
+        raise _basal_error(f"question {shown!r} must be an object", "AttributeError")
+    qtype = q.get("type", "choice")
+    if not isinstance(qtype, str):
+        raise _basal_error(f"question {shown!r}: type must be a string", "TypeError")
+    warnings.ignored(q, BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"]), name)
+    if any(depth_of(v) > MAX_DEPTH for v in q.values()):
+        raise _basal_error(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
+    question_text = text_of(q.get("instructions", ""))
+    evidence = ext.truthy(q.get("evidence"))
+    if qtype == "multi":
+        return _from_planned(ext.plan_multi_basal(name, q, state_text, question_text), evidence)
+    if qtype == "act":
+        planned = ext.plan_act_basal(name, q, state_text, question_text, lambda: _basal_option_keys(q))
+        return _from_planned(planned, evidence)
+    lang = _lang(state_text, question_text)
+    kind: Kind
+    if qtype == "noul":  # upstream falls back to the default text for any falsy side ("", {}, [], null)
+        kind = "noul"
+        sides = q.get("criteria") or {}
+        if not isinstance(sides, dict):
+            raise _basal_error(f"question {shown!r}: noul criteria must be an object", "AttributeError")
+        yes, no = DEFAULT_YES_NO[lang]
+        keys, options = ["true", "false"], [text_of(sides.get("true") or yes), text_of(sides.get("false") or no)]
+    elif qtype == "score":
+        kind = "score"
+        levels = q.get("criteria") or q.get("levels") or []
+        _check_option_count(shown, levels, qtype)
+        if isinstance(levels, dict):
+            keys, options = named_options(levels, _basal_option_keys(q))
+        elif isinstance(levels, list):
+            keys, options = [str(i) for i in range(len(levels))], [text_of(v) for v in levels]
+        else:
+            raise _basal_error(f"question {shown!r}: score criteria must be a list or an object", "TypeError")
+    else:  # choice; an unknown type name is asked as a choice and gets no temperature (T = 1)
+        kind = "choice"
+        criteria = q.get("criteria") or {}
+        if isinstance(criteria, list):
+            if not all(isinstance(k, str) for k in criteria):
+                raise _basal_error(f"question {shown!r}: a criteria list must hold option names (strings)", "TypeError")
+            criteria = dict.fromkeys(criteria)
+        if not isinstance(criteria, dict):
+            raise _basal_error(f"question {shown!r}: choice criteria must be an object or a list", "TypeError")
+        _check_option_count(shown, criteria, qtype)
+        keys, options = named_options(criteria, _basal_option_keys(q))
+    if not 2 <= len(options) <= MAX_OPTIONS:
+        raise _option_count_error(shown, len(options), qtype, q)
+    if qtype not in BASAL_QUESTION_KEYS:
+        warnings.add(f"question {shown!r}: {_unknown_type(qtype)}")
+    item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
+    return Question(kind, item, tuple(options) if kind == "score" else (), evidence=evidence)
+
+
+def _check_option_count(shown: str, criteria: Any, qtype: str) -> None:
+    """The option limit, checked before any option is rendered (a request may send thousands)."""
+    if isinstance(criteria, dict | list) and len(criteria) > MAX_OPTIONS:
+        raise _option_count_error(shown, len(criteria), qtype)
+
+
+def _option_count_error(shown: str, n: int, qtype: str, q: dict[str, Any] | None = None) -> RequestError:
+    """Upstream's message, and why where basal can tell: an unknown type was asked as a choice, a misspelled
+    field (``critera``) left the question without options."""
+    message = f"question {shown!r}: {n} options (supported: 2..{MAX_OPTIONS})"
+    hints = [] if qtype in BASAL_QUESTION_KEYS else [_unknown_type(qtype)]
+    allowed = BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"])
+    for key in itertools.islice(q or {}, MAX_KEYS_COMPARED) if n < 2 else ():
+        if key not in allowed and (match := nearest(key, allowed)):
+            hints.append(f"ignored field {echo(key[:MAX_KEY_CHARS])!r} (did you mean {match!r}?)")
+            break
+    return _basal_error("; ".join([message, *hints]), upstream=message)
+
+
+def _unknown_type(qtype: str) -> str:
+    return f"type {echo(qtype)!r} is not one of {', '.join(BASAL_QUESTION_KEYS)}, so it was asked as a choice"
+
+
+def _basal_option_keys(q: dict[str, Any]) -> str:
+    option_keys = q.get("option_keys", "show")
+    if option_keys not in ("show", "hide"):
+        raise _basal_error(f'option_keys must be "show" or "hide", got {echo(repr(option_keys))}')
+    return option_keys

@@ -1,0 +1,381 @@
+"""Request fields of `multi`, `act` and `evidence` in both dialects (docs/extensions.md §1.2–§1.3, §3.1, §4.1–§4.2).
+
+* ``/v1/basal`` follows upstream basal-serve 1.5: Python ``float()``/``int()``/``str()`` semantics, the first
+  error wins, messages prefixed ``question 'NAME': `` where upstream has the prefix.
+* ``/v1/systemone`` follows the Rust engine's TypeSafe dialect: JSON numbers only, every schema error collected
+  (``{"type", "loc", "msg"}``, no ``input``), capability errors as ``unsupported``.
+
+Each planner returns a `Planned` (what `contract.Question` is built from), so this module never imports the
+contract module and the two stay separate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from basal.core.decision.act import ActSpec, full_form_defer, short_form_rows
+from basal.core.decision.multi import MultiSpec, branch_items
+from basal.core.errors import RequestError
+from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
+from basal.core.model.render import text_of
+
+NO_HEAD = "evidence is not available for this model (no evidence_head.pt)"
+NOT_FOR_MULTI = "evidence is not supported for multi"
+EVIDENCE_OPTIONS = "evidence needs 2 to 10 options"
+ACT_BASES = ("choice", "noul", "score")
+MAX_LABELS = 1000  # basal's own bound (upstream has none): each label is two prompts over the whole state
+MULTI_KEYS = frozenset({"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence"})
+ACT_KEYS = frozenset(
+    {"type", "instructions", "criteria", "base", "option_keys", "costs", "defer_action", "max_error", "evidence"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A planned multi/act question: the descriptive item, the branches asked (multi), the spec."""
+
+    kind: str
+    item: Item
+    spec: MultiSpec | ActSpec
+    branches: tuple[Item, ...] = ()
+    deferred_error: RequestError | None = None  # upstream raises it when the answer is built, after the run
+
+
+def truthy(value: Any) -> bool:
+    """Python truthiness of a JSON value (the rule of both engines for `evidence`)."""
+    return bool(value)
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number that fits a float64 (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not isinstance(value, int) or abs(value) < 2**1023
+
+
+def rust_debug(value: str) -> str:
+    """A string quoted as Rust's ``{:?}`` does (close enough for messages: escapes, control characters)."""
+    quoted = json.dumps(value, ensure_ascii=False)
+    return re.sub(r"\\u00([0-9a-f]{2})", lambda m: "\\u{" + m.group(1).lstrip("0") + "}", quoted)
+
+
+def _cost_message(action: str, outcomes: tuple[str, ...], quote: Callable[[str], str]) -> str:
+    return f"costs[{quote(action)}] must give a cost for every outcome [{', '.join(quote(z) for z in outcomes)}]"
+
+
+def _yes_no(lang: str, true_text: Any, false_text: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Keys and option texts of a yes/no readout; a side given as None takes the language's default."""
+    yes, no = DEFAULT_YES_NO[lang]
+    sides = (yes if true_text is None else text_of(true_text), no if false_text is None else text_of(false_text))
+    return ("true", "false"), sides
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/basal — upstream
+
+
+def _upstream_error(message: str, kind: str = "ValueError") -> RequestError:
+    return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
+
+
+def _python_error(e: Exception) -> RequestError:
+    """A Python exception of float()/int()/a missing key, with upstream's own text (str of the exception)."""
+    return _upstream_error(str(e), type(e).__name__)
+
+
+def _labels_basal(name: str, criteria: Any) -> tuple[list[str], list[str]]:
+    if isinstance(criteria, list):
+        if not all(isinstance(k, str) for k in criteria):
+            raise _upstream_error(f"question {name!r}: a criteria list must hold option names (strings)", "TypeError")
+        criteria = dict.fromkeys(criteria)
+    if not isinstance(criteria, dict):
+        raise _upstream_error(f"question {name!r}: criteria must be an object or a list", "TypeError")
+    return list(criteria), [k if v is None else text_of(v) for k, v in criteria.items()]
+
+
+def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_text: str) -> Planned:
+    criteria = q.get("criteria")
+    if not criteria:
+        raise _upstream_error(f"question {name!r}: multi needs criteria")
+    keys, labels = _labels_basal(name, criteria)
+    if len(keys) > MAX_LABELS:
+        raise _upstream_error(f"question {name!r}: {len(keys)} labels (basal asks at most {MAX_LABELS} per multi)")
+    try:
+        threshold = float(q.get("threshold", 0.5))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _python_error(e) from e
+    limits: dict[str, int | None] = {"max": None, "min": None}
+    deferred = None
+    for bound in ("max", "min"):  # upstream applies int() when it builds the answer: max first, then min
+        if q.get(bound) is not None and deferred is None:
+            try:
+                limits[bound] = int(q[bound])
+            except (TypeError, ValueError, OverflowError) as e:
+                deferred = _python_error(e)
+    lang = lang_of(state_text + question_text)
+    item = Item(name, "multi", tuple(keys), tuple(labels), lang, state_text, question_text)
+    spec = MultiSpec(tuple(keys), threshold, limits["max"], limits["min"])
+    return Planned("multi", item, spec, branch_items(name, keys, labels, lang, state_text, question_text), deferred)
+
+
+def plan_act_basal(
+    name: str, q: dict[str, Any], state_text: str, question_text: str, option_keys: Callable[[], str]
+) -> Planned:
+    """Readout (§4.1), cost matrix (§4.2), then the 2..10 option check."""
+    lang = lang_of(state_text + question_text)
+    criteria = q.get("criteria") or {}
+    base = q.get("base")
+    keys: tuple[str, ...]
+    if (isinstance(criteria, dict) and all(k in ("true", "false") for k in criteria)) or base == "noul":
+        sides = criteria if isinstance(criteria, dict) else {}
+        keys, options = _yes_no(lang, sides.get("true") or None, sides.get("false") or None)
+        calibration_type, validated = "noul", True
+    else:
+        calibration_type = base if isinstance(base, str) and base else "choice"
+        names, _ = _labels_basal(name, criteria)
+        shown = criteria if isinstance(criteria, dict) else dict.fromkeys(names)
+        hide = option_keys()
+        keys_list, options_list = named_options(shown, hide)
+        keys, options, validated = tuple(keys_list), tuple(options_list), hide == "hide"
+    rows, defer = _costs_basal(name, q, keys)
+    if not 2 <= len(options) <= MAX_OPTIONS:
+        raise _upstream_error(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
+    max_error = q.get("max_error")
+    spec = ActSpec(keys, rows, defer, None if max_error is None else str(max_error), validated)
+    return Planned("act", Item(name, calibration_type, keys, options, lang, state_text, question_text), spec)
+
+
+def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
+    costs = q.get("costs")
+    if not isinstance(costs, dict) or not costs:
+        raise _upstream_error(f"question {name!r}: act needs costs")
+    try:
+        if all(k in ("wrong", "defer") for k in costs) and not isinstance(costs.get("wrong"), dict):
+            wrong = float(costs["wrong"])
+            defer = float(costs["defer"]) if "defer" in costs else None
+            return short_form_rows(outcomes, wrong, defer), "defer" if defer is not None else None
+        rows = []
+        for action, row in costs.items():
+            if not isinstance(row, dict) or set(row) != set(outcomes):
+                raise _upstream_error(f"question {name!r}: {_cost_message(action, outcomes, repr)}")
+            rows.append((action, tuple((z, float(c)) for z, c in row.items())))
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        raise _python_error(e) from e
+    return tuple(rows), full_form_defer(list(costs), q.get("defer_action"))
+
+
+def may_fail_after_run(spec: Any) -> bool:
+    """An act question whose refusal could need a defer action it does not have: only the run can tell."""
+    return isinstance(spec, ActSpec) and spec.max_error_key is not None and spec.defer_action is None
+
+
+def evidence_refusal_basal() -> RequestError:
+    return _upstream_error(NO_HEAD)
+
+
+def multi_evidence_error_basal(name: str) -> RequestError:
+    """Upstream, after the run and only with a head: evidence asked on a multi question."""
+    return _upstream_error(f"question {name!r}: {NOT_FOR_MULTI}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# /v1/systemone — the TypeSafe dialect of the Rust engine
+
+
+class Errors:
+    """Extension schema errors: ``{"type", "loc", "msg"}`` (no input/ctx), appended to the body's error list."""
+
+    def __init__(self, items: list[dict[str, Any]]):
+        self.items = items
+
+    def add(self, type_: str, loc: list[Any], msg: str) -> None:
+        self.items.append({"type": type_, "loc": ["body", *loc], "msg": msg})
+
+
+def check_multi_evidence(questions: dict[str, Any], errors: Errors) -> None:
+    """Collected before any question's own errors (after `facts`)."""
+    for qid, q in questions.items():
+        if isinstance(q, dict) and q.get("type") == "multi" and truthy(q.get("evidence")):
+            errors.add("value_error", ["questions", qid, "evidence"], NOT_FOR_MULTI)
+
+
+def check_multi_shape(qid: str, q: dict[str, Any], errors: Errors, entry: Callable[[Any, list[Any], bool], bool]):
+    loc = ["questions", qid, "multi"]
+    criteria = q.get("criteria")
+    if not criteria:
+        errors.add("missing", [*loc, "criteria"], "multi needs criteria")
+    elif isinstance(criteria, list):
+        for i, label in enumerate(criteria):
+            if not isinstance(label, str):
+                errors.add("string_type", [*loc, "criteria", str(i)], "labels must be strings")
+    elif isinstance(criteria, dict):
+        for key, value in criteria.items():
+            entry(value, [*loc, "criteria", key], True)
+    else:
+        errors.add("dict_type", [*loc, "criteria"], "multi criteria must be an object or a list")
+    for field in ("threshold", "max", "min"):
+        if q.get(field) is not None and not is_number(q[field]):
+            errors.add("float_type", [*loc, field], f"{field} must be a number")
+
+
+def _act_readout_systemone(q: dict[str, Any]) -> str:
+    """yes/no iff criteria ⊆ {true, false}, or base "noul", or neither criteria nor base; else the base."""
+    criteria, base = q.get("criteria"), q.get("base")
+    if isinstance(criteria, dict) and all(k in ("true", "false") for k in criteria):
+        return "noul"
+    if base == "noul" or (criteria is None and base is None):
+        return "noul"
+    return base if base in ACT_BASES else "choice"
+
+
+def check_act_shape(qid: str, q: dict[str, Any], errors: Errors, entry: Callable[[Any, list[Any], bool], bool]):
+    loc = ["questions", qid, "act"]
+    base = q.get("base")
+    if base is not None and base not in ACT_BASES:
+        shown = rust_debug(base) if isinstance(base, str) else json.dumps(base, ensure_ascii=False)
+        errors.add("literal_error", [*loc, "base"], f"unsupported act base {shown}")
+    readout = _act_readout_systemone(q)
+    criteria = q.get("criteria")
+    outcomes: tuple[str, ...] | None = None
+    if readout == "noul":
+        outcomes = ("true", "false")
+        if isinstance(criteria, dict):
+            for side, value in criteria.items():
+                entry(value, [*loc, "criteria", side], True)
+    elif criteria is None:
+        errors.add("missing", [*loc, "criteria"], "Field required")
+    elif isinstance(criteria, list):
+        bad = [i for i, k in enumerate(criteria) if not isinstance(k, str)]
+        for i in bad:
+            errors.add("string_type", [*loc, "criteria", str(i)], "labels must be strings")
+        outcomes = None if bad else tuple(dict.fromkeys(criteria))
+    elif isinstance(criteria, dict):
+        outcomes = tuple(criteria) if all(entry(v, [*loc, "criteria", k], True) for k, v in criteria.items()) else None
+    else:
+        errors.add("dict_type", [*loc, "criteria"], "act criteria must be an object or a list")
+    if "option_keys" in q and q["option_keys"] not in ("show", "hide"):
+        errors.add("literal_error", [*loc, "option_keys"], "Input should be 'show' or 'hide'")
+    _check_costs_systemone(q.get("costs"), outcomes, loc, errors)
+    if q.get("max_error") is not None and not is_number(q["max_error"]):
+        errors.add("float_type", [*loc, "max_error"], "max_error must be a number")
+    if q.get("defer_action") is not None and not isinstance(q["defer_action"], str):
+        errors.add("string_type", [*loc, "defer_action"], "defer_action must be a string")
+
+
+def _check_costs_systemone(costs: Any, outcomes: tuple[str, ...] | None, loc: list[Any], errors: Errors) -> None:
+    if not isinstance(costs, dict) or not costs:
+        errors.add("missing", [*loc, "costs"], "act needs costs")
+    elif _is_short_form(costs):
+        for field in ("wrong", "defer"):
+            if (field == "wrong" or field in costs) and not is_number(costs.get(field)):
+                errors.add("float_type", [*loc, "costs", field], "cost must be a number")
+    elif outcomes is not None:
+        for action, row in costs.items():
+            if not isinstance(row, dict) or set(row) != set(outcomes):
+                errors.add("value_error", [*loc, "costs", action], _cost_message(action, outcomes, rust_debug))
+                continue
+            for z, c in row.items():
+                if not is_number(c):
+                    errors.add("float_type", [*loc, "costs", action, z], "cost must be a number")
+
+
+def _is_short_form(costs: dict[str, Any]) -> bool:
+    return all(k in ("wrong", "defer") for k in costs) and not isinstance(costs.get("wrong"), dict)
+
+
+def rust_max_error_key(value: float) -> str:
+    """The CALIBRATION.json key of a max_error number as Rust formats an f64 (``0.01``, ``1``, ``0.0000001``)."""
+    from decimal import Decimal
+
+    text = format(Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def plan_multi_systemone(
+    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: list[dict[str, Any]]
+) -> Planned | None:
+    criteria = q["criteria"]
+    if isinstance(criteria, list):
+        criteria = dict.fromkeys(criteria)
+    if len(criteria) > MAX_LABELS:
+        unsupported.append(
+            {
+                "type": "unsupported_label_count",
+                "loc": ["body", "questions", qid, "criteria"],
+                "msg": f"{len(criteria)} labels: basal asks at most {MAX_LABELS} labels per multi question",
+            }
+        )
+        return None
+    keys = list(criteria)
+    labels = [k if v is None else text_of(v) for k, v in criteria.items()]
+    lang = lang_of(state_text + question_text)
+    bounds = {b: None if q.get(b) is None else int(q[b]) for b in ("max", "min")}
+    threshold = 0.5 if q.get("threshold") is None else float(q["threshold"])
+    spec = MultiSpec(tuple(keys), threshold, bounds["max"], bounds["min"], clamp_negative=True)
+    item = Item(qid, "multi", tuple(keys), tuple(labels), lang, state_text, question_text)
+    return Planned("multi", item, spec, branch_items(qid, keys, labels, lang, state_text, question_text))
+
+
+def plan_act_systemone(
+    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: list[dict[str, Any]]
+) -> Planned | None:
+    """A shape-checked act question; 400 for empty criteria; more than 10 options is a capability error."""
+    lang = lang_of(state_text + question_text)
+    readout = _act_readout_systemone(q)
+    criteria = q.get("criteria")
+    option_keys = q.get("option_keys", "show")
+    if readout == "noul":
+        sides = criteria if isinstance(criteria, dict) else {}
+        keys, options = _yes_no(lang, sides.get("true"), sides.get("false"))
+        validated = True
+    else:
+        if not criteria:
+            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
+        shown = criteria if isinstance(criteria, dict) else dict.fromkeys(criteria)
+        keys_list, options_list = named_options(shown, option_keys)
+        keys, options, validated = tuple(keys_list), tuple(options_list), option_keys == "hide"
+        if len(options) > MAX_OPTIONS:
+            unsupported.append(
+                {
+                    "type": "unsupported_option_count",
+                    "loc": ["body", "questions", qid, "criteria"],
+                    "msg": f"{len(options)} options: the letter readout of the model reads 2..{MAX_OPTIONS}; only "
+                    "choice questions take more (the grouped 11..255 strategy)",
+                }
+            )
+            return None
+    costs = q["costs"]
+    if _is_short_form(costs):
+        defer = float(costs["defer"]) if "defer" in costs else None
+        rows, defer_action = short_form_rows(keys, float(costs["wrong"]), defer), "defer" if defer is not None else None
+    else:
+        rows = tuple((a, tuple((z, float(c)) for z, c in row.items())) for a, row in costs.items())
+        defer_action = full_form_defer(list(costs), q.get("defer_action"))
+    max_error = q.get("max_error")
+    spec = ActSpec(keys, rows, defer_action, None if max_error is None else rust_max_error_key(max_error), validated)
+    return Planned("act", Item(qid, readout, keys, options, lang, state_text, question_text), spec)
+
+
+def evidence_unsupported(qid: str, msg: str = NO_HEAD) -> dict[str, Any]:
+    """Capability error of a question asking for evidence: the model has no head, or the question has options
+    outside 2..10 (the Rust engine's rule)."""
+    return {"type": "unsupported_feature", "loc": ["body", "questions", qid, "evidence"], "msg": msg}
+
+
+def evidence_option_count_ok(q: dict[str, Any]) -> bool:
+    """A shape-checked TypeSafe question that asks for evidence has 2..10 options (a noul always has two)."""
+    if q.get("type") == "noul" or (q.get("type") == "act" and not q.get("criteria")):
+        return True
+    criteria = q.get("criteria")
+    return isinstance(criteria, dict | list) and 2 <= len(criteria) <= MAX_OPTIONS
+
+
+def needs_defer_error(qid: str, dialect: str, message: str) -> RequestError:
+    """The after-the-run refusal without a defer action, worded per dialect."""
+    if dialect == "basal":
+        return _upstream_error(message)
+    return RequestError(422, {"detail": [{"type": "value_error", "loc": ["body", "questions", qid], "msg": message}]})

@@ -1,0 +1,43 @@
+"""Every limit that bounds what one request or one connection may cost, with defaults a real user never hits.
+
+One place, so that the README's "Limits" table, the YAML ``limits:`` section, the ``basal serve`` flags and the
+code read the same names. Work limits are checked before the work they bound starts (a request is refused by
+counting questions and characters, never after tokenizing or packing it).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # work of one request
+    max_questions: int = 1024  # questions per request
+    max_request_tokens: int = 262_144  # packed tokens one request may compute (shared prefixes counted once)
+    max_request_chars: int = 16 << 20  # characters of all prompts of a request, checked before tokenizing
+    max_prompt_chars: int = 0  # characters of one prompt before tokenizing; 0: what the model's context can hold
+    # error bodies
+    max_errors: int = 64  # errors listed in one 422
+    max_echo_chars: int = 200  # characters of the request echoed in an error (input values, names, keys)
+    # connections (uvicorn + basal.api.connection_guard)
+    max_connections: int = 2048  # open HTTP connections; more are closed at once
+    max_header_count: int = 128  # header lines of one request (431 beyond)
+    max_header_bytes: int = 65_536  # request line + headers of one request (431 beyond)
+    header_timeout_s: float = 10.0  # from connection (or the previous response) to the end of the headers (408)
+    body_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408)
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value < 0 or (value == 0 and name != "max_prompt_chars"):
+                raise msgspec.ValidationError(f"`limits.{name}` must be positive, got {value}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def echo(text: object, limits: Limits = DEFAULT_LIMITS) -> str:
+    """A piece of the request quoted in an error message, cut so an error never grows with the request."""
+    s = text if isinstance(text, str) else str(text)
+    return s if len(s) <= limits.max_echo_chars else s[: limits.max_echo_chars] + "…"

@@ -1,0 +1,164 @@
+"""The composition root of `basal serve`: configuration -> models -> engines -> Litestar app -> uvicorn."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+
+from basal.api.app import create_app
+from basal.api.decisions import ApiSettings
+from basal.api.listener import DrainingServer, server_config
+from basal.backends.load import load_backend
+from basal.core.engine.engine import Engine, Engines, EngineSettings, EnginesFront
+from basal.core.engine.gate import Gate
+from basal.core.engine.memory import freeze_startup_heap
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.engine.scheduler import Policy
+from basal.core.errors import ModelDirError
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import demo_model
+from basal.progress import Progress
+from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
+from basal.serve.port_check import check_port
+
+log = logging.getLogger("basal")
+
+DEMO_WARNING = (
+    "serving the built-in demo model {name}: a tiny synthetic model with random weights — its answers "
+    "carry no meaning. Pass --model DIR (or --config FILE) to serve a real Basal model."
+)
+
+
+def model_directory(cfg: ModelConfig) -> ModelDir:
+    """The model a `models:` entry names (its directory, the download of its repo, or the demo), under its `name`."""
+    model = _source_directory(cfg)
+    return dataclasses.replace(model, name=cfg.name) if cfg.name else model
+
+
+def _source_directory(cfg: ModelConfig) -> ModelDir:
+    if cfg.is_demo:
+        return demo_model()
+    if cfg.path is not None:
+        return ModelDir.load(cfg.path)
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise ModelDirError(
+            f"{cfg.repo}: downloading from the Hugging Face hub needs `pip install huggingface_hub`; "
+            "or download the model yourself and give its directory as `path`"
+        ) from e
+    try:
+        local = snapshot_download(cfg.repo, revision=cfg.revision, token=os.environ.get("HF_TOKEN"))
+    except Exception as e:
+        raise ModelDirError(
+            f"{cfg.repo}: download failed ({type(e).__name__}: {e}); check the network and HF_TOKEN, "
+            "or give a local directory as `path`"
+        ) from e
+    return ModelDir.load(Path(local))
+
+
+def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, progress: bool = False) -> Engines:
+    """Load every configured model (or the demo model) and wire its engine to the shared gate.
+
+    Every directory is read (and every name checked) before any weights load; with `progress`, each model's
+    steps are shown on standard error (`basal.progress`: a bar on a terminal, a line per step otherwise).
+    """
+    metrics = Metrics(config.max_inflight)
+    gate = Gate(config.long_slice_ms, config.long_share)
+    if config.threads is not None:
+        from basal.backends.cuda.cpu.threads import configure_threads
+
+        configure_threads(config.threads)
+    specs = config.models or [ModelConfig(path=DEMO_PATH)]
+    dirs = models if models is not None else [model_directory(spec) for spec in specs]
+    _check_names(specs, dirs)
+    engines: dict[str, Engine] = {}
+    for spec, model in zip(specs, dirs, strict=True):  # said before the bar, which would tear them
+        if spec.is_demo:
+            log.warning(DEMO_WARNING.format(name=model.name))
+        elif model.synthetic:
+            log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
+    with Progress("loading", 2 * len(specs), emit=log.info, enabled=progress) as shown:
+        for spec, model in zip(specs, dirs, strict=True):
+            started = time.perf_counter()
+            with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
+                backend = load_backend(model, spec.backend, spec.dtype)
+            graphs = " and CUDA graphs" if backend.device.startswith("cuda") else ""  # the GPU path warms up
+            with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
+                pipeline = Pipeline(
+                    model,
+                    backend,
+                    prefix_cache=not spec.no_prefix_cache,
+                    tree_max_tokens=spec.tree_max_tokens,
+                    large_choice=spec.large_choice,
+                )
+                backend.warm_up()  # after the prefixes: setting a prefix drops every graph
+            seconds = time.perf_counter() - started
+            shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
+            settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
+            engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
+    default = config.default_model or next(iter(engines))
+    if default not in engines:
+        raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
+    return Engines(engines, default, metrics, config.max_inflight)
+
+
+def _size_on_disk(model: ModelDir) -> str:
+    size = sum(f.stat().st_size for f in model.weight_files)
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{max(1, round(size / 2**20))} MiB"
+
+
+def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
+    """Served names are unique: two entries with the same name are refused before any weights load."""
+    first: dict[str, int] = {}
+    for i, model in enumerate(dirs):
+        if model.name in first:
+            j = first[model.name]
+            where = specs[i].path or specs[i].repo
+            raise ConfigError(
+                f"`models[{j}]` and `models[{i}]` are both named {model.name!r}; each served model needs its own "
+                f"name: add `name: {model.name}-2` (any unused name) to models[{i}] ({where})"
+            )
+        first[model.name] = i
+
+
+def api_settings(config: ServeConfig) -> ApiSettings:
+    keys = list(config.api_keys)
+    if env := os.environ.get("BASAL_API_KEYS"):
+        keys += [k.strip() for k in env.split(",") if k.strip()]
+    return ApiSettings(
+        tuple(keys),
+        int(config.max_body_mb * (1 << 20)),
+        config.release_date,
+        config.metrics,
+        limits=config.limits,
+        cors_origins=tuple(config.cors_origins),
+    )
+
+
+def serve(config: ServeConfig) -> None:
+    check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
+    listen(build_engines(config, progress=True), config)
+
+
+def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
+    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
+    app = create_app(engines, api_settings(config))
+    log.info(
+        "basal listening on http://%s:%d (models: %s; default %s)%s",
+        config.host,
+        config.port,
+        ", ".join(engines.names),
+        engines.default,
+        where,
+    )
+    uvicorn_config = server_config(
+        app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
+    )
+    server = DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)
+    log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
+    server.run()
