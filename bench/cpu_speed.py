@@ -40,7 +40,8 @@ from basal.backends.cuda.backend import TorchBackend
 from basal.backends.cuda.cpu import cpu_kernels
 from basal.benchsuite import limits
 from basal.benchsuite.workloads import questions, state_of_tokens
-from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
@@ -111,7 +112,7 @@ def _request(tok, n_q: int, tokens: int, seed: int, lang: str = "en"):
 
 
 def _logit_bits(pipeline: Pipeline, request) -> bytes:
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
 
     logits = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
     return b"".join(o.tobytes() for q in logits for o in q)

@@ -96,7 +96,7 @@ class Report:
         """Whole or not at all: a temporary file of its own, then os.replace. The SIGTERM handler writes the report
         too, possibly while this method runs; it raises once it has written, so this write never reaches its
         replace, and its unfinished temporary file is never the one renamed over the report."""
-        from basal.core.atomic_file import write_text_atomic
+        from basal.core.home import write_text_atomic
 
         write_text_atomic(self.path, json.dumps(self.data, indent=1))
 
@@ -617,7 +617,7 @@ def release_memory(device) -> None:
 
 def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
     """decisions/s of one forward over `qs`, after an eager and a capturing warm-up (the replays are timed)."""
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
     from basal.core.packing.tree import plan_forwards
 
     (fwd,) = plan_forwards(qs, letters, {"en": prefix})
@@ -630,8 +630,7 @@ def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
 def overlap_check(be, batch, reference, device, dry: bool) -> dict:
     """Single decisions back to back, one after the other vs two in flight (core/packing/passes.py: the next forward is
     queued before the last one's readback is waited for): the bits, and the time per forward of each."""
-    from basal.core.packing.backend import run_to_end
-    from basal.core.packing.passes import overlapped
+    from basal.core.packing.passes import overlapped, run_to_end
 
     k, results = (2 if dry else 8), {}
     k_sequential = 1 if dry else k  # the dry run times one (its ratio means nothing there)
@@ -658,8 +657,7 @@ def overlap_check(be, batch, reference, device, dry: bool) -> dict:
 def interleave_check(be, single, batched, single_ref, batched_ref) -> bool:
     """The engine's hardest case on the device, in one thread: a long-lane pass (eager, paced) paused between
     layers while main-lane passes replay their graph with two in flight; every result keeps its alone bits."""
-    from basal.core.packing.backend import run_to_end
-    from basal.core.packing.passes import overlapped
+    from basal.core.packing.passes import overlapped, run_to_end
 
     long = be.run(batched, preemptible=True)
     next(long)  # its first layer queued: it pauses there, as the long lane steps aside
@@ -676,7 +674,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
     and 4k tokens per forward."""
     import numpy as np
 
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
     from basal.core.packing.tree import plan_forwards
 
     started = time.perf_counter()
@@ -762,7 +760,7 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
     from basal.backends.load import load_backend
     from basal.core.model.model_dir import ModelDir
     from basal.core.model.synth import synth_model
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
     from basal.core.packing.tree import plan_forwards
 
     started = time.perf_counter()

@@ -58,7 +58,8 @@ def short_behind_long(
     max_stream_s: float = 600.0,
 ) -> dict:
     from basal.backends.cuda.backend import TorchBackend
-    from basal.core.engine.engine import Engine, Engines, EngineSettings
+    from basal.core.engine.engine import Engine, EngineSettings
+    from basal.core.engine.engines import Engines
     from basal.core.engine.gate import Gate
     from basal.core.engine.metrics import Metrics
     from basal.core.engine.pipeline import Pipeline
@@ -81,7 +82,7 @@ def short_behind_long(
 
     words = "order arrived damaged please refund the payment today "
     long_req = parse_systemone(body(words * long_words, "long"), lambda m: m)
-    long_cost = engine.plan(long_req, print, lambda: False).cost
+    long_cost = engine.admit(long_req, print, lambda: False).cost
 
     async def one(tag: str) -> float:
         t = time.perf_counter()

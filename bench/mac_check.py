@@ -61,7 +61,7 @@ from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import option_orders, render_prompt
 from basal.core.model.synth import synth_model
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 from bench.serve_check import serve_checks, serve_lines
 

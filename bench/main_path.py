@@ -15,7 +15,7 @@ from basal.backends.cuda import ops as K
 from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
 from basal.backends.cuda.ops import _EXP_MAX, _EXP_MIN, _EXP_TAYLOR, _LN2_HI, _LN2_LO, _LOG2E, KEY_TILE
 from basal.core.packing.attention_plan import AttentionPlan
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 
 ATTENTION_SPAN_BYTES = 192 << 20
 ROWS = 64

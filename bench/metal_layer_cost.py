@@ -22,7 +22,7 @@ from basal.backends.mlx import model as M
 from basal.backends.mlx import native
 from basal.backends.mlx import ops as O
 from basal.core.model.synth import PRESETS
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import single_prompt_batch
 
 VIEWS = {"Broadcast", "BroadcastAxes", "Reshape", "Slice", "Split", "Transpose", "ExpandDims", "Squeeze", "View"}

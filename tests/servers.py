@@ -12,7 +12,8 @@ from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline

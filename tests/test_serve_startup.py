@@ -89,7 +89,7 @@ def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatc
     import gc
 
     from basal.api.listener import DrainingServer
-    from basal.core.engine.engine import Engines
+    from basal.core.engine.engines import Engines
     from basal.core.engine.metrics import Metrics
     from basal.serve import server
     from basal.serve.config import ServeConfig

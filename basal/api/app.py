@@ -17,7 +17,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
 from basal.api.capabilities import capabilities
-from basal.api.decisions import ApiSettings, check_auth, decide
+from basal.api.decisions import ApiSettings, check_auth, handle_decision
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
 from basal.api.schema_pages import SCHEMA_PATH, schema_pages
@@ -29,10 +29,11 @@ from basal.api.schema_types import (
     SystemOneRequest,
     json_schema,
 )
-from basal.core.engine.engine import EnginesFront
+from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.engine.engines import EnginesFront
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
-from basal.core.request.dialects import BasalResponse, SystemOneResponse, parse_basal, parse_systemone
+from basal.core.request.dialects import parse_basal, parse_systemone
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         tags=["decisions"],
     )
     async def systemone(request: Request) -> Response[SystemOneResponse]:
-        return await decide(
+        return await handle_decision(
             request,
             "systemone",
             engines,
@@ -88,7 +89,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         tags=["decisions"],
     )
     async def basal(request: Request) -> Response[BasalResponse]:
-        return await decide(
+        return await handle_decision(
             request,
             "basal",
             engines,

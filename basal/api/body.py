@@ -10,17 +10,9 @@ from typing import Any
 
 import zstandard
 
-from basal.core.errors import RequestError
+from basal.api.errors import ClientGone, too_large, undecodable, unsupported_media_type
 
 JSON_MEDIA_TYPE = "application/json"
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its body arrived (HTTP 499 in logs and metrics)."""
-
-
-def _error(status: int, message: str, dialect: str) -> RequestError:
-    return RequestError(status, {"error": message} if dialect == "basal" else {"detail": message})
 
 
 def check_content_type(headers: Mapping[str, str], dialect: str) -> None:
@@ -28,7 +20,7 @@ def check_content_type(headers: Mapping[str, str], dialect: str) -> None:
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != JSON_MEDIA_TYPE:
         shown = repr(media[:100]) if media else "none"
-        raise _error(415, f"Unsupported Content-Type {shown}: send Content-Type: application/json.", dialect)
+        raise unsupported_media_type(f"Unsupported Content-Type {shown}: send Content-Type: application/json.", dialect)
 
 
 async def read_body(
@@ -38,7 +30,7 @@ async def read_body(
     Content-Length, where the client sends one); ClientGone if the client hangs up first."""
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise _error(413, "Request body too large.", dialect)
+        raise too_large("Request body too large.", dialect)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -47,7 +39,7 @@ async def read_body(
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise _error(413, "Request body too large.", dialect)
+            raise too_large("Request body too large.", dialect)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
@@ -74,9 +66,11 @@ def decompress(body: bytes, encoding: str | None, limit: int, dialect: str = "sy
             out = b"".join(parts)
         else:
             shown = encoding[:100]
-            raise _error(415, f"Unsupported Content-Encoding: {shown}. Send identity, gzip, deflate or zstd.", dialect)
+            raise unsupported_media_type(
+                f"Unsupported Content-Encoding: {shown}. Send identity, gzip, deflate or zstd.", dialect
+            )
     except (zlib.error, zstandard.ZstdError) as e:
-        raise _error(400, f"The body is not valid {encoding} data: {e}", dialect) from e
+        raise undecodable(f"The body is not valid {encoding} data: {e}", dialect) from e
     if len(out) > limit:
-        raise _error(413, f"The decompressed body is larger than {limit} bytes.", dialect)
+        raise too_large(f"The decompressed body is larger than {limit} bytes.", dialect)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from basal.core.engine.engine import ModelInfo
+from basal.core.engine.engines import ModelInfo
 from basal.core.model.prompt import MAX_OPTIONS
 
 QUESTION_TYPES = ("choice", "noul", "score", "multi", "act")

@@ -19,11 +19,13 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from basal.api.body import ClientGone, check_content_type, decompress, read_body
-from basal.api.errors import auth_error, error_response
-from basal.core.engine.engine import Cancelled, EnginesFront, Result
-from basal.core.request.dialects import DecisionRequest, decode_body
+from basal.api.body import check_content_type, decompress, read_body
+from basal.api.errors import ClientGone, auth_error, error_response
+from basal.core.engine.engines import EnginesFront, Result
+from basal.core.errors import Cancelled
+from basal.core.request.dialects import decode_body
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
+from basal.core.request.plan import DecisionRequest
 
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
@@ -110,7 +112,7 @@ async def _plan(
     return parse(raw)
 
 
-async def decide(
+async def handle_decision(
     request: Request,
     dialect: str,
     engines: EnginesFront,

@@ -1,4 +1,5 @@
-"""Every failure -> (status, body, headers) in the caller's dialect. The one place that maps errors to HTTP."""
+"""Every failure -> (status, body, headers) in the caller's dialect: the one place in the HTTP layer that picks a
+status (the refusals of the request parsers come from `basal.core.errors` with theirs)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from basal.api.body import ClientGone
-from basal.core.engine.engine import Cancelled, EngineClosed, Overloaded
-from basal.core.errors import RequestError
+from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,25 @@ def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, st
     return 500, ({"error": "internal error"} if dialect == "basal" else {"detail": "Internal Server Error"}), {}
 
 
+def _refusal(status: int, message: str, dialect: str) -> RequestError:
+    return RequestError(status, {"error": message} if dialect == "basal" else {"detail": message})
+
+
+def unsupported_media_type(message: str, dialect: str) -> RequestError:
+    """415: a Content-Type other than JSON, or a Content-Encoding basal does not read."""
+    return _refusal(415, message, dialect)
+
+
+def too_large(message: str, dialect: str) -> RequestError:
+    """413: a body (or its decompressed size) over the limit."""
+    return _refusal(413, message, dialect)
+
+
+def undecodable(message: str, dialect: str) -> RequestError:
+    """400: a body that its Content-Encoding cannot decode."""
+    return _refusal(400, message, dialect)
+
+
 def auth_error(missing: bool, dialect: str) -> RequestError:
     status, message = (403, AUTH_MISSING) if missing else (401, AUTH_WRONG)
     if dialect == "basal":
@@ -67,3 +85,7 @@ def litestar_http_exception(request: Request, exc: HTTPException) -> Response:
 def unhandled_exception(request: Request, exc: Exception) -> Response:
     log.error("unhandled error on %s", request.url.path, exc_info=exc)
     return Response({"detail": "Internal Server Error"}, status_code=500)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its body arrived (HTTP 499 in logs and metrics)."""

@@ -17,7 +17,7 @@ from basal.benchsuite.flops import NO_FLOPS, Flops, forward_flops, gemm_shapes, 
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import LlamaConfig
 from basal.core.packing.tree import plan_forwards
-from basal.core.request.dialects import DecisionRequest
+from basal.core.request.plan import DecisionRequest
 
 LIMIT_ROWS = 512  # rows per call: past this the CPU library's rate is flat (issue 16's table)
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

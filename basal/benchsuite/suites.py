@@ -37,13 +37,15 @@ from basal.backends.load import load_backend
 from basal.benchsuite import limits
 from basal.benchsuite.report import SuiteResult, pct, stats_ms
 from basal.benchsuite.workloads import bench_items, questions, state_of_tokens
-from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.model.model_dir import ModelDir
-from basal.core.request.dialects import DecisionRequest, parse_systemone
+from basal.core.request.dialects import parse_systemone
+from basal.core.request.plan import DecisionRequest
 from basal.progress import Progress
 
 

@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from basal.core.request.dialects import DecisionRequest
+from basal.core.request.plan import DecisionRequest
 
 AFFINITY_MIN_CHARS = 256  # states shorter than this are not worth keeping together
 ROUTER_MAX_QUEUE = 8  # requests queued on the preferred replica before new ones spill over

@@ -16,9 +16,10 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from basal.core.engine.engine import Cancelled, EngineClosed, InflightLimit, ModelInfo, Result
+from basal.core.engine.engines import InflightLimit, ModelInfo, Result
 from basal.core.engine.metrics import Metrics
-from basal.core.request.dialects import DecisionRequest
+from basal.core.errors import Cancelled, EngineClosed
+from basal.core.request.plan import DecisionRequest
 from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
 from basal.deploy.replica import ReplicaAnswer
 
@@ -76,7 +77,7 @@ class RayEngines(InflightLimit):
         handle = self.handles[request.model]
 
         async def call() -> Result:
-            answer: ReplicaAnswer = await _cancellable(handle.decide.remote(request, affinity=key), cancelled)
+            answer: ReplicaAnswer = await _cancellable(handle.answer.remote(request, affinity=key), cancelled)
             return answer.result()
 
         try:

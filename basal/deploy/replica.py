@@ -14,10 +14,11 @@ from typing import Any
 
 import msgspec
 
-from basal.core.engine.engine import Cancelled, EngineClosed, ModelInfo, Overloaded, Result
+from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.engine.engines import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
-from basal.core.errors import RequestError
-from basal.core.request.dialects import BasalResponse, DecisionRequest, SystemOneResponse
+from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
+from basal.core.request.plan import DecisionRequest
 from basal.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class BasalReplica:
         self.name = serve.get_replica_context().replica_id.unique_id
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
-    async def decide(self, request: DecisionRequest, affinity: str | None = None) -> ReplicaAnswer:
+    async def answer(self, request: DecisionRequest, affinity: str | None = None) -> ReplicaAnswer:
         """Answer one planned request. `affinity` is read by the router, not here."""
         gone = False
         try:

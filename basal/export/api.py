@@ -35,7 +35,7 @@ from typing import Any
 
 from basal.backends.load import load_backend_class, pick_backend
 from basal.core.model.model_dir import ModelDir
-from basal.core.request.dialects import Dialect
+from basal.core.request.plan import Dialect
 from basal.export.compare import Comparison, compare_files
 from basal.export.format import ExportFileError
 from basal.export.manifest import build_manifest

@@ -29,25 +29,20 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from basal.core.decision.act import ActSpec, NeedsDeferAction, decide
-from basal.core.decision.distribution import (
-    Distribution,
-    answer_basal,
-    answer_multi,
-    answer_systemone,
-    calibrate,
-    certain,
-    distribution,
-)
+from basal.core.decision.act import NeedsDeferAction, choose_action
+from basal.core.decision.distribution import Distribution, calibrate, certain, distribution
 from basal.core.decision.evidence import best_spans
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
+from basal.core.decision.respond import answer_basal, answer_multi, answer_systemone
 from basal.core.errors import RequestError
 from basal.core.facts import FactsError, inject
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import Item, lang_of, option_orders
 from basal.core.model.render import text_of
 from basal.core.packing.tree import pack_fields
-from basal.core.request.dialects import Question, parse_basal, parse_systemone
+from basal.core.request.dialects import parse_basal, parse_systemone
+from basal.core.request.extensions import ActSpec
+from basal.core.request.plan import Question
 
 EXACT = 1e-12  # float64 host math of the export
 UPSTREAM = 1e-6  # upstream_answer was computed in float32
@@ -364,7 +359,7 @@ class ReferenceChecker:
                 want["action"] = refused
         p = {k: float(v) for k, v in zip(q.item.keys, dist.p_cal, strict=True)}
         try:
-            have = msgspec.to_builtins(decide(p, spec, thresholds or {}, calibrated))
+            have = msgspec.to_builtins(choose_action(p, spec, thresholds or {}, calibrated))
         except NeedsDeferAction:
             return None
         if thresholds is None:

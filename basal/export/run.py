@@ -28,7 +28,9 @@ import msgspec
 import numpy as np
 
 from basal.core.decision.distribution import Distribution
-from basal.core.engine.engine import Engine, Engines
+from basal.core.engine.admission import check_length
+from basal.core.engine.engine import Engine
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
@@ -36,9 +38,11 @@ from basal.core.engine.rounds import Rounds
 from basal.core.errors import RequestError
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import MAX_OPTIONS, Item, lang_of
-from basal.core.packing.backend import Backend, run_to_end
+from basal.core.packing.backend import Backend
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
-from basal.core.request.dialects import DecisionRequest, Dialect, Question, parse_basal, parse_systemone
+from basal.core.request.dialects import parse_basal, parse_systemone
+from basal.core.request.plan import DecisionRequest, Dialect, Question
 from basal.export.format import (
     ExportFileError,
     encode_line,
@@ -211,7 +215,7 @@ class Exporter:
                 request = parse_systemone(inp.raw["request"], self.resolve, serves_evidence=self.serves_evidence)
             else:
                 request = parse_basal(inp.raw["request"], self.resolve, serves_evidence=self.serves_evidence)
-            job = self.engine.plan(request, lambda _result: None, lambda: False)
+            job = self.engine.admit(request, lambda _result: None, lambda: False)
         except RequestError as e:
             return Planned(inp, error=_error(e))
         return Planned(inp, request, job.rounds)
@@ -249,7 +253,7 @@ class Exporter:
                 self.pipeline.advance(rounds, lg)
                 if not rounds.done:
                     try:  # a later round is length-checked once planned, as the engine does
-                        self.engine.check_length(p.request, rounds.tokenized)
+                        check_length(p.request, rounds.tokenized, self.engine.context)
                     except RequestError as e:
                         p.error = _error(e)
         for p in planned:

@@ -12,7 +12,8 @@ from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
-from basal.core.engine.engine import Engine, Engines, EngineSettings, EnginesFront
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import Metrics

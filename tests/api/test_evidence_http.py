@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-import basal.core.engine.pipeline as pipeline_module
+import basal.core.decision.respond as respond_module
 from basal.core.decision.evidence import ANSWER_TOP
 from tests.api.test_http import post
 from tests.conftest import DATA, golden_records
@@ -71,13 +71,13 @@ def test_the_facts_block_is_clipped_off(client, demo_model, monkeypatch):
     one of the 3 best does, so the answer has 2) and the others end at the original state's end."""
     request = {**CASES["m15-facts-euro-evidence"], "model": demo_model.name}
     unclipped = []
-    real = pipeline_module.best_spans
+    real = respond_module.best_spans
 
     def spy(state, rel, ls, le, limit=None):
         unclipped.append((real(state, rel, ls, le), limit))
         return real(state, rel, ls, le, limit)
 
-    monkeypatch.setattr(pipeline_module, "best_spans", spy)
+    monkeypatch.setattr(respond_module, "best_spans", spy)
     answer = post(client, request, "/v1/basal").json()["answers"]["board"]
     ((best, limit),) = unclipped
     assert limit == len(request["state"])
@@ -97,7 +97,7 @@ def test_upstream_stub_test_of_the_flag_and_the_limit(client, monkeypatch):
         i = state.index("trzy miesiące")
         return [{"text": "trzy miesiące", "start": i, "end": i + 13, "probability": 0.9}]
 
-    monkeypatch.setattr(pipeline_module, "best_spans", stub)
+    monkeypatch.setattr(respond_module, "best_spans", stub)
     body = post(client, v["request"], "/v1/basal").json()
     evidence = body["answers"]["notice"]["evidence"]
     assert evidence[0]["text"] == "trzy miesiące"

@@ -11,9 +11,10 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.core.decision.act import decide
+from basal.core.decision.act import choose_action
 from basal.core.decision.multi import multi_answer
-from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
@@ -205,7 +206,7 @@ def test_e2e_answers_from_the_recorded_probabilities(v):
         elif q.kind == "act":
             key = q.spec.max_error_key
             thresholds = {} if key is None or "max_error" in expected else {key: _certified(expected)}
-            answer = json.loads(msgspec.json.encode(decide(expected["probabilities"], q.spec, thresholds, True)))
+            answer = json.loads(msgspec.json.encode(choose_action(expected["probabilities"], q.spec, thresholds, True)))
         else:
             continue
         assert answer == expected and list(answer) == list(expected)

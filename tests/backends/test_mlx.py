@@ -17,12 +17,13 @@ from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
 from basal.backends.mlx.backend import MLXBackend
 from basal.backends.mlx.device_scope import on_device
-from basal.core.engine.engine import Engine, Engines
+from basal.core.engine.engine import Engine
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import single_prompt_batch
 
 

@@ -83,7 +83,7 @@ def test_letter_logits_are_float32_for_k_letters(demo_model):
         },
         lambda m: m,
     )
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
 
     (orders,) = run_to_end(pipeline.letter_logits(pipeline.tokenize(request.questions)))
     assert len(orders) == 2 and all(o.dtype == np.float32 and o.shape == (10,) for o in orders)

@@ -9,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basal.core.decision.distribution import (
-    answer_basal,
-    answer_systemone,
     calibrate,
     certain,
     choice_confidence,
@@ -18,8 +16,10 @@ from basal.core.decision.distribution import (
     score_confidence,
     unpermute,
 )
+from basal.core.decision.respond import answer_basal, answer_systemone
 from basal.core.model.prompt import option_orders
-from basal.core.request.dialects import Question, parse_basal, parse_systemone
+from basal.core.request.dialects import parse_basal, parse_systemone
+from basal.core.request.plan import Question
 
 T_MAX = {"choice": 1.4983070768766815, "noul": 1.5422108254079405, "score": 2.058604473286984}
 

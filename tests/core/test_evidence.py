@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from basal.core.decision.evidence import EvidenceHead, best_spans, layer_norm, log_softmax, state_tokens
+from basal.core.decision.evidence import best_spans, state_tokens
+from basal.core.model.evidence_head import EvidenceHead, layer_norm, log_softmax
 from basal.core.model.torch_file import TorchFileError, load_tensors, save_tensors
 from tests.conftest import DATA
 
@@ -117,7 +118,7 @@ def test_missing_and_misshapen_weights_are_named(tmp_path):
 
 
 def test_synth_model_writes_a_head_that_loads(tmp_path):
-    from basal.core.decision.evidence import load_head
+    from basal.core.model.evidence_head import load_head
     from basal.core.model.synth import synth_model
 
     plain = synth_model(tmp_path / "plain", "demo")
@@ -142,7 +143,7 @@ def test_hidden_rows_are_the_state_tokens_and_questions_on_one_state_share_them(
     from basal.core.engine.pipeline import Pipeline
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
-    rounds = pipeline.plan(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b"))
+    rounds = pipeline.first_round(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b"))
     (forward,) = pipeline.pack(rounds.tokenized)
     batch = forward.batch
     assert set(forward.hidden_of) == {0, 1} and len(batch.hidden) == len(rounds.tokenized[0].hidden)  # shared
@@ -165,7 +166,7 @@ def test_a_state_found_inside_the_template_is_computed_without_the_prefix_cache(
     backend = TorchBackend.load(demo_model)
     cached, uncached = Pipeline(demo_model, backend), Pipeline(demo_model, backend, prefix_cache=False)
     request = _evidence_request(SYSTEM["en"][:40], "q")  # English: no Polish letters
-    rounds = cached.plan(request)
+    rounds = cached.first_round(request)
     assert rounds.tokenized[0].hidden[0] < len(cached.prefixes["en"])  # inside the cached prefix
     (forward,) = cached.pack(rounds.tokenized)
     assert forward.batch.prefix_keys == ()
@@ -182,8 +183,8 @@ def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     request = _evidence_request("Termin płatności faktury minął wczoraj. Klient prosi o przedłużenie.", "q")
-    rounds = pipeline.plan(request)
-    from basal.core.packing.backend import run_to_end
+    rounds = pipeline.first_round(request)
+    from basal.core.packing.passes import run_to_end
 
     pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
     states, found = rounds.states["q"], rounds.state_tokens["q"]

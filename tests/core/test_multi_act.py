@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from basal.core.decision.act import NEEDS_DEFER, decide
-from basal.core.decision.distribution import answer_act
-from basal.core.decision.multi import MultiSpec, multi_answer, select
+from basal.core.decision.multi import multi_answer, select
+from basal.core.decision.respond import answer_act
 from basal.core.errors import RequestError
 from basal.core.model.model_dir import Calibration
 from basal.core.request.dialects import parse_basal, parse_systemone
+from basal.core.request.extensions import MultiSpec
 from tests.conftest import DATA
 
 VECTORS = [json.loads(line) for line in (DATA / "extensions" / "multi_act.jsonl").read_text().splitlines()]
@@ -266,7 +267,8 @@ def test_any_multi_or_act_plans_and_answers_or_is_a_clear_error(qtype, criteria,
     """Both dialects: a RequestError at planning or after the run, or an answer that encodes — never a crash."""
     import numpy as np
 
-    from basal.core.decision.distribution import Distribution, answer_multi
+    from basal.core.decision.distribution import Distribution
+    from basal.core.decision.respond import answer_multi
 
     question = {"type": qtype, **({} if criteria is None else {"criteria": criteria}), **fields}
     calibration = Calibration(TEMPERATURES, {"0.01": {"confidence": 0.9}, "2": {"confidence": 0.5}})

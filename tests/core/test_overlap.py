@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.backend import run_to_end
-from basal.core.packing.passes import QUEUED, overlapped
+from basal.core.packing.passes import QUEUED, overlapped, run_to_end
 from tests.engine.test_prepared_forwards import questions, uniform
 from tests.stub_backend import StubBackend
 

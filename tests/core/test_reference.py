@@ -8,6 +8,7 @@ import json
 import pytest
 
 from basal.cli import main
+from basal.core.decision.respond import distributions
 from basal.export.reference import ReferenceChecker, manifest_temperatures
 from tests.conftest import DATA, GOLDEN, golden_records
 
@@ -109,12 +110,12 @@ def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
     """A reference record of one case made with the demo model (one item per readout, as exported), and its rounds."""
     import msgspec
 
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
     from basal.core.request.dialects import parse_basal
 
     request = {**case["request"], "model": demo_model.name}
     plan = parse_basal(request, lambda _name: demo_model.name, serves_evidence=lambda _name: True)
-    rounds = pipeline.plan(plan)
+    rounds = pipeline.first_round(plan)
     tokenized = rounds.tokenized
     pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
     logits = rounds.plain_logits
@@ -122,7 +123,7 @@ def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
     items = []
     for q in plan.questions:
         rows = iter(logits[q.name])
-        for item, dist in zip(q.asked, pipeline.distributions(q, logits[q.name]), strict=True):
+        for item, dist in zip(q.asked, distributions(q, logits[q.name], pipeline.model.calibration), strict=True):
             orders = [
                 {
                     "perm": perm,

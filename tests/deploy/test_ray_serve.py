@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from basal.core.engine.engine import Cancelled
+from basal.core.errors import Cancelled
 from basal.deploy.app import start
 from basal.deploy.ingress import RayEngines, _cancellable
 from basal.serve.config import parse_config
@@ -87,8 +87,9 @@ def test_models_over_ray_describe_what_one_process_describes(ray_url, demo_model
     (ray_model,), (local_model,) = over_ray.json()["models"], alone.json()["models"]
     ray_compute, local_compute = ray_model.pop("compute"), local_model.pop("compute")
     assert ray_model == local_model and ray_model["evidence"] is True
-    same = ("backend", "device", "dtype", "gemm_chunks")  # threads: Ray gives a replica its own CPU count
+    same = ("backend", "device", "dtype")  # threads and the probed GEMM chunks are each process's own
     assert {k: ray_compute[k] for k in same} == {k: local_compute[k] for k in same}
+    assert ray_compute.keys() == local_compute.keys()
 
 
 def test_evidence_over_ray_equals_one_process(ray_url, demo_model):

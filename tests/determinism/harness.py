@@ -11,7 +11,7 @@ from basal.backends.load import load_backend_class
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import option_orders, render_prompt
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
 
 WORDS = {

@@ -14,7 +14,7 @@ import torch
 
 from basal.backends.cuda import ops as K
 from basal.core.packing.attention_plan import plan_attention
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from bench import main_path
 from bench.tiled_attention import tiled_tree_attention
 from tests.determinism.harness import Harness, same_bits

@@ -15,7 +15,7 @@ import pytest
 
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.prompt import Item
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
 from tests.determinism.harness import WORDS, Harness, available, bits, same_bits
 

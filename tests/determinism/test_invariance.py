@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 from tests.determinism.harness import WORDS, Harness, available, same_bits
 

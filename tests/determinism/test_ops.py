@@ -106,7 +106,7 @@ def test_det_exp_keeps_main_bits_in_blocks_and_nonpositive(monkeypatch):
 def test_chunk_outputs_keep_main_bits(dtype):
     """GEMM, norm and swiglu chunks written into one output give the bits of main's chunks joined by cat."""
     from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
-    from basal.core.packing.backend import run_to_end
+    from basal.core.packing.passes import run_to_end
     from bench import main_path
 
     g = torch.Generator().manual_seed(4)

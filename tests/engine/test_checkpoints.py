@@ -11,9 +11,8 @@ import time
 import pytest
 
 import basal.core.engine.pipeline as pipeline_module
-from basal.core.engine.engine import Cancelled
 from basal.core.engine.gate import Holder
-from basal.core.errors import RequestError
+from basal.core.errors import Cancelled, RequestError
 from basal.core.request.limits import Limits
 from tests.engine.test_scheduling import device_held, request, timed
 from tests.servers import make_engines
@@ -135,14 +134,14 @@ def test_every_backend_yield_is_a_checkpoint_and_bits_do_not_change(demo_model, 
 def test_over_the_character_bound_nothing_is_tokenized(plain, demo_model, monkeypatch):
     engine = plain.engines[DEMO]
     calls = []
-    monkeypatch.setattr(engine.pipeline, "plan", calls.append)
+    monkeypatch.setattr(engine.pipeline, "first_round", calls.append)
     huge = request(1)
     limit = engine.prompt_char_limit
     item = huge.questions[0].item
     big = type(item)(item.name, item.type, item.keys, item.options, item.lang, "a" * (limit + 1), item.question_text)
     huge = type(huge)(huge.dialect, huge.model, (type(huge.questions[0])(huge.questions[0].kind, big),))
     with pytest.raises(RequestError) as e:
-        engine.plan(huge, print, lambda: False)
+        engine.admit(huge, print, lambda: False)
     assert e.value.status == 400 and e.value.body["detail"]["error_type"] == "max_tokens_exceeded"
     assert calls == []
     assert limit == demo_model.config.max_position_embeddings * demo_model.tokenizer.max_token_chars

@@ -13,12 +13,13 @@ import msgspec
 import pytest
 
 from basal.backends.cuda.backend import TorchBackend
-from basal.core.engine.engine import Cancelled, Engine, EngineClosed, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.backend import run_to_end
-from basal.core.packing.passes import QUEUED
+from basal.core.errors import Cancelled, EngineClosed
+from basal.core.packing.passes import QUEUED, run_to_end
 from tests.engine.test_scheduling import request
 from tests.stub_backend import FakeBackend
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from tests.determinism.harness import Harness
 from tests.stub_backend import StubBackend
 
@@ -66,7 +66,8 @@ def test_the_long_lane_asks_for_a_pass_that_can_pause(demo_model):
     """The GPU path replays graphs, which cannot pause; the long lane's passes ask for eager layers instead."""
     import asyncio
 
-    from basal.core.engine.engine import Engine, Engines, EngineSettings
+    from basal.core.engine.engine import Engine, EngineSettings
+    from basal.core.engine.engines import Engines
     from basal.core.engine.gate import Gate
     from basal.core.engine.metrics import Metrics
     from tests.engine.test_scheduling import request

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from basal.core.engine.engine import Cancelled, EngineClosed, Overloaded
 from basal.core.engine.scheduler import Job, JobQueue, Policy
+from basal.core.errors import Cancelled, EngineClosed, Overloaded
 from basal.core.packing.tree import TokenizedQuestion
 from basal.core.request.dialects import parse_systemone
 from tests.servers import make_engines
@@ -76,7 +76,7 @@ def test_short_request_overtakes_a_long_one_on_the_long_lane(demo_model):
     engines = make_engines(demo_model, slow_s=0.05, long_tokens=300, slice_ms=0)
     engines.start()
     long_req, short_req = request(120, 4), request(2)
-    assert engines.engines["basal-synthetic-demo"].plan(long_req, print, lambda: False).cost > 300
+    assert engines.engines["basal-synthetic-demo"].admit(long_req, print, lambda: False).cost > 300
 
     async def main():
         arrived: list = []
@@ -155,7 +155,7 @@ def test_hrrn_does_not_starve_a_long_request(demo_model):
     engines = make_engines(demo_model, slow_s=0.02, max_batch_tokens=400, long_tokens=0)
     engines.start()
     long_req = request(60, 3)
-    assert engines.engines["basal-synthetic-demo"].plan(long_req, print, lambda: False).cost > 400  # runs alone
+    assert engines.engines["basal-synthetic-demo"].admit(long_req, print, lambda: False).cost > 400  # runs alone
 
     async def main():
         finished: list = []

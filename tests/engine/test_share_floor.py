@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from basal.core.engine.engine import Engine, Engines, EngineSettings
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
@@ -180,7 +181,7 @@ def long_under_short_stream(demo_model, share: float) -> tuple[bool, int, int]:
     engines = Engines({demo_model.name: engine}, demo_model.name, metrics, 4096)
     engines.start()
     alone = asyncio.run(engines.run(long_req)).response
-    assert engine.plan(long_req, print, lambda: False).cost > 1000  # it takes the long lane
+    assert engine.admit(long_req, print, lambda: False).cost > 1000  # it takes the long lane
     backend.shorts_during_long = 0
 
     async def main():

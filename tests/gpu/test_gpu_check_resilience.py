@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from basal.backends.cuda.gpu import engine_table as et
-from basal.core import atomic_file
+from basal.core import home
 from bench import gpu_check
 
 CPU = torch.device("cpu")
@@ -193,7 +193,7 @@ def test_the_sigterm_handler_writes_the_report_and_its_table_before_it_unwinds(r
         def full(*args, **kwargs):
             raise OSError("no space left on device")
 
-        monkeypatch.setattr(atomic_file.tempfile, "mkstemp", full)
+        monkeypatch.setattr(home.tempfile, "mkstemp", full)
         with pytest.raises(gpu_check.Interrupted):  # not the OSError: it would pass for the interrupted part's own
             gpu_check.on_sigterm(report, current, signal.SIGTERM, None)
     finally:

@@ -27,7 +27,7 @@ from basal.backends.cuda.gpu.buckets import (
 from basal.backends.cuda.gpu.graphs import GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
 from basal.backends.cuda.gpu.readback import ONE_OFF, StagingSlots, numpy_buffers
-from basal.core import atomic_file
+from basal.core import home
 from basal.core.packing.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
 from basal.core.packing.tree import (
     FORWARD_MAX_TOKENS,
@@ -659,8 +659,8 @@ def test_engine_tables_saved_at_once_never_share_a_temporary_file(tmp_path, monk
     """Two servers probing at once: each writes a temporary file of its own and renames it; a fixed temporary name
     let one rename the other's half-written file."""
     paths = []
-    real = atomic_file.tempfile.mkstemp
-    monkeypatch.setattr(atomic_file.tempfile, "mkstemp", lambda **kw: paths.append(real(**kw)) or paths[-1])
+    real = home.tempfile.mkstemp
+    monkeypatch.setattr(home.tempfile, "mkstemp", lambda **kw: paths.append(real(**kw)) or paths[-1])
     target = tmp_path / "gpu" / "gemm_engines-f16.json"
     for gpu in ("H200", "H100"):
         et.EngineTable({"gpu": gpu}, [4], [et.ShapeEntry(16, 32, "tri")]).save(target)

@@ -48,8 +48,8 @@ def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
 
 
 def test_the_guard_refuses_what_the_image_lacks(tmp_path):
-    """Negative control: the evidence head's module needs msgspec, which the image does not have."""
-    done = run_guarded(tmp_path, "import basal.core.decision.evidence\n")
+    """Negative control: the answer types need msgspec, which the image does not have."""
+    done = run_guarded(tmp_path, "import basal.core.decision.answers\n")
     assert done.returncode != 0
     assert "No module named 'msgspec' on the GPU machine's image" in done.stderr
 

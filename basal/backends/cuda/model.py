@@ -15,7 +15,7 @@ from basal.backends.cuda.cpu.gemm_chunks import ChunkTable
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.safetensors_io import bf16_bits_to_f32
 from basal.core.packing.attention_plan import plan_batch
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import advance, run_to_end
 from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -255,8 +255,7 @@ def inference_steps(steps: Generator[None, None, T]) -> Generator[None, None, T]
     """Run each step of `steps` in torch inference mode and pause outside it (CPU and GPU models)."""
     while True:
         with torch.inference_mode():
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+            ended, value = advance(steps)
+        if ended:
+            return value
         yield

@@ -28,7 +28,7 @@ from basal.backends.cuda import tile_rows
 from basal.backends.cuda.cpu import cpu_kernels
 from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
 from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionPlan  # noqa: F401  (re-exported)
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 
 ROWS = 64  # fixed GEMM/norm chunk for all-token ops
 READOUT_ROWS = 16  # fixed chunk for the last layer, which runs only at readout positions

@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import mlx.core as mx
 
+from basal.core.packing.passes import advance
+
 T = TypeVar("T")
 Scope = mx.Device | mx.Stream
 
@@ -24,10 +26,9 @@ def on_device(scope: Scope, steps: Generator[None, None, T]) -> Generator[None, 
     try:
         while True:
             with mx.stream(scope):
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    return done.value
+                ended, value = advance(steps)
+            if ended:
+                return value
             yield
     finally:
         with mx.stream(scope):

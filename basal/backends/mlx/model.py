@@ -24,7 +24,7 @@ from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.attention_plan import AttentionPlan, plan_batch
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 # On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention

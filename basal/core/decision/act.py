@@ -11,63 +11,17 @@ so probabilities can differ from upstream's in the ~1e-7 range (decisions only a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from basal.core.decision.evidence import Evidence
+from basal.core.decision.answers import ActAnswer
+from basal.core.request.extensions import ActSpec
 
 NO_THRESHOLD = "no certified threshold for this target"
 NEEDS_DEFER = 'max_error needs a defer action ("defer"/"human" or defer_action)'
 
 
-class ActAnswer(msgspec.Struct, tag_field="type", tag="act", kw_only=True):
-    """Key order: type, action, expected_costs, answer, probabilities, confidence, [max_error | refused],
-    calibration, [evidence]."""
-
-    action: Any
-    expected_costs: dict[str, float]
-    answer: str
-    probabilities: dict[str, float]
-    confidence: float
-    max_error: str | msgspec.UnsetType = msgspec.UNSET
-    refused: Any = msgspec.UNSET
-    calibration: str
-    evidence: Evidence = msgspec.UNSET
-
-
 class NeedsDeferAction(Exception):
     """A refusal is required but the question has no defer action; each dialect words the HTTP error."""
-
-
-@dataclass(frozen=True, slots=True)
-class ActSpec:
-    """A parsed cost matrix. Rows keep request order; each row keeps its own key order (the summation order)."""
-
-    outcomes: tuple[str, ...]
-    rows: tuple[tuple[Any, tuple[tuple[str, float], ...]], ...]  # (action, ((outcome, cost), ...))
-    defer_action: Any = None  # None: no defer action
-    max_error_key: str | None = None  # CALIBRATION.json thresholds key; None: no max_error
-    validated_readout: bool = False  # yes/no readout or option_keys "hide" (the calibration flag's condition)
-
-
-def short_form_rows(outcomes: tuple[str, ...], wrong: float, defer: float | None):
-    """``{"wrong": W, "defer": D}`` -> one action per outcome (0 if right, W otherwise), then ``defer``."""
-    rows = [(y, tuple((z, 0.0 if z == y else wrong) for z in outcomes)) for y in outcomes]
-    if defer is not None:
-        rows.append(("defer", tuple((z, defer) for z in outcomes)))
-    return tuple(rows)
-
-
-def full_form_defer(actions: list[Any], defer_action: Any) -> Any:
-    """`defer_action` if truthy (not checked against the actions), else ``defer``, else ``human``, else none."""
-    if defer_action:
-        return defer_action
-    for name in ("defer", "human"):
-        if name in actions:
-            return name
-    return None
 
 
 def expected_cost(p: Mapping[str, float], row: tuple[tuple[str, float], ...]) -> float:
@@ -86,7 +40,7 @@ def certified_confidence(thresholds: Mapping[str, Any], key: str) -> float | Non
     return float(value)
 
 
-def decide(
+def choose_action(
     p: Mapping[str, float], spec: ActSpec, thresholds: Mapping[str, Any], temperatures_present: bool
 ) -> ActAnswer:
     """Probabilities by outcome (canonical order) -> the act answer. Raises NeedsDeferAction."""

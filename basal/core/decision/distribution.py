@@ -15,20 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from basal.core.decision.act import ActAnswer, ActSpec, NeedsDeferAction, decide
-from basal.core.decision.multi import MultiAnswer, MultiSpec, multi_answer
-from basal.core.model.model_dir import Calibration
-from basal.core.request.dialects import (
-    BasalChoiceAnswer,
-    BasalNoulAnswer,
-    BasalScoreAnswer,
-    ChoiceAnswer,
-    NoulAnswer,
-    Question,
-    ScoreAnswer,
-)
-from basal.core.request.extensions import needs_defer_error
-
 FLOOR = 1e-12
 
 
@@ -114,51 +100,5 @@ def expected_level(p: np.ndarray) -> float:
 # Answers in each dialect (docs/contract.md §2.3)
 
 
-def answer_systemone(question: Question, dist: Distribution) -> NoulAnswer | ChoiceAnswer | ScoreAnswer:
-    """TypeSafe answer: noul without confidence; choice/score confidence by TypeSafe's formulas."""
-    p = dist.p_cal
-    keys = question.item.keys
-    probabilities = {k: float(v) for k, v in zip(keys, p, strict=True)}
-    if question.kind == "noul":
-        return NoulAnswer(noul=probabilities["true"])
-    if question.kind == "score":
-        legend = dict(zip(keys, question.legend, strict=True))
-        return ScoreAnswer(expected_level(p), score_confidence(p), legend, probabilities)
-    return ChoiceAnswer(keys[dist.argmax], choice_confidence(p), probabilities)
-
-
-def answer_basal(question: Question, dist: Distribution) -> BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer:
-    """Upstream answer: confidence = max p for every type; score legend = the texts shown to the model."""
-    p = dist.p_cal
-    keys = question.item.keys
-    probabilities = {k: float(v) for k, v in zip(keys, p, strict=True)}
-    confidence = float(p.max())
-    if question.kind == "noul":
-        return BasalNoulAnswer(probabilities["true"], probabilities, confidence)
-    if question.kind == "score":
-        legend = dict(zip(keys, question.legend, strict=True))
-        return BasalScoreAnswer(expected_level(p), legend, probabilities, confidence)
-    return BasalChoiceAnswer(keys[dist.argmax], probabilities, confidence)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Extension answers (docs/extensions.md §3–§4): the same in both dialects
-
-
-def answer_multi(question: Question, dists: Sequence[Distribution]) -> MultiAnswer:
-    """P(yes) of every branch (calibrated with the noul temperature) -> selection."""
-    spec = question.spec
-    assert isinstance(spec, MultiSpec)
-    p_yes = {k: float(d.p_cal[0]) for k, d in zip(spec.keys, dists, strict=True)}  # key "true" is option 0
-    return multi_answer(p_yes, spec)
-
-
-def answer_act(question: Question, dist: Distribution, calibration: Calibration, dialect: str) -> ActAnswer:
-    """The readout's distribution -> minimum expected cost, refusal against the certified thresholds."""
-    spec = question.spec
-    assert isinstance(spec, ActSpec)
-    p = {k: float(v) for k, v in zip(question.item.keys, dist.p_cal, strict=True)}
-    try:
-        return decide(p, spec, calibration.thresholds, bool(calibration.temperatures))
-    except NeedsDeferAction as e:
-        raise needs_defer_error(question.name, dialect, str(e)) from e

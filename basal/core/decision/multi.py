@@ -7,57 +7,9 @@ tree), calibrated with the noul temperature. Selection is pure host math, float6
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-import msgspec
-
-from basal.core.model.prompt import DEFAULT_YES_NO, Item
-
-BRANCH_LINE = {"pl": "Czy dotyczy: \u201e{label}\u201d?", "en": 'Does this apply: "{label}"?'}
-
-
-class MultiAnswer(msgspec.Struct, tag_field="type", tag="multi"):
-    """Key order of both dialects: type, selected, probabilities, threshold, set_confidence."""
-
-    selected: list[str]
-    probabilities: dict[str, float]
-    threshold: float
-    set_confidence: float
-
-
-@dataclass(frozen=True, slots=True)
-class MultiSpec:
-    """What selection needs. `max`/`min` are already ints (None: no limit); `clamp_negative` = basal-rs rule."""
-
-    keys: tuple[str, ...]
-    threshold: float
-    max: int | None = None
-    min: int | None = None
-    clamp_negative: bool = False
-
-
-def branch_question(question_text: str, label: str, lang: str) -> str:
-    """The question of one branch; the newline is there even when the instructions are empty."""
-    return f"{question_text}\n{BRANCH_LINE[lang].format(label=label)}"
-
-
-def branch_items(
-    name: str, keys: Sequence[str], labels: Sequence[str], lang: str, state_text: str, question_text: str
-) -> tuple[Item, ...]:
-    """One yes/no item per label (default Tak/Nie, Yes/No options always; noul temperature)."""
-    yes, no = DEFAULT_YES_NO[lang]
-    return tuple(
-        Item(
-            f"{name}#{key}",
-            "noul",
-            ("true", "false"),
-            (yes, no),
-            lang,
-            state_text,
-            branch_question(question_text, label, lang),
-        )
-        for key, label in zip(keys, labels, strict=True)
-    )
+from basal.core.decision.answers import MultiAnswer
+from basal.core.request.extensions import MultiSpec
 
 
 def select(p_yes: Mapping[str, float], spec: MultiSpec) -> list[str]:

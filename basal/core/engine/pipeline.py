@@ -10,26 +10,17 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
-import msgspec
 import numpy as np
 
-from basal.core.decision.distribution import (
-    Distribution,
-    answer_act,
-    answer_basal,
-    answer_multi,
-    answer_systemone,
-    calibrate,
-    certain,
-    distribution,
-)
-from basal.core.decision.evidence import EvidenceSpan, StateTokens, best_spans, state_tokens
+from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.decision.evidence import StateTokens, state_tokens
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
+from basal.core.decision.respond import EvidenceInputs, respond
 from basal.core.engine.rounds import Rounds
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import LETTERS, Item, template_prefix
-from basal.core.packing.backend import Backend, run_to_end
-from basal.core.packing.passes import overlapped
+from basal.core.packing.backend import Backend
+from basal.core.packing.passes import overlapped, run_to_end
 from basal.core.packing.tree import (
     FORWARD_MAX_TOKENS,
     TREE_MAX_TOKENS,
@@ -39,16 +30,8 @@ from basal.core.packing.tree import (
     packed_tokens,
     plan_forwards,
 )
-from basal.core.request.dialects import (
-    BasalResponse,
-    BasalUsage,
-    DecisionRequest,
-    Question,
-    SystemOneResponse,
-    Usage,
-)
-from basal.core.request.extensions import evidence_refusal_basal, multi_evidence_error_basal
 from basal.core.request.model_names import ServedModels
+from basal.core.request.plan import DecisionRequest, Question
 
 
 def model_resolver(served: Sequence[str], default: str) -> ServedModels:
@@ -135,7 +118,7 @@ class Pipeline:
 
     # -- rounds: a request whose later prompts depend on earlier answers (choices with 11..255 options) ------
 
-    def plan(self, request: DecisionRequest) -> Rounds:
+    def first_round(self, request: DecisionRequest) -> Rounds:
         """The request's rounds, the first one tokenized."""
         rounds = Rounds(request, self.large_choice)
         if rounds.evidence and not self.serves_evidence:  # the dialect refused it already, unless upstream's order
@@ -164,8 +147,16 @@ class Pipeline:
 
     def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
         """The response of a request whose rounds have all been run."""
-        return self.answer(
-            rounds.request, rounds.plain_logits, rounds.input_tokens, latency_ms, rounds.joints(), rounds
+        head = self.model.evidence_head if self.serves_evidence else None
+        evidence = EvidenceInputs(head, rounds.state_tokens, rounds.states)
+        return respond(
+            rounds.request,
+            rounds.plain_logits,
+            rounds.input_tokens,
+            latency_ms,
+            self.model.calibration,
+            rounds.joints(),
+            evidence,
         )
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
@@ -239,73 +230,8 @@ class Pipeline:
         """Answer a planned request (no pausing, no batching with other requests)."""
         stats = stats if stats is not None else Stats()
         started = time.perf_counter()
-        rounds = self.plan(request)
+        rounds = self.first_round(request)
         stats.tokenize_ms += (time.perf_counter() - started) * 1000
         while not rounds.done:  # one pass for an ordinary request; a large choice adds its final round
             self.advance(rounds, run_to_end(self.letter_logits(rounds.tokenized, stats)))
         return self.respond(rounds, (time.perf_counter() - started) * 1000)
-
-    def answer(
-        self,
-        request: DecisionRequest,
-        logits: dict[str, list[np.ndarray]],
-        input_tokens: int,
-        latency_ms: float,
-        joints: dict[str, np.ndarray] | None = None,
-        rounds: Rounds | None = None,
-    ) -> SystemOneResponse | BasalResponse:
-        """Letter logits per question (joint distributions of large choices) -> the response in the dialect;
-        `rounds` brings the evidence questions' hidden states."""
-        answers = {}
-        for q in request.questions:
-            if q.deferred_error is not None:  # upstream: raised while building this answer
-                raise q.deferred_error
-            if joints and q.name in joints:
-                joint = joints[q.name]
-                dists = [Distribution([], joint, calibrate(joint, self.model.calibration.temperature(q.item.type)))]
-            else:
-                dists = self.distributions(q, logits.get(q.name, []))
-            if q.kind == "multi":
-                answers[q.name] = answer_multi(q, dists)
-            elif q.kind == "act":
-                answers[q.name] = answer_act(q, dists[0], self.model.calibration, request.dialect)
-            else:
-                answers[q.name] = (answer_systemone if request.dialect == "systemone" else answer_basal)(q, dists[0])
-        if any(q.evidence for q in request.questions):
-            self._add_evidence(request, answers, rounds)
-        if request.dialect == "systemone":
-            return SystemOneResponse(request.model, answers, Usage(input_tokens))
-        n, branches = len(request.questions), sum(q.branch_count for q in request.questions)
-        return BasalResponse(request.model, answers, BasalUsage(input_tokens, 0, n, branches, round(latency_ms, 2)))
-
-    def _add_evidence(self, request: DecisionRequest, answers: dict, rounds: Rounds | None) -> None:
-        """Append `evidence` to every answer that asked for it. Upstream's order (/v1/basal): after all answers,
-        first the head, then multi questions, then the spans. /v1/systemone refused both while parsing."""
-        if not self.serves_evidence or rounds is None:
-            raise evidence_refusal_basal()
-        asking = [q for q in request.questions if q.evidence]
-        for q in asking:
-            if q.branches:
-                raise multi_evidence_error_basal(q.name)
-        head = self.model.evidence_head
-        for q in asking:
-            found, states = rounds.state_tokens.get(q.name), rounds.states.get(q.name)
-            spans: list[dict[str, object]] = []
-            if found is not None:
-                if states is None or head is None:
-                    raise RuntimeError(f"no hidden states were computed for {q.name!r}; this is a bug")
-                ls, le = head.log_scores(states[:-1], states[-1])
-                spans = best_spans(q.asked[0].state_text, found.rel, ls, le, request.facts_limit)
-            answers[q.name] = msgspec.structs.replace(answers[q.name], evidence=[EvidenceSpan(**s) for s in spans])
-
-    def distributions(self, question: Question, rows: Sequence[np.ndarray]) -> list[Distribution]:
-        """One distribution per readout of the question; `rows` = letter logits of its readouts' orders in turn."""
-        if not question.needs_model:
-            return [certain()]
-        out, at = [], 0
-        for item in question.asked:
-            n, k = len(item.orders), len(item.options)
-            temperature = self.model.calibration.temperature(item.type)
-            out.append(distribution([lg[:k] for lg in rows[at : at + n]], item.orders, temperature))
-            at += n
-        return out

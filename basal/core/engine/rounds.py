@@ -18,7 +18,7 @@ from basal.core.decision.evidence import StateTokens
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, LargeChoice, Strategy, is_large
 from basal.core.model.prompt import Item
 from basal.core.packing.tree import TokenizedQuestion
-from basal.core.request.dialects import DecisionRequest
+from basal.core.request.plan import DecisionRequest
 
 Logits = list[np.ndarray]  # letter logits of one item, one array per asked option order
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from basal.core.engine.rounds import Rounds
 from basal.core.packing.tree import TokenizedQuestion, TrieSize
-from basal.core.request.dialects import DecisionRequest
+from basal.core.request.plan import DecisionRequest
 
 INITIAL_RATE = 3000.0  # packed tokens/s before the first batch was measured
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from basal.core.errors import RequestError
+from basal.core.errors import native_refusal
 from basal.core.facts.inject import FactsError, inject
 from basal.core.model.render import text_of
 
@@ -35,14 +35,14 @@ def basal_state_text(raw: dict[str, Any]) -> str:
     """The state text of a ``/v1/basal`` request (``raw`` has a ``state``), with facts injected if asked."""
     wants = _wants_facts(raw, null_is_off=False)
     if wants is None:
-        raise RequestError(422, {"error": FACTS_VALUE_ERROR}, upstream=f"ValueError: {FACTS_VALUE_ERROR}")
+        raise native_refusal(FACTS_VALUE_ERROR)
     text = text_of(raw["state"])
     if not wants:
         return text
     try:
         return inject(text)
     except FactsError as e:
-        raise RequestError(422, {"error": str(e)}, upstream=f"{e.kind}: {e}") from e
+        raise native_refusal(str(e), e.kind) from e
 
 
 def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[str, Any]]) -> str:

@@ -13,18 +13,16 @@ import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from basal.core.errors import ModelDirError
+from basal.core.model.evidence_head import EvidenceHead, load_head
 from basal.core.model.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.model.safetensors_io import SafetensorsFile
 from basal.core.model.tokenizer import Tokenizer
 from basal.core.model.torch_file import TorchFileError
-
-if TYPE_CHECKING:  # evidence needs msgspec, which the GPU machine's image (bench/gpu_check.py) does not have
-    from basal.core.decision.evidence import EvidenceHead
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +176,6 @@ class ModelDir:
     @cached_property
     def evidence_head(self) -> EvidenceHead | None:
         """The pointer head of `evidence: true` (``evidence_head.pt``), read once; None: the model has none."""
-        from basal.core.decision.evidence import load_head
 
         try:
             return load_head(self.path, self.config.hidden_size)

@@ -24,6 +24,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from basal.core.home import cache_dir
+from basal.core.model.evidence_head import HEAD_FILE, HEAD_RANK, EvidenceHead
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.prompt import CHAT_TEMPLATE, LETTERS, PREFILL, SYSTEM, USER
 from basal.core.model.safetensors_io import TensorSpec, to_bf16_bits, write_safetensors
@@ -276,9 +277,7 @@ def synth_model(
                 "thresholds": {"0.01": {"confidence": 0.93}, "0.05": {"confidence": 0.74}},
             },
         )
-        if evidence_head:  # imported here: the evidence types need msgspec, which the GPU image lacks
-            from basal.core.decision.evidence import HEAD_FILE, HEAD_RANK, EvidenceHead
-
+        if evidence_head:
             EvidenceHead.random(cfg.hidden_size, HEAD_RANK, seed).save(tmp / HEAD_FILE)
         specs = _tensor_specs(cfg)
         if on_total:
@@ -310,7 +309,6 @@ DEMO_VERSION = 2  # v2: with a seeded evidence head. A new version is a new fold
 def demo_model() -> ModelDir:
     """The built-in demo model: synthesized on first use into the cache folder (a few MB, about a second), with a
     seeded evidence head, so the demo serves every extension."""
-    from basal.core.decision.evidence import HEAD_FILE, HEAD_RANK, EvidenceHead
 
     path = cache_dir() / "models" / f"demo-seed0-v{DEMO_VERSION}"
     if not (path / "model.safetensors").is_file():

@@ -69,12 +69,3 @@ class Backend(Protocol):
         """Work done once before serving so that the first requests do not pay for it (the GPU path captures CUDA
         graphs of the common buckets) -> how many things it prepared; 0 where a backend has nothing to warm."""
         ...
-
-
-def run_to_end(steps: Generator[None, None, np.ndarray]) -> np.ndarray:
-    """Drive a `Backend.run` generator without pausing."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value

@@ -1,4 +1,5 @@
-"""Two forwards in flight: the next one is queued on the device before the last one's result is waited for.
+"""How a pass is driven (`advance`, `run_to_end`), and two forwards in flight: the next one is queued on the device
+before the last one's result is waited for.
 
 A backend whose device runs asynchronously (the CUDA path) yields `QUEUED` once per pass, at the moment all of the
 pass's device work is queued and only its readback is left. `overlapped` runs a batch's forwards in order and,
@@ -30,13 +31,22 @@ QUEUED = Queued()
 Pass = Generator[Any, None, T]  # yields None (a checkpoint) or QUEUED, returns the pass's result
 
 
+def advance(steps: Pass[T]) -> tuple[bool, Any]:
+    """One step of a pass: (False, what it yielded) while it runs, (True, its result) once it has ended. The one
+    place that reads the generator protocol: every driver of a pass (here, the engine's, the backends') steps
+    through it."""
+    try:
+        return False, next(steps)
+    except StopIteration as done:
+        return True, done.value
+
+
 def until_queued(steps: Pass[T]) -> Generator[Any, None, tuple[bool, T | None]]:
     """Drive `steps` until it yields QUEUED (-> (True, None)) or ends (-> (False, its result))."""
     while True:
-        try:
-            step = next(steps)
-        except StopIteration as done:
-            return False, done.value
+        ended, step = advance(steps)
+        if ended:
+            return False, step
         if step is QUEUED:
             return True, None
         yield step
@@ -45,10 +55,9 @@ def until_queued(steps: Pass[T]) -> Generator[Any, None, tuple[bool, T | None]]:
 def to_end(steps: Pass[T]) -> Generator[Any, None, T]:
     """The rest of `steps`, every yield passed on as a checkpoint."""
     while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+        ended, value = advance(steps)
+        if ended:
+            return value
         yield
 
 
@@ -78,3 +87,11 @@ def overlapped(passes: Iterable[Pass[T]], collect: Callable[[int, T], None]) -> 
     finally:
         for steps in open_passes:  # stopped or failed mid-way: each pass cleans up (its slot, its pending copies)
             steps.close()
+
+
+def run_to_end(steps: Pass[T]) -> T:
+    """Drive a pass without pausing; its result."""
+    while True:
+        ended, value = advance(steps)
+        if ended:
+            return value

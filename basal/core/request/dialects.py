@@ -16,15 +16,19 @@ import itertools
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import msgspec
 
-from basal.core.decision.act import ActAnswer, ActSpec
-from basal.core.decision.evidence import Evidence
-from basal.core.decision.multi import MultiAnswer, MultiSpec
-from basal.core.errors import RequestError
+from basal.core.errors import (
+    RequestError,
+    native_refusal,
+    systemone_invalid,
+    systemone_shape,
+    systemone_unsupported,
+    systemone_usage,
+)
 from basal.core.facts.request import basal_state_text, systemone_state_text
 from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, Item, named_options
 from basal.core.model.render import MAX_DEPTH, depth_of, text_of
@@ -32,44 +36,14 @@ from basal.core.request import extensions as ext
 from basal.core.request.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
 from basal.core.request.limits import DEFAULT_LIMITS, Limits, echo
 from basal.core.request.model_names import ServedModels
+from basal.core.request.plan import DecisionRequest, Dialect, Kind, Question
 
-Dialect = Literal["systemone", "basal"]
-Kind = Literal["choice", "noul", "score", "multi", "act"]
 MAX_CHOICES = 255  # TypeSafe's limit; 11..255 are asked in groups (decision/large_choice.py); /v1/basal keeps 2..10
 MAX_LEVELS = 10
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The plan: what the engine runs and the answer builder needs.
-
-
-@dataclass(frozen=True, slots=True)
-class Question:
-    kind: Kind  # answer shape
-    item: Item  # what the model sees; one option -> answered with p = 1 without running the model
-    legend: tuple[Any, ...] = ()  # score legend values (TypeSafe: levels as sent; upstream: shown texts)
-    branches: tuple[Item, ...] = ()  # multi: one yes/no item per label, asked instead of `item`
-    spec: MultiSpec | ActSpec | None = None  # multi selection rule / act cost matrix
-    evidence: bool = False  # a truthy `evidence` field
-    deferred_error: RequestError | None = None  # upstream: raised when the answer is built (after the run)
-
-    @property
-    def name(self) -> str:
-        return self.item.name
-
-    @property
-    def needs_model(self) -> bool:
-        return bool(self.branches) or len(self.item.options) >= 2
-
-    @property
-    def asked(self) -> tuple[Item, ...]:
-        """The readouts the model answers for this question, in order (multi: its branches)."""
-        return self.branches or (self.item,)
-
-    @property
-    def branch_count(self) -> int:
-        """``usage.branches`` of the question: its labels for multi, 1 otherwise."""
-        return len(self.branches) or 1
 
 
 def _from_planned(planned: ext.Planned, evidence: bool) -> Question:
@@ -83,86 +57,8 @@ def _from_planned(planned: ext.Planned, evidence: bool) -> Question:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionRequest:
-    dialect: Dialect
-    model: str
-    questions: tuple[Question, ...]
-    warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
-    facts_limit: int | None = None  # with facts "auto": the original state's length (evidence spans end there)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Answers (wire types). Field order follows the live API / upstream engine.
-
-Probabilities = dict[str, float]
-
-
-class NoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
-    noul: float
-    evidence: Evidence = msgspec.UNSET
-
-
-class ChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
-    choice: str
-    confidence: float
-    probabilities: Probabilities
-    evidence: Evidence = msgspec.UNSET
-
-
-class ScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
-    score: float
-    confidence: float
-    legend: dict[str, Any]
-    probabilities: Probabilities
-    evidence: Evidence = msgspec.UNSET
-
-
-class Usage(msgspec.Struct):
-    input_tokens: int
-    output_tokens: int = 0
-
-
-class SystemOneResponse(msgspec.Struct):
-    model: str
-    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer | MultiAnswer | ActAnswer]
-    usage: Usage
-
-
-class BasalNoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
-    noul: float
-    probabilities: Probabilities
-    confidence: float
-    evidence: Evidence = msgspec.UNSET
-
-
-class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
-    choice: str
-    probabilities: Probabilities
-    confidence: float
-    evidence: Evidence = msgspec.UNSET
-
-
-class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
-    score: float
-    legend: dict[str, Any]
-    probabilities: Probabilities
-    confidence: float
-    evidence: Evidence = msgspec.UNSET
-
-
-class BasalUsage(msgspec.Struct):
-    input_tokens: int
-    output_tokens: int
-    questions: int
-    branches: int
-    latency_ms: float
-
-
-class BasalResponse(msgspec.Struct):
-    model: str
-    answers: dict[str, BasalNoulAnswer | BasalChoiceAnswer | BasalScoreAnswer | MultiAnswer | ActAnswer]
-    usage: BasalUsage
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -191,22 +87,19 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
         reason = _why_not_json(body)
         if dialect == "basal":
             shown = message if reason is None else reason
-            raise RequestError(422, {"error": f"invalid JSON: {shown}"}, upstream=f"JSONDecodeError: {message}") from e
+            raise native_refusal(f"invalid JSON: {shown}", "JSONDecodeError", message) from e
         m = _BYTE_AT.search(message)
         offset = len(body[: int(m.group(1))].decode("utf-8", errors="ignore")) if m else 0
-        raise RequestError(
-            422,
-            {
-                "detail": [
-                    {
-                        "type": "json_invalid",
-                        "loc": ["body", offset],
-                        "msg": "JSON decode error" if reason is None else f"JSON decode error: {reason}",
-                        "input": {},
-                        "ctx": {"error": message if reason is None else reason},
-                    }
-                ]
-            },
+        raise systemone_shape(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ["body", offset],
+                    "msg": "JSON decode error" if reason is None else f"JSON decode error: {reason}",
+                    "input": {},
+                    "ctx": {"error": message if reason is None else reason},
+                }
+            ]
         ) from e
 
 
@@ -217,10 +110,6 @@ def decode_body(body: bytes, dialect: Dialect) -> Any:
 def _served_hint(resolve_model: Callable[..., str | None]) -> str:
     """`` (served: ...; GET /v1/models lists them)`` after an unknown model name, where the served names are known."""
     return f" ({resolve_model.hint()})" if isinstance(resolve_model, ServedModels) else ""
-
-
-def _usage_error(message: str) -> RequestError:
-    return RequestError(400, {"detail": {"error_type": "api_usage_error", "message": message}})
 
 
 class _ShapeErrors:
@@ -236,12 +125,13 @@ class _ShapeErrors:
     def full(self) -> bool:
         return len(self.items) >= self.limits.max_errors
 
-    def body(self) -> dict[str, Any]:
+    def refusal(self) -> RequestError:
+        """The 422 of the errors collected, with a last entry that says how many were not listed."""
         items = self.items
         if self.unlisted or self.stopped:
             more = f"more errors are not listed (at most {self.limits.max_errors} are)"
             items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
-        return {"detail": items}
+        return systemone_shape(items)
 
     def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
         if self.full:
@@ -339,8 +229,8 @@ def _has_polish(text: str) -> bool:
 
 def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestError:
     if dialect == "basal":
-        return _basal_error(f"{n} questions; a request may ask at most {limits.max_questions}")
-    return RequestError(400, {"detail": f"Too many questions. Must have at most {limits.max_questions} questions."})
+        return native_refusal(f"{n} questions; a request may ask at most {limits.max_questions}")
+    return systemone_invalid(f"Too many questions. Must have at most {limits.max_questions} questions.")
 
 
 def parse_systemone(
@@ -359,7 +249,7 @@ def parse_systemone(
     errors = _ShapeErrors(limits)
     if not isinstance(raw, dict):
         errors.add("dict_type", [], "Input should be a valid dictionary", raw)
-        raise RequestError(422, errors.body())
+        raise errors.refusal()
     if isinstance(raw.get("questions"), dict) and len(raw["questions"]) > limits.max_questions:
         raise _too_many_questions("systemone", len(raw["questions"]), limits)  # before any per-question work
     for key in ("model", "state", "questions"):
@@ -391,11 +281,11 @@ def parse_systemone(
                 break
             _check_question_shape(qid, q, errors)
     if errors.items:
-        raise RequestError(422, errors.body())
+        raise errors.refusal()
 
     model = resolve_model(raw["model"])
     if model is None:
-        raise _usage_error(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
+        raise systemone_usage(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
     unsupported: list[dict[str, Any]] = []
     planned = []
     has_head = serves_evidence(model)
@@ -404,7 +294,7 @@ def parse_systemone(
         if question is not None:
             planned.append(question)
     if unsupported:
-        raise RequestError(422, {"error": "unsupported", "detail": unsupported})
+        raise systemone_unsupported(unsupported)
     return DecisionRequest("systemone", model, tuple(planned), facts_limit=_facts_limit(raw))
 
 
@@ -507,7 +397,7 @@ def _plan_systemone(
         unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
         return None
     if qtype not in _ALLOWED_KEYS:
-        raise _usage_error(
+        raise systemone_usage(
             f"Invalid request: question {echo(qid)!r} has unknown type {echo(qtype)!r}; "
             f"allowed types: {', '.join(_ALLOWED_KEYS)}."
         )
@@ -530,7 +420,7 @@ def _plan_systemone(
     if qtype == "noul":
         sides = criteria or {}
         if instructions is None and sides.get("true") is None and sides.get("false") is None:
-            raise RequestError(400, {"detail": f"Noul question must have instructions or criteria: {echo(qid)}"})
+            raise systemone_invalid(f"Noul question must have instructions or criteria: {echo(qid)}")
         yes, no = DEFAULT_YES_NO[lang]
         keys = ["true", "false"]
         options = [
@@ -539,13 +429,13 @@ def _plan_systemone(
         ]
     elif qtype == "choice":
         if not criteria:
-            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {echo(qid)}"})
+            raise systemone_invalid(f"Choice question must have at least one choice: {echo(qid)}")
         if len(criteria) > MAX_CHOICES:
-            raise RequestError(400, {"detail": f"Too many choices. Must have at most {MAX_CHOICES} choices."})
+            raise systemone_invalid(f"Too many choices. Must have at most {MAX_CHOICES} choices.")
         keys, options = named_options(criteria, q.get("option_keys", "show"))
     else:
         if len(criteria) > MAX_LEVELS:
-            raise RequestError(400, {"detail": f"Too many score levels. Must have at most {MAX_LEVELS} levels."})
+            raise systemone_invalid(f"Too many score levels. Must have at most {MAX_LEVELS} levels.")
         keys = [str(i) for i in range(len(criteria))]
         options = [text_of(level) for level in criteria]
         legend = tuple(criteria)
@@ -568,11 +458,6 @@ BASAL_QUESTION_KEYS = {  # the fields upstream reads, by question type (an unkno
 }
 
 
-def _basal_error(message: str, kind: str = "ValueError", upstream: str | None = None) -> RequestError:
-    """422 ``{"error": message}``; `upstream` is upstream's own message where basal's says more (the default)."""
-    return RequestError(422, {"error": message}, upstream=f"{kind}: {message if upstream is None else upstream}")
-
-
 def parse_basal(
     raw: Any,
     resolve_model: Callable[[str | None], str | None],
@@ -585,26 +470,26 @@ def parse_basal(
     `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference);
     `serves_evidence(name)`: that model has an evidence head."""
     if not isinstance(raw, dict):
-        raise _basal_error("the request body must be a JSON object", "TypeError")
+        raise native_refusal("the request body must be a JSON object", "TypeError")
     warnings = Warnings()
     warnings.ignored(raw, BASAL_BODY_KEYS)
     for key in ("state", "questions"):
         if key not in raw:
-            raise _basal_error(f'the request has no "{key}"', "KeyError")
+            raise native_refusal(f'the request has no "{key}"', "KeyError")
     requested = raw.get("model")
     if requested is not None and not isinstance(requested, str):
-        raise _basal_error('"model" must be a string', "TypeError")
+        raise native_refusal('"model" must be a string', "TypeError")
     model = resolve_model(requested)
     if model is None:
         shown = f"unknown model: {echo(requested, limits)}"
-        raise _basal_error(shown + _served_hint(resolve_model), upstream=shown)
+        raise native_refusal(shown + _served_hint(resolve_model), upstream=shown)
     questions = raw["questions"]
     if not isinstance(questions, dict):
-        raise _basal_error('"questions" must be an object of questions by name', "AttributeError")
+        raise native_refusal('"questions" must be an object of questions by name', "AttributeError")
     if len(questions) > limits.max_questions:
         raise _too_many_questions("basal", len(questions), limits)
     if depth_of(raw["state"]) > MAX_DEPTH:
-        raise _basal_error(f"state is nested deeper than {MAX_DEPTH} levels")
+        raise native_refusal(f"state is nested deeper than {MAX_DEPTH} levels")
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
     planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
     if check_evidence:
@@ -637,13 +522,13 @@ def _fail_before_the_run(questions: tuple[Question, ...], has_head: bool = False
 def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Question:
     shown = echo(name)  # the name as quoted in errors
     if not isinstance(q, dict):
-        raise _basal_error(f"question {shown!r} must be an object", "AttributeError")
+        raise native_refusal(f"question {shown!r} must be an object", "AttributeError")
     qtype = q.get("type", "choice")
     if not isinstance(qtype, str):
-        raise _basal_error(f"question {shown!r}: type must be a string", "TypeError")
+        raise native_refusal(f"question {shown!r}: type must be a string", "TypeError")
     warnings.ignored(q, BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"]), name)
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
-        raise _basal_error(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
+        raise native_refusal(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
     question_text = text_of(q.get("instructions", ""))
     evidence = ext.truthy(q.get("evidence"))
     if qtype == "multi":
@@ -657,7 +542,7 @@ def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Quest
         kind = "noul"
         sides = q.get("criteria") or {}
         if not isinstance(sides, dict):
-            raise _basal_error(f"question {shown!r}: noul criteria must be an object", "AttributeError")
+            raise native_refusal(f"question {shown!r}: noul criteria must be an object", "AttributeError")
         yes, no = DEFAULT_YES_NO[lang]
         keys, options = ["true", "false"], [text_of(sides.get("true") or yes), text_of(sides.get("false") or no)]
     elif qtype == "score":
@@ -669,16 +554,18 @@ def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Quest
         elif isinstance(levels, list):
             keys, options = [str(i) for i in range(len(levels))], [text_of(v) for v in levels]
         else:
-            raise _basal_error(f"question {shown!r}: score criteria must be a list or an object", "TypeError")
+            raise native_refusal(f"question {shown!r}: score criteria must be a list or an object", "TypeError")
     else:  # choice; an unknown type name is asked as a choice and gets no temperature (T = 1)
         kind = "choice"
         criteria = q.get("criteria") or {}
         if isinstance(criteria, list):
             if not all(isinstance(k, str) for k in criteria):
-                raise _basal_error(f"question {shown!r}: a criteria list must hold option names (strings)", "TypeError")
+                raise native_refusal(
+                    f"question {shown!r}: a criteria list must hold option names (strings)", "TypeError"
+                )
             criteria = dict.fromkeys(criteria)
         if not isinstance(criteria, dict):
-            raise _basal_error(f"question {shown!r}: choice criteria must be an object or a list", "TypeError")
+            raise native_refusal(f"question {shown!r}: choice criteria must be an object or a list", "TypeError")
         _check_option_count(shown, criteria, qtype)
         keys, options = named_options(criteria, _basal_option_keys(q))
     if not 2 <= len(options) <= MAX_OPTIONS:
@@ -705,7 +592,7 @@ def _option_count_error(shown: str, n: int, qtype: str, q: dict[str, Any] | None
         if key not in allowed and (match := nearest(key, allowed)):
             hints.append(f"ignored field {echo(key[:MAX_KEY_CHARS])!r} (did you mean {match!r}?)")
             break
-    return _basal_error("; ".join([message, *hints]), upstream=message)
+    return native_refusal("; ".join([message, *hints]), upstream=message)
 
 
 def _unknown_type(qtype: str) -> str:
@@ -715,5 +602,5 @@ def _unknown_type(qtype: str) -> str:
 def _basal_option_keys(q: dict[str, Any]) -> str:
     option_keys = q.get("option_keys", "show")
     if option_keys not in ("show", "hide"):
-        raise _basal_error(f'option_keys must be "show" or "hide", got {echo(repr(option_keys))}')
+        raise native_refusal(f'option_keys must be "show" or "hide", got {echo(repr(option_keys))}')
     return option_keys

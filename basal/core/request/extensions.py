@@ -5,21 +5,20 @@
 * ``/v1/systemone`` follows the Rust engine's TypeSafe dialect: JSON numbers only, every schema error collected
   (``{"type", "loc", "msg"}``, no ``input``), capability errors as ``unsupported``.
 
-Each planner returns a `Planned` (what `contract.Question` is built from), so this module never imports the
-contract module and the two stay separate.
+Each planner returns a `Planned` (what `plan.Question` is built from), so this module never imports the dialect
+parsers and the two stay separate. The request halves of `act` (cost matrices) and `multi` (labels, branch items)
+live here; their answer math is in `basal.core.decision`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from basal.core.decision.act import ActSpec, full_form_defer, short_form_rows
-from basal.core.decision.multi import MultiSpec, branch_items
-from basal.core.errors import RequestError
+from basal.core.errors import RequestError, native_refusal, systemone_invalid, systemone_shape
 from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
 from basal.core.model.render import text_of
 
@@ -78,32 +77,28 @@ def _yes_no(lang: str, true_text: Any, false_text: Any) -> tuple[tuple[str, ...]
 # /v1/basal — upstream
 
 
-def _upstream_error(message: str, kind: str = "ValueError") -> RequestError:
-    return RequestError(422, {"error": message}, upstream=f"{kind}: {message}")
-
-
 def _python_error(e: Exception) -> RequestError:
     """A Python exception of float()/int()/a missing key, with upstream's own text (str of the exception)."""
-    return _upstream_error(str(e), type(e).__name__)
+    return native_refusal(str(e), type(e).__name__)
 
 
 def _labels_basal(name: str, criteria: Any) -> tuple[list[str], list[str]]:
     if isinstance(criteria, list):
         if not all(isinstance(k, str) for k in criteria):
-            raise _upstream_error(f"question {name!r}: a criteria list must hold option names (strings)", "TypeError")
+            raise native_refusal(f"question {name!r}: a criteria list must hold option names (strings)", "TypeError")
         criteria = dict.fromkeys(criteria)
     if not isinstance(criteria, dict):
-        raise _upstream_error(f"question {name!r}: criteria must be an object or a list", "TypeError")
+        raise native_refusal(f"question {name!r}: criteria must be an object or a list", "TypeError")
     return list(criteria), [k if v is None else text_of(v) for k, v in criteria.items()]
 
 
 def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_text: str) -> Planned:
     criteria = q.get("criteria")
     if not criteria:
-        raise _upstream_error(f"question {name!r}: multi needs criteria")
+        raise native_refusal(f"question {name!r}: multi needs criteria")
     keys, labels = _labels_basal(name, criteria)
     if len(keys) > MAX_LABELS:
-        raise _upstream_error(f"question {name!r}: {len(keys)} labels (basal asks at most {MAX_LABELS} per multi)")
+        raise native_refusal(f"question {name!r}: {len(keys)} labels (basal asks at most {MAX_LABELS} per multi)")
     try:
         threshold = float(q.get("threshold", 0.5))
     except (TypeError, ValueError, OverflowError) as e:
@@ -143,7 +138,7 @@ def plan_act_basal(
         keys, options, validated = tuple(keys_list), tuple(options_list), hide == "hide"
     rows, defer = _costs_basal(name, q, keys)
     if not 2 <= len(options) <= MAX_OPTIONS:
-        raise _upstream_error(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
+        raise native_refusal(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
     max_error = q.get("max_error")
     spec = ActSpec(keys, rows, defer, None if max_error is None else str(max_error), validated)
     return Planned("act", Item(name, calibration_type, keys, options, lang, state_text, question_text), spec)
@@ -152,7 +147,7 @@ def plan_act_basal(
 def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
     costs = q.get("costs")
     if not isinstance(costs, dict) or not costs:
-        raise _upstream_error(f"question {name!r}: act needs costs")
+        raise native_refusal(f"question {name!r}: act needs costs")
     try:
         if all(k in ("wrong", "defer") for k in costs) and not isinstance(costs.get("wrong"), dict):
             wrong = float(costs["wrong"])
@@ -161,7 +156,7 @@ def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
         rows = []
         for action, row in costs.items():
             if not isinstance(row, dict) or set(row) != set(outcomes):
-                raise _upstream_error(f"question {name!r}: {_cost_message(action, outcomes, repr)}")
+                raise native_refusal(f"question {name!r}: {_cost_message(action, outcomes, repr)}")
             rows.append((action, tuple((z, float(c)) for z, c in row.items())))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise _python_error(e) from e
@@ -174,12 +169,12 @@ def may_fail_after_run(spec: Any) -> bool:
 
 
 def evidence_refusal_basal() -> RequestError:
-    return _upstream_error(NO_HEAD)
+    return native_refusal(NO_HEAD)
 
 
 def multi_evidence_error_basal(name: str) -> RequestError:
     """Upstream, after the run and only with a head: evidence asked on a multi question."""
-    return _upstream_error(f"question {name!r}: {NOT_FOR_MULTI}")
+    return native_refusal(f"question {name!r}: {NOT_FOR_MULTI}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,7 +329,7 @@ def plan_act_systemone(
         validated = True
     else:
         if not criteria:
-            raise RequestError(400, {"detail": f"Choice question must have at least one choice: {qid}"})
+            raise systemone_invalid(f"Choice question must have at least one choice: {qid}")
         shown = criteria if isinstance(criteria, dict) else dict.fromkeys(criteria)
         keys_list, options_list = named_options(shown, option_keys)
         keys, options, validated = tuple(keys_list), tuple(options_list), option_keys == "hide"
@@ -377,5 +372,72 @@ def evidence_option_count_ok(q: dict[str, Any]) -> bool:
 def needs_defer_error(qid: str, dialect: str, message: str) -> RequestError:
     """The after-the-run refusal without a defer action, worded per dialect."""
     if dialect == "basal":
-        return _upstream_error(message)
-    return RequestError(422, {"detail": [{"type": "value_error", "loc": ["body", "questions", qid], "msg": message}]})
+        return native_refusal(message)
+    return systemone_shape([{"type": "value_error", "loc": ["body", "questions", qid], "msg": message}])
+
+
+@dataclass(frozen=True, slots=True)
+class ActSpec:
+    """A parsed cost matrix. Rows keep request order; each row keeps its own key order (the summation order)."""
+
+    outcomes: tuple[str, ...]
+    rows: tuple[tuple[Any, tuple[tuple[str, float], ...]], ...]  # (action, ((outcome, cost), ...))
+    defer_action: Any = None  # None: no defer action
+    max_error_key: str | None = None  # CALIBRATION.json thresholds key; None: no max_error
+    validated_readout: bool = False  # yes/no readout or option_keys "hide" (the calibration flag's condition)
+
+
+def short_form_rows(outcomes: tuple[str, ...], wrong: float, defer: float | None):
+    """``{"wrong": W, "defer": D}`` -> one action per outcome (0 if right, W otherwise), then ``defer``."""
+    rows = [(y, tuple((z, 0.0 if z == y else wrong) for z in outcomes)) for y in outcomes]
+    if defer is not None:
+        rows.append(("defer", tuple((z, defer) for z in outcomes)))
+    return tuple(rows)
+
+
+def full_form_defer(actions: list[Any], defer_action: Any) -> Any:
+    """`defer_action` if truthy (not checked against the actions), else ``defer``, else ``human``, else none."""
+    if defer_action:
+        return defer_action
+    for name in ("defer", "human"):
+        if name in actions:
+            return name
+    return None
+
+
+BRANCH_LINE = {"pl": "Czy dotyczy: \u201e{label}\u201d?", "en": 'Does this apply: "{label}"?'}
+
+
+@dataclass(frozen=True, slots=True)
+class MultiSpec:
+    """What selection needs. `max`/`min` are already ints (None: no limit); `clamp_negative` = basal-rs rule."""
+
+    keys: tuple[str, ...]
+    threshold: float
+    max: int | None = None
+    min: int | None = None
+    clamp_negative: bool = False
+
+
+def branch_question(question_text: str, label: str, lang: str) -> str:
+    """The question of one branch; the newline is there even when the instructions are empty."""
+    return f"{question_text}\n{BRANCH_LINE[lang].format(label=label)}"
+
+
+def branch_items(
+    name: str, keys: Sequence[str], labels: Sequence[str], lang: str, state_text: str, question_text: str
+) -> tuple[Item, ...]:
+    """One yes/no item per label (default Tak/Nie, Yes/No options always; noul temperature)."""
+    yes, no = DEFAULT_YES_NO[lang]
+    return tuple(
+        Item(
+            f"{name}#{key}",
+            "noul",
+            ("true", "false"),
+            (yes, no),
+            lang,
+            state_text,
+            branch_question(question_text, label, lang),
+        )
+        for key, label in zip(keys, labels, strict=True)
+    )

@@ -16,7 +16,7 @@ from basal.backends.cuda.gpu import engine_table as et
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.backends.cuda.gpu.triton_gemm import linear
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 
 

@@ -16,8 +16,7 @@ from basal.backends.cuda.gpu.graphs import rerun_capture
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.core.model.model_dir import LlamaConfig
-from basal.core.packing.backend import run_to_end
-from basal.core.packing.passes import overlapped
+from basal.core.packing.passes import overlapped, run_to_end
 from basal.core.packing.tree import TokenizedQuestion, plan_forwards
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ import pytest
 from basal.backends.cuda.backend import TorchBackend
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.backend import run_to_end
+from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import plan_forwards
 from tests.determinism.harness import Harness, same_bits
 

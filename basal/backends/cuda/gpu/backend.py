@@ -35,8 +35,7 @@ from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import inference_steps
 from basal.core.model.model_dir import ModelDir
-from basal.core.packing.backend import run_to_end
-from basal.core.packing.passes import QUEUED, Queued
+from basal.core.packing.passes import QUEUED, Queued, run_to_end
 from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
 from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
@@ -203,12 +202,7 @@ class GpuBackend:
             kv.append((k[:n].clone(), v[:n].clone()))
 
         with torch.inference_mode():
-            steps = self._forward(batch, on_kv=keep, eager=True)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration:
-                    break
+            run_to_end(self._forward(batch, on_kv=keep, eager=True))
             self._prefix_kv[key] = kv
             self.net.set_prefixes(self._prefix_kv)
             self._prefix_version += 1  # plans prepared before point at the old prefix rows
@@ -342,12 +336,7 @@ class GpuBackend:
         arena's rows of the bucket, the bucket's metadata blob, the letters' rows in `buffers.letters`."""
 
         def run_all() -> torch.Tensor:
-            steps = self.net.forward(buffers, meta)
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    return done.value
+            return run_to_end(self.net.forward(buffers, meta))
 
         if step == "capture":
             try:

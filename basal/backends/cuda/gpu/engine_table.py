@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from basal.core.atomic_file import write_text_atomic
-from basal.core.home import cache_dir
+from basal.core.home import cache_dir, write_text_atomic
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
+from basal.core.packing.passes import advance
+
 T = TypeVar("T")
 LAYERS_AHEAD = 2
 POLL_S = 50e-6
@@ -38,10 +40,9 @@ def paced(
     while True:
         while len(queued) >= ahead:  # the next layer would make ahead + 1
             yield from until_done(queued.popleft())
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+        ended, value = advance(steps)
+        if ended:
+            return value
         event = make_event()
         event.record()
         queued.append(event)
