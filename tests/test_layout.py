@@ -68,3 +68,18 @@ def test_a_planted_wrong_import_is_caught(copy, module, planted, expected):
     finally:
         path.write_text(original)
     assert any(expected in v for v in found), found
+
+
+def test_package_data_globs_follow_the_files_they_ship():
+    """The wheel carries the compiled CPU kernels' C source and the Metal kernels only where pyproject's globs
+    find them: a moved file with a stale glob builds a wheel without it."""
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = {p.relative_to(ROOT).as_posix() for pkg, globs in data.items() for g in globs
+               for p in (ROOT / pkg.replace(".", "/")).glob(g)}  # fmt: skip
+    assert "basal/backends/cuda/cpu/cpu_kernels.c" in shipped
+    assert {
+        "basal/backends/mlx/kernels/tree_attention.metal",
+        "basal/backends/mlx/kernels/letter_readout.metal",
+    } <= shipped

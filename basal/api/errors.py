@@ -20,7 +20,7 @@ AUTH_WRONG = "Cannot authenticate with the server. Please check your API key and
 
 
 def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, str]]:
-    """An exception from the contract layer or the engine -> (status, body, extra headers)."""
+    """An exception from the request parsers or the engine -> (status, body, extra headers)."""
     if isinstance(exc, RequestError):
         return exc.status, exc.body, {}
     if isinstance(exc, Overloaded):

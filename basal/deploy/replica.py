@@ -1,6 +1,6 @@
 """One Ray Serve replica: one basal engine (model, backend, dtype, lanes) answering planned requests.
 
-The ingress validates and plans requests (the contract layer) and sends the `DecisionRequest` here; the replica
+The ingress validates and plans requests (the request parsers) and sends the `DecisionRequest` here; the replica
 tokenizes, queues, packs and computes exactly as `basal serve` does, so its answers are bitwise the same. Errors
 cross the process boundary as plain data (`ReplicaAnswer.error`) and become the same exceptions on the ingress.
 """

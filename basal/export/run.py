@@ -4,7 +4,7 @@ Input lines (JSONL) are requests — ``{"id", "request", "dialect"?}`` as in the
 ``basal`` (upstream) unless the line or ``--dialect`` says ``systemone``; any model name in a request, ``"MODEL"``
 included, means the exported model — or bench items (``state``, ``question``, ``options``, ``type``).
 
-Every request is validated and tokenized by the server's own admission path (`Engine.plan`). Batching modes:
+Every request is validated and tokenized by the server's own admission path (`Engine.admit`). Batching modes:
 
 * ``single``: each question in a forward of its own (its option orders packed together, as upstream packs);
 * ``batch``: requests go through the engine concurrently, ``BATCH_WINDOW`` at a time, as a server runs them;

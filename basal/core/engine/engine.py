@@ -9,7 +9,7 @@ batch before it takes the gate (the device waits for no host work), and every yi
 checkpoint: a long pass steps aside there (`basal.core.engine.gate`), and a pass whose clients have all gone, or that
 the server abandons at shutdown, stops there. A request whose client went away is dropped before admission.
 On an asynchronous device a lane keeps two batches in flight: it lets the gate go once a batch's device work is
-queued (`overlap.QUEUED`), packs and queues the next one behind it, and then answers the first.
+queued (`passes.QUEUED`), packs and queues the next one behind it, and then answers the first.
 Request limits (`basal.core.request.limits`) are checked by counting characters before tokenizing and packed tokens
 while tokenizing, so a request over them costs little.
 """
@@ -106,7 +106,7 @@ class Lane:
 
     def _run(self, batch: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
         """Pack and run a batch. On an asynchronous device the pass pauses once its device work is queued
-        (`overlap.QUEUED`): the gate is let go and the batch is returned, to be finished after the lane has packed
+        (`passes.QUEUED`): the gate is let go and the batch is returned, to be finished after the lane has packed
         and queued its next batch behind it. Otherwise it is answered here. `in_flight`, the lane's last batch,
         is finished first if the device is not free at once, so its answers never wait behind another lane."""
         engine, metrics = self.engine, self.engine.metrics

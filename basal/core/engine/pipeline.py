@@ -1,4 +1,4 @@
-"""One model, end to end and synchronous: plan -> tokenize -> pack -> forward -> decide -> answer.
+"""One model, end to end and synchronous: first round (tokenize) -> pack -> forward -> advance -> respond.
 
 The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the plain path used by
 `basal decide`, the tests and the in-process benchmarks.
@@ -198,7 +198,7 @@ class Pipeline:
         preemptible: bool = False,
     ) -> Generator[None, None, list[list[np.ndarray]]]:
         """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause). On an
-        asynchronous device the next forward is queued before the last one's result is waited for (overlap.py).
+        asynchronous device the next forward is queued before the last one's result is waited for (passes.py).
         `preemptible`: the long lane's pass, which must pause between layers (the GPU path then runs no graph)."""
         t1 = time.perf_counter()
         out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
