@@ -118,11 +118,11 @@ def file_sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Planning: input -> validated, tokenized request (or its error)
+# Admission: input -> validated, tokenized request (or its error)
 
 
 @dataclass
-class Planned:
+class Admitted:
     """One input on its way: the validated request and its rounds, or its error; every round run so far."""
 
     input: ExportInput
@@ -207,7 +207,7 @@ class Exporter:
     def serves_evidence(self, _model: str) -> bool:
         return self.engine.pipeline.serves_evidence
 
-    def plan(self, inp: ExportInput) -> Planned:
+    def admit(self, inp: ExportInput) -> Admitted:
         try:
             if inp.dialect is None:
                 request = _bench_request(inp.raw, self.model.name)
@@ -217,16 +217,16 @@ class Exporter:
                 request = parse_basal(inp.raw["request"], self.resolve, serves_evidence=self.serves_evidence)
             job = self.engine.admit(request, lambda _result: None, lambda: False)
         except RequestError as e:
-            return Planned(inp, error=_error(e))
-        return Planned(inp, request, job.rounds)
+            return Admitted(inp, error=_error(e))
+        return Admitted(inp, request, job.rounds)
 
     def records(self, inputs: Sequence[ExportInput]) -> Iterator[dict[str, Any]]:
         if self.batching == "single":
             for inp in inputs:
-                yield from self._computed([self.plan(inp)], together=False)
+                yield from self._computed([self.admit(inp)], together=False)
         elif self.batching == "tree":
             for start in range(0, len(inputs), TREE_CHUNK):
-                yield from self._computed([self.plan(i) for i in inputs[start : start + TREE_CHUNK]], together=True)
+                yield from self._computed([self.admit(i) for i in inputs[start : start + TREE_CHUNK]], together=True)
         else:
             engines = Engines({self.model.name: self.engine}, self.model.name, self.metrics)
             engines.start()
@@ -238,7 +238,7 @@ class Exporter:
 
     # -- single and tree: the rounds run here ---------------------------------------------------------------
 
-    def _computed(self, planned: list[Planned], together: bool) -> Iterator[dict[str, Any]]:
+    def _computed(self, planned: list[Admitted], together: bool) -> Iterator[dict[str, Any]]:
         """Run every round of `planned`: each item alone, or all of a round's items in one tree pass."""
         while active := [p for p in planned if p.running]:
             if together:
@@ -266,7 +266,7 @@ class Exporter:
         """Every input of the window submitted at once, as concurrent clients would; records in input order."""
 
         async def one(inp: ExportInput) -> dict[str, Any]:
-            p = self.plan(inp)  # validation and the error record; the engine plans again, as a server does
+            p = self.admit(inp)  # validation and the error record; the engine admits it again, as a server does
             if p.error is not None:
                 return self._record(p, None)
             try:
@@ -280,7 +280,7 @@ class Exporter:
 
     # -- records ---------------------------------------------------------------------------------------------
 
-    def _items(self, p: Planned) -> list[tuple[Item, dict[str, Any], Distribution, int]]:
+    def _items(self, p: Admitted) -> list[tuple[Item, dict[str, Any], Distribution, int]]:
         out = []
         for run in p.ran:
             for item, tokenized, logits in zip(run.items, run.tokenized, run.logits, strict=True):
@@ -296,7 +296,7 @@ class Exporter:
                 out.append((item, fields, dist, run.round))
         return out
 
-    def _record(self, p: Planned, answer: dict[str, Any] | None) -> dict[str, Any]:
+    def _record(self, p: Admitted, answer: dict[str, Any] | None) -> dict[str, Any]:
         raw = p.input.raw
         if p.input.dialect is None:
             record = {k: raw[k] for k in BENCH_FIELDS if k in raw}

@@ -87,10 +87,10 @@ def test_probed_plan_gives_the_reference_bits(dtype):
 
 def test_disk_cache_is_reused_and_rechecked(tmp_path):
     first = G.ChunkTable(tmp_path / "chunks.json")
-    plan = first.plan(W)
+    plan = first.for_weight(W)
     assert first.source[(96, 128, "float32", False)] == "probed" and (tmp_path / "chunks.json").is_file()
     second = G.ChunkTable(tmp_path / "chunks.json")
-    assert second.plan(W) == plan and second.source[(96, 128, "float32", False)] == "cached"
+    assert second.for_weight(W) == plan and second.source[(96, 128, "float32", False)] == "cached"
     (label, entry), *_ = second.describe([(W, None)]).items()
     assert label == "96x128 float32" and entry == {"rows": plan.rows, "tails": list(plan.tails), "reference_bits": True}
 

@@ -120,7 +120,7 @@ class TreeLlama:
         self.cos, self.sin = cos.to(weights.device), sin.to(weights.device)
         if chunks is not None:  # probe every GEMM shape now, at load, not in the first request
             for w, b in self._gemms():
-                chunks.plan(w, b)
+                chunks.for_weight(w, b)
 
     def _gemms(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """One weight (and bias) of every GEMM shape the forward calls."""
@@ -139,7 +139,7 @@ class TreeLlama:
 
     def _linear(self, x, w, b, readout: bool = False) -> Generator[None, None, torch.Tensor]:
         fixed_rows = K.READOUT_ROWS if readout else K.ROWS
-        rows = self.chunks.plan(w, b) if self.chunks is not None else fixed_rows
+        rows = self.chunks.for_weight(w, b) if self.chunks is not None else fixed_rows
         return (yield from K.linear_steps(x, w, b, rows, self.fixed))
 
     def _norm(self, x, w, rows):
@@ -231,7 +231,7 @@ class TreeLlama:
             yield
         x = self._norm(h, self.w.norm, K.READOUT_ROWS).float()
         head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
-        rows = K.READOUT_ROWS if self.chunks is None else self.chunks.plan(head)
+        rows = K.READOUT_ROWS if self.chunks is None else self.chunks.for_weight(head)
         logits = K.linear(x, head, None, rows, self.fixed)
         return logits.cpu().numpy(), x
 

@@ -169,7 +169,7 @@ class ChunkTable:
         self.source: dict[tuple[int, int, str, bool], str] = {}  # "probed" | "cached"
         self._lock = threading.Lock()
 
-    def plan(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> ChunkPlan:
+    def for_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> ChunkPlan:
         key = (weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."), bias is not None)
         with self._lock:
             if key not in self.plans:
@@ -214,7 +214,7 @@ class ChunkTable:
         (whether a plan was probed or read from the cache is in `source`)."""
         out = {}
         for w, b in weights:
-            plan = self.plan(w, b)
+            plan = self.for_weight(w, b)
             key = (w.shape[0], w.shape[1], str(w.dtype).removeprefix("torch."), b is not None)
             label = f"{key[0]}x{key[1]} {key[2]}{'+bias' if b is not None else ''}"
             out[label] = {**asdict(plan), "tails": list(plan.tails)}
