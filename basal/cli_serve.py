@@ -1,6 +1,6 @@
 """`basal serve`'s flags and how they combine with `--config FILE`.
 
-Precedence, key by key (README "Serving"): a flag given on the command line > the key in the configuration file >
+Precedence, key by key (docs/configuration.md): a flag given on the command line > the key in the configuration file >
 the environment (`BASAL_ADDR`) > the default the schema declares (`basal.config`). So every flag defaults to None
 here ("not given"), and its help shows the schema's default, read from the schema so the two cannot drift.
 Model flags (`--dtype`, `--schedule`, ...) apply to every model of the file; `--model` replaces the file's models.
@@ -124,7 +124,7 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help="allow this browser origin (repeatable; replaces the file's cors_origins; default: none, CORS off)",
     )
-    for key, text in LIMIT_HELP.items():  # every limit of the README's "Limits" table
+    for key, text in LIMIT_HELP.items():  # every limit of docs/configuration.md's "Limits" table
         default = default_of(Limits, key)
         v.add_argument(_flag(key), type=type(default), default=None, help=_with_default(text, Limits, key))
     v.add_argument(

@@ -1,5 +1,5 @@
 """A prompt longer than the model's positions, as the TypeSafe dialect reports it (the Rust engine's
-``context_length_exceeded``; docs: the README's extensions sections).
+``context_length_exceeded``; docs: docs/features.md).
 
 422 ``{"error": "unsupported", "detail": [...]}`` with one entry per question whose longest prompt is too long, in
 request order, at ``["body", "questions", NAME]``; a multi's branches and a large choice's groups are reported once,
