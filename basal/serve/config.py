@@ -1,6 +1,6 @@
 """Server configuration: one YAML file (`basal serve --config FILE`), flags, or both.
 
-Precedence, key by key (README "Serving"): explicit flags > the configuration file > environment (`BASAL_ADDR`)
+Precedence, key by key (docs/configuration.md): explicit flags > the configuration file > environment (`BASAL_ADDR`)
 > the defaults declared below. Every unknown key and bad enum value is reported at once, each with the nearest
 valid one (`config_keys.problems`). Validated once here, at the edge; nothing deeper reads the environment or a
 raw dict.
@@ -104,7 +104,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_body_mb: float = 16.0
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
-    limits: Limits = msgspec.field(default_factory=Limits)  # README "Limits": what one request may cost
+    limits: Limits = msgspec.field(default_factory=Limits)  # docs/configuration.md "Limits": what one request may cost
     cors_origins: list[str] = msgspec.field(default_factory=list)  # browser origins allowed (none: CORS off)
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
     threads: int | None = None  # CPU forward threads (default: the physical cores)
@@ -158,7 +158,7 @@ def read_config_file(path: str | Path) -> dict:
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e})") from e
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the configuration must be a YAML mapping of keys (see the README's example)")
+        raise ConfigError(f"{path}: the configuration must be a YAML mapping of keys (see docs/configuration.md)")
     return data
 
 
@@ -170,7 +170,7 @@ def parse_config(data: object, where: str = "configuration") -> ServeConfig:
     """Validate a raw tree; `BASAL_ADDR` applies only where neither the file nor a flag gave `addr`."""
     if found := problems(data, ServeConfig):
         listed = found[0] if len(found) == 1 else f"{len(found)} problems:" + "".join(f"\n  - {p}" for p in found)
-        raise ConfigError(f"{where}: {listed}\n(the keys: the README's configuration section)")
+        raise ConfigError(f"{where}: {listed}\n(every key: docs/configuration.md)")
     if isinstance(data, dict) and "addr" not in data and (env_addr := os.environ.get("BASAL_ADDR")):
         data = {**data, "addr": env_addr}
     if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # YAML reads 2026-10-05 so

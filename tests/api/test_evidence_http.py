@@ -125,10 +125,10 @@ def test_a_model_without_a_head_refuses_evidence(headless_client, headless_model
     assert post(headless_client, request, f"/v1/{dialect}").status_code == 200  # the rest is served as before
 
 
-def test_the_readme_evidence_curl_example(client):
-    """The README's evidence example, as written there: spans of its state, at the offsets the README shows."""
-    readme = (DATA.parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Evidence spans (`evidence: true`)")[1].split("\n### ")[0]
+def test_the_documented_evidence_curl_example(client):
+    """docs/features.md's evidence example, as written there: spans of its state, at the offsets the page shows."""
+    page = (DATA.parent.parent / "docs" / "features.md").read_text(encoding="utf-8")
+    section = page.split("### Evidence spans (`evidence: true`)")[1].split("\n### ")[0]
     example = section.split("```bash")[1].split("-d '", 1)[1].split("'\n```", 1)[0]
     body = json.loads(example)
     answer = post(client, body, "/v1/basal").json()["answers"]["form"]

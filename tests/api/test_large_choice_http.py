@@ -76,14 +76,14 @@ def test_basal_dialect_keeps_upstreams_limit(client):
     assert (r.status_code, r.json()) == (422, {"error": "question 'intent': 11 options (supported: 2..10)"})
 
 
-def test_the_readme_large_choice_example(client, capsys):
-    """The README's curl example builds its body with a python3 one-liner: run it and post what it prints."""
+def test_the_documented_large_choice_example(client, capsys):
+    """docs/features.md's curl example builds its body with a python3 one-liner: run it and post what it prints."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Choices with 11–255 options", 1)[1]
+    page = (Path(__file__).parents[2] / "docs" / "features.md").read_text(encoding="utf-8")
+    section = page.split("### Choices with 11–255 options", 1)[1]
     code = section.split("python3 -c '", 1)[1].split("')\"", 1)[0]
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/features.md", "exec"), {})
     payload = json.loads(capsys.readouterr().out)
     r = post(client, payload)
     assert r.status_code == 200, r.text

@@ -223,10 +223,10 @@ def test_models_describe_the_types_each_model_answers(client, headless_client):
     assert "act / multi" in model["description"]
 
 
-def test_the_readme_extension_curl_examples(client):
-    """Every curl example of the README's extensions section, as written there."""
-    readme = (DATA.parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## basal-1.5 extensions: `multi` and `act`")[1].split("\n## ")[0]
+def test_the_documented_extension_curl_examples(client):
+    """Every curl example of docs/features.md's multi / act section, as written there."""
+    page = (DATA.parent.parent / "docs" / "features.md").read_text(encoding="utf-8")
+    section = page.split("## basal-1.5 extensions: `multi` and `act`")[1].split("\n## ")[0]
     blocks = [block.split("```", 1)[0] for block in section.split("```bash")[1:]]
     examples = [block.split("-d '", 1)[1].rsplit("'", 1)[0] for block in blocks]
     assert len(examples) == 2

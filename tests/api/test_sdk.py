@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -43,6 +44,20 @@ def test_every_question_type_and_the_models_list(server):
         assert 0 <= r.scores["anger"].score <= 2
         assert r.request_id.startswith("req_")
         assert [m.name for m in client.models.list().models] == ["basal-synthetic-demo"]
+
+
+def test_the_readme_sdk_example(server, capsys):
+    """The README's SDK example, as written there, run against the live server at its own address."""
+    url, _ = server
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'base_url="http://127.0.0.1:8000"' in code  # the address `make serve` listens on
+    namespace: dict = {}
+    exec(compile(code.replace("http://127.0.0.1:8000", url), "README.md", "exec"), namespace)
+    result = namespace["result"]
+    assert result.model == "basal-synthetic-demo" and 0 <= result.nouls["urgent"].noul <= 1
+    assert result.choices["team"].choice in ("billing", "technical")
+    assert capsys.readouterr().out.split()[1] == result.choices["team"].choice  # what its print shows
 
 
 def test_compressed_requests_from_the_sdk(server):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from basal.core.decision.act import NEEDS_DEFER, decide
+from basal.core.decision.act import NEEDS_DEFER, choose_action
 from basal.core.decision.multi import multi_answer, select
 from basal.core.decision.respond import answer_act
 from basal.core.errors import RequestError
@@ -138,7 +138,9 @@ def test_act_decide_vectors(v, dialect):
         body = e.value.body
         assert (body == {"error": message}) if dialect == "basal" else body["detail"][0]["msg"] == message
         return
-    answer = _encoded(decide(v["probabilities"], question.spec, calibration.thresholds, v["temperatures_present"]))
+    answer = _encoded(
+        choose_action(v["probabilities"], question.spec, calibration.thresholds, v["temperatures_present"])
+    )
     assert answer == v["expected"] and list(answer) == list(v["expected"])
 
 
@@ -160,7 +162,7 @@ def test_act_refusal_replaces_the_action_and_keeps_its_position():
             "max_error": 0.01,
         },
     )
-    answer = _encoded(decide({"true": 0.9, "false": 0.1}, question.spec, {"0.01": {"confidence": 0.95}}, True))
+    answer = _encoded(choose_action({"true": 0.9, "false": 0.1}, question.spec, {"0.01": {"confidence": 0.95}}, True))
     assert list(answer)[:2] == ["type", "action"] and answer["action"] == "human" and answer["refused"] == "approve"
     assert list(answer)[-2:] == ["refused", "calibration"]
 
@@ -170,7 +172,7 @@ def test_expected_costs_are_summed_in_row_order_and_rounded_as_python():
         "basal", {"type": "act", "costs": {"a": {"false": 0.3, "true": 0.1}, "b": {"true": 0.2, "false": 0.2}}}
     )
     assert [z for z, _ in question.spec.rows[0][1]] == ["false", "true"]  # the row's own order, not outcome order
-    answer = decide({"true": 0.25, "false": 0.75}, question.spec, {}, False)
+    answer = choose_action({"true": 0.25, "false": 0.75}, question.spec, {}, False)
     assert answer.expected_costs == {"a": round(0 + 0.75 * 0.3 + 0.25 * 0.1, 6), "b": 0.2}
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
-DEFAULT_LONG_SHARE = 0.25  # README "Limits": the long lane's floor on the device time while it has work
+DEFAULT_LONG_SHARE = 0.25  # docs/configuration.md "Limits": the long lane's floor on the device time while it has work
 
 
 class Gate:

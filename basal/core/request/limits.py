@@ -1,8 +1,8 @@
 """Every limit that bounds what one request or one connection may cost, with defaults a real user never hits.
 
-One place, so that the README's "Limits" table, the YAML ``limits:`` section, the ``basal serve`` flags and the
-code read the same names. Work limits are checked before the work they bound starts (a request is refused by
-counting questions and characters, never after tokenizing or packing it).
+One place, so that the "Limits" table of docs/configuration.md, the YAML ``limits:`` section, the ``basal serve``
+flags and the code read the same names. Work limits are checked before the work they bound starts (a request is
+refused by counting questions and characters, never after tokenizing or packing it).
 """
 
 from __future__ import annotations
