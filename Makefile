@@ -106,6 +106,43 @@ lock: $(STAMP)
 	$(UV) pip compile pyproject.toml lock/linux-cuda.in --extra cuda --extra hub --python-version 3.12 \
 		--python-platform x86_64-manylinux_2_39 --no-config -o lock/linux-cuda.txt --custom-compile-command "make lock"
 
+# --- the container image (Dockerfile, docs/install.md); needs a running Docker daemon ---
+
+DOCKER    ?= docker
+IMAGE     ?= basal-engine
+IMAGE_TAG ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' basal/__init__.py)
+# BASE: the cpu target's base image instead of the public one. Where no container registry is reachable (this
+# project's machines), `make image-base` builds basal-base:bookworm from the Debian mirror: make image-check
+# BASE=basal-base:bookworm. It carries the host's CA bundle, which pip is then told to use; the host's index too.
+BASE        ?=
+HOST_INDEX  := $(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null)
+PIP_ARGS    ?= $(if $(BASE),--cert /etc/ssl/certs/ca-certificates.crt,)$(if $(HOST_INDEX), --index-url $(HOST_INDEX),)
+CPU_WHEEL    = $(firstword $(wildcard $(TORCH_FIND_LINKS)/torch-2.13.0+cpu-*.whl))
+IMAGE_ARGS  ?=
+# the classic builder where buildx is missing (Debian's docker.io); --network host: no bridge needed
+DOCKER_BUILD = $(if $(shell $(DOCKER) buildx version 2>/dev/null),,DOCKER_BUILDKIT=0 )$(DOCKER) build --network host \
+	$(if $(BASE),--build-arg BASE=$(BASE) --build-arg BUILD_BASE=$(BASE),) \
+	$(if $(PIP_ARGS),--build-arg PIP_ARGS="$(PIP_ARGS)",) $(if $(CPU_WHEEL),--build-arg TORCH_INDEX_URL=,) $(IMAGE_ARGS)
+
+image-base:
+	deploy/docker/base_image.sh basal-base:bookworm
+
+# the cpu target; the CPU build of torch's wheel goes into the build from pip's find-links where there is one
+image:
+	$(if $(CPU_WHEEL),cp -u $(CPU_WHEEL) deploy/docker/wheels/,)
+	$(DOCKER_BUILD) --target cpu -t $(IMAGE):$(IMAGE_TAG)-cpu .
+
+# runs the cpu image: /health, a decision, kernels, HEALTHCHECK, non-root, drain on docker stop; then the negative
+# control (root, SIGKILL), whose faults the same checks must see. About 2 min with the image built.
+image-check: image
+	$(PYTHON) deploy/image_check.py $(IMAGE):$(IMAGE_TAG)-cpu
+	$(PYTHON) deploy/image_check.py $(IMAGE):$(IMAGE_TAG)-cpu --negative
+
+# hadolint on the Dockerfile (both targets), and the cuda target's stage that needs no CUDA base (basal's wheel)
+image-lint: $(STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+	$(DOCKER_BUILD) --target wheel -t $(IMAGE):$(IMAGE_TAG)-wheel .
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
