@@ -63,7 +63,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRITON_CACHE_DIR=/data/triton \
     BASAL_ADDR=0.0.0.0:8000 \
     PYTHONUNBUFFERED=1
-USER basal
+USER 10001:10001
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # one decision on the demo model now: it writes the demo model and compiles the CPU kernels for this CPU into
 # /data, so a first start on this machine waits for neither (a new named volume starts with them)
@@ -112,7 +112,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
-USER basal
+USER 10001:10001
 VOLUME /data
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10m --retries=3 CMD ["python3", "-c", "import os, urllib.request; port = os.environ.get('BASAL_ADDR', ':8000').rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/health', timeout=4)"]

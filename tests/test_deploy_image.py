@@ -94,7 +94,7 @@ def test_compose():
 @pytest.mark.parametrize(
     "broken",
     [
-        ("USER basal", "USER root"),
+        ("USER 10001:10001", "USER root"),
         ('ENTRYPOINT ["tini", "--", "basal", "serve"]', 'ENTRYPOINT ["basal", "serve"]'),
         ("HEALTHCHECK ", "# HEALTHCHECK "),
         ("VOLUME /data", "VOLUME /cache"),
