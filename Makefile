@@ -4,20 +4,23 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-fast test-all determinism gpu-wheels gpu-image-check bench lint serve clean
+.PHONY: venv test test-fast test-all determinism gpu-wheels gpu-image-check bench lint serve clean lock check-install \
+	image-base image image-check image-lint
 
 venv: $(STAMP)
 
 # torch is installed first and by exact version, so that no dependency can pull a different build. On a Linux
 # machine without a GPU, `make venv TORCH_INDEX_URL=<PyTorch's CPU wheel index>` takes the CPU-only build instead
 # of the default (multi-GB) CUDA one; see the README's set-up section.
+# Everything else comes at the exact versions of the lock (lock/README.md): the CPU build's, Python 3.11.
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+LOCK ?= lock/linux-cpu.txt
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_PIP_ARGS) torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	$(PY) -c "from basal.backends.cuda.cpu import cpu_kernels; print('compiled CPU kernels:', cpu_kernels.status())"
 	touch $(STAMP)
 
@@ -30,7 +33,7 @@ test-fast: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not slow" --ignore=tests/determinism
 
-test-all: $(STAMP)
+test-all: $(STAMP) check-install
 	$(PY) -m pytest -q
 
 # the cross-backend determinism suite alone, with a one-line verdict per backend x dtype
@@ -78,6 +81,67 @@ bench: $(STAMP)
 # serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
 serve: $(STAMP)
 	$(VENV)/bin/basal serve $(SERVE_ARGS)
+
+# --- packaging (docs/install.md) ---
+
+# where the CPU build of torch's wheel lies for the Linux CPU target: pip's configured find-links (this machine's
+# local disk), else TORCH_INDEX_URL (PyTorch's CPU index)
+TORCH_FIND_LINKS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV := UV_PYTHON_DOWNLOADS=never $(VENV)/bin/uv
+CPU_TORCH_ARGS = $(if $(TORCH_FIND_LINKS),--torch-find-links $(TORCH_FIND_LINKS),$(if $(TORCH_INDEX_URL),--torch-index \
+	$(TORCH_INDEX_URL),))
+
+# resolves the dependency set of each install target from the registry's metadata, installing nothing (seconds),
+# then the negative control: the pins basal had before (lock/negative/) must conflict with PyPI's CUDA torch
+check-install: $(STAMP)
+	$(PY) deploy/check_install.py $(CPU_TORCH_ARGS)
+	$(PY) deploy/check_install.py --pyproject lock/negative/pyproject.toml --expect-conflict linux-cuda-2.13
+
+# rewrites the locks from pyproject.toml, keeping every locked version that still fits (uv prefers them)
+lock: $(STAMP)
+	$(UV) pip compile pyproject.toml lock/linux-cpu.in --extra dev --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_36 $(if $(TORCH_FIND_LINKS),--find-links $(TORCH_FIND_LINKS),--index \
+		$(TORCH_INDEX_URL) --index-strategy unsafe-best-match) --no-config -o lock/linux-cpu.txt \
+		--custom-compile-command "make lock"
+	$(UV) pip compile pyproject.toml lock/linux-cuda.in --extra cuda --extra hub --python-version 3.12 \
+		--python-platform x86_64-manylinux_2_39 --no-config -o lock/linux-cuda.txt --custom-compile-command "make lock"
+
+# --- the container image (Dockerfile, docs/install.md); needs a running Docker daemon ---
+
+DOCKER    ?= docker
+IMAGE     ?= basal-engine
+IMAGE_TAG ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' basal/__init__.py)
+# BASE: the cpu target's base image instead of the public one. Where no container registry is reachable (this
+# project's machines), `make image-base` builds basal-base:bookworm from the Debian mirror: make image-check
+# BASE=basal-base:bookworm. It carries the host's CA bundle, which pip is then told to use; the host's index too.
+BASE        ?=
+HOST_INDEX  := $(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null)
+PIP_ARGS    ?= $(if $(BASE),--cert /etc/ssl/certs/ca-certificates.crt,)$(if $(HOST_INDEX), --index-url $(HOST_INDEX),)
+CPU_WHEEL    = $(firstword $(wildcard $(TORCH_FIND_LINKS)/torch-2.13.0+cpu-*.whl))
+IMAGE_ARGS  ?=
+# the classic builder where buildx is missing (Debian's docker.io); --network host: no bridge needed
+DOCKER_BUILD = $(if $(shell $(DOCKER) buildx version 2>/dev/null),,DOCKER_BUILDKIT=0 )$(DOCKER) build --network host \
+	$(if $(BASE),--build-arg BASE=$(BASE) --build-arg BUILD_BASE=$(BASE),) \
+	$(if $(PIP_ARGS),--build-arg PIP_ARGS="$(PIP_ARGS)",) $(if $(CPU_WHEEL),--build-arg TORCH_INDEX_URL=,) $(IMAGE_ARGS)
+
+image-base:
+	deploy/docker/base_image.sh basal-base:bookworm
+
+# the cpu target; the CPU build of torch's wheel goes into the build from pip's find-links where there is one
+image:
+	$(if $(CPU_WHEEL),cp -u $(CPU_WHEEL) deploy/docker/wheels/,)
+	$(DOCKER_BUILD) --target cpu -t $(IMAGE):$(IMAGE_TAG)-cpu .
+
+# runs the cpu image: /health, a decision, kernels, HEALTHCHECK, non-root, drain on docker stop; then the negative
+# control (root, SIGKILL), whose faults the same checks must see. About 2 min with the image built.
+image-check: image
+	$(PYTHON) deploy/image_check.py $(IMAGE):$(IMAGE_TAG)-cpu
+	$(PYTHON) deploy/image_check.py $(IMAGE):$(IMAGE_TAG)-cpu --negative
+
+# hadolint on the Dockerfile (both targets), and the cuda target's stage that needs no CUDA base (basal's wheel)
+image-lint: $(STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+	$(DOCKER_BUILD) --target wheel -t $(IMAGE):$(IMAGE_TAG)-wheel .
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

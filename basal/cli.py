@@ -189,7 +189,7 @@ def _serve(a: argparse.Namespace) -> int:
         try:
             from basal.deploy.app import serve_ray
         except ImportError as e:
-            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal[ray]' ({e})") from e
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-engine[ray]' ({e})") from e
         serve_ray(config)
         return 0
     serve(config)

@@ -15,6 +15,7 @@ from tests.gpu.image_guard import IMAGE_HAS, IMAGE_LACKS
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = ROOT / "tests" / "gpu" / "image_guard.py"
 IMPORT_NAME = {"pyyaml": "yaml"}
+LOCK = ROOT / "lock" / "linux-cpu.txt"  # the exact versions make venv installs (pyproject.toml has ranges)
 
 
 def run_guarded(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
@@ -28,7 +29,8 @@ def run_guarded(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
 
 def test_every_dependency_is_known_to_be_on_the_image_or_not():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + project["optional-dependencies"]["ray"]  # what basal/ imports (not dev tools)
+    extras = project["optional-dependencies"]
+    specs = project["dependencies"] + extras["ray"] + extras["cuda"] + extras["mlx"]  # what basal/ imports
     names = {re.match(r"[A-Za-z0-9_.-]+", s).group(0).lower() for s in specs}
     unknown = {IMPORT_NAME.get(n, n) for n in names} - IMAGE_HAS - IMAGE_LACKS
     assert not unknown, f"say in tests/gpu/image_guard.py whether the GPU image has {sorted(unknown)}"
@@ -69,16 +71,30 @@ def test_the_image_versions_file_lists_only_what_the_image_has():
     assert {"torch", "triton", "numpy"} <= set(pins) <= IMAGE_HAS
 
 
-def test_the_pinned_triton_is_the_images():
-    """The Triton that make test compiles and interprets the kernels with is the one the GPU will run."""
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    (spec,) = [s for s in dependencies if s.startswith("triton")]
-    assert spec.split(";")[0].strip() == f"triton=={image_versions()['triton']}"
+def locked() -> dict[str, str]:
+    """lock/linux-cpu.txt as {distribution name: version}."""
+    out = {}
+    for line in LOCK.read_text().splitlines():
+        if (spec := line.split("#")[0].strip()) and "==" in spec:
+            name, version = spec.split("==")
+            out[name.lower()] = version
+    return out
+
+
+def test_the_locked_triton_is_the_images():
+    """The Triton that make test compiles and interprets the kernels with is the one the GPU will run, and the
+    [cuda] extra admits it."""
+    assert locked()["triton"] == image_versions()["triton"]
+    cuda = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cuda"]
+    (spec,) = [s.split(";")[0] for s in cuda if s.startswith("triton")]
+    low, high = re.fullmatch(r"triton>=([\d.]+),<([\d.]+)", spec).groups()
+    version = tuple(map(int, image_versions()["triton"].split(".")))
+    assert tuple(map(int, low.split("."))) <= version < tuple(map(int, high.split(".")))
 
 
 def test_the_serve_wheels_carry_what_the_image_lacks_at_basals_pins():
     """`make gpu-wheels` downloads tests/gpu/serve-wheels.txt: every dependency of basal the image lacks (but MLX
-    and Ray, which basal serve on a GPU does not import), at the version pyproject.toml pins."""
+    and Ray, which basal serve on a GPU does not import), at the version of the lock (lock/linux-cpu.txt)."""
 
     def pins(lines) -> dict[str, str]:
         out = {}
@@ -90,7 +106,9 @@ def test_the_serve_wheels_carry_what_the_image_lacks_at_basals_pins():
         return out
 
     wheels = pins((ROOT / "tests" / "gpu" / "serve-wheels.txt").read_text().splitlines())
-    basal = pins(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.match(r"[A-Za-z0-9_.-]+", s).group(0).lower() for s in project["dependencies"]}
+    basal = {name: version for name, version in locked().items() if name in names}
     lacking = {name for name in basal if IMPORT_NAME.get(name, name) in IMAGE_LACKS - {"mlx", "ray"}}
     assert lacking and lacking <= set(wheels), sorted(lacking - set(wheels))
     assert {name: wheels[name] for name in lacking} == {name: basal[name] for name in lacking}
