@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -21,12 +21,14 @@ from litestar import Request, Response
 
 from basal.api.body import check_content_type, decompress, read_body
 from basal.api.errors import ClientGone, auth_error, error_response
+from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, Result
-from basal.core.errors import Cancelled
+from basal.core.errors import Cancelled, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
 
+DIAGNOSTICS_HEADER = "x-basal-diagnostics"
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
 
@@ -72,6 +74,26 @@ async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
         if message["type"] == "http.disconnect":
             gone.set()
             return
+
+
+def wants_diagnostics(request: Request, dialect: str) -> bool:
+    """The opt-in ``x-basal-diagnostics`` header: 1/true asks, 0/false or no header does not; anything else is
+    refused, so a typo is not silently an answer without them."""
+    value = request.headers.get(DIAGNOSTICS_HEADER)
+    if value is None or value.strip().lower() in ("0", "false", ""):
+        return False
+    if value.strip().lower() in ("1", "true"):
+        return True
+    message = f"{DIAGNOSTICS_HEADER} must be 1, true, 0 or false (got {value[:40]!r})"
+    raise systemone_usage(message) if dialect == "systemone" else native_refusal(message)
+
+
+def with_diagnostics(content: bytes, diagnostics: Diagnostics | None) -> bytes:
+    """The response's JSON object with a last member ``"diagnostics"``; without diagnostics the bytes unchanged.
+    Spliced after encoding, so the answer's own bytes are exactly those of a request that did not ask."""
+    if diagnostics is None:
+        return content
+    return content[:-1] + b',"diagnostics":' + msgspec.json.encode(diagnostics) + b"}"
 
 
 def timing_headers(result: Result, rid: str) -> dict[str, str]:
@@ -128,12 +150,16 @@ async def handle_decision(
     try:
         with engines.slot():
             check_auth(request, settings, dialect)
+            diagnostics = wants_diagnostics(request, dialect)
             plan = await _plan(request, dialect, settings, parse)
+            if diagnostics:
+                plan = replace(plan, diagnostics=True)
             model = plan.model
             gone = asyncio.Event()
             watcher = asyncio.create_task(_watch_disconnect(request, gone))
             result = await engines.run(plan, gone.is_set, has_slot=True)
-        status, content, headers = 200, msgspec.json.encode(result.response), timing_headers(result, rid)
+        content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
+        status, headers = 200, timing_headers(result, rid)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)

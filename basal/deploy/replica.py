@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
@@ -34,6 +35,7 @@ class ReplicaAnswer:
     compute_ms: float = 0.0
     batch_requests: int = 0
     error: tuple[str, Any] | None = None  # (kind, detail): request (status, body) | overloaded | closed | cancelled
+    diagnostics: Diagnostics | None = None  # only when the request asked for them
 
     def result(self) -> Result:
         """The engine's `Result` on the ingress side, or the engine's exception raised again."""
@@ -47,7 +49,14 @@ class ReplicaAnswer:
                 raise Cancelled()
             raise EngineClosed(detail)
         assert self.response is not None, "a replica answer without a response or an error; this is a bug"
-        return Result(self.response, self.queue_ms, self.compute_ms, self.batch_requests, replica=self.replica)
+        return Result(
+            self.response,
+            self.queue_ms,
+            self.compute_ms,
+            self.batch_requests,
+            replica=self.replica,
+            diagnostics=self.diagnostics,
+        )
 
 
 class BasalReplica:
@@ -82,7 +91,14 @@ class BasalReplica:
             return ReplicaAnswer(self.name, error=("cancelled", None))
         except EngineClosed as e:
             return ReplicaAnswer(self.name, error=("closed", str(e)))
-        return ReplicaAnswer(self.name, result.response, result.queue_ms, result.compute_ms, result.batch_requests)
+        return ReplicaAnswer(
+            self.name,
+            result.response,
+            result.queue_ms,
+            result.compute_ms,
+            result.batch_requests,
+            diagnostics=result.diagnostics,
+        )
 
     def model_info(self) -> ModelInfo:
         """The facts of this replica's model, for the front's `/v1/models` and request checks."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.admission import prompt_chars
 from basal.core.engine.engine import TRIM_AFTER_CHARS, Engine
 from basal.core.engine.memory import release_free_memory
@@ -33,6 +34,7 @@ class Result:
     compute_ms: float
     batch_requests: int
     replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
+    diagnostics: Diagnostics | None = None  # only when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ class Engines(InflightLimit):
                         raise EngineClosed("the server shut down before this request ran") from None
                     raise
             response = await future
-            return Result(response, job.queue_ms, job.compute_ms, job.batch_requests)
+            diagnostics = engine.pipeline.diagnose(job.rounds) if request.diagnostics else None
+            return Result(response, job.queue_ms, job.compute_ms, job.batch_requests, diagnostics=diagnostics)
         finally:
             self.metrics.model_inflight.inc(engine.name, by=-1)
             if chars > TRIM_AFTER_CHARS:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
+from basal.core.decision.diagnostics import Diagnostics, diagnose
 from basal.core.decision.evidence import StateTokens, state_tokens
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.decision.respond import EvidenceInputs, respond
@@ -131,6 +132,8 @@ class Pipeline:
 
     def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
         """Hand a round's letter logits back; tokenize the next round, if there is one."""
+        if rounds.request.diagnostics:
+            rounds.packed_tokens += self.cost(rounds.tokenized)
         rounds.take(logits)
         if not rounds.done:
             rounds.tokenized = self.tokenize_items(rounds.asked)
@@ -157,6 +160,17 @@ class Pipeline:
             self.model.calibration,
             rounds.joints(),
             evidence,
+        )
+
+    def diagnose(self, rounds: Rounds) -> Diagnostics:
+        """What a client that asks for diagnostics gets with the answer of a request whose rounds have all run."""
+        return diagnose(
+            rounds.request,
+            rounds.plain_logits,
+            self.model.calibration,
+            rounds.joints(),
+            rounds.input_tokens,
+            rounds.packed_tokens,
         )
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:

@@ -32,6 +32,7 @@ class Rounds:
     tokenized: list[TokenizedQuestion] = field(default_factory=list)  # ... tokenized by the pipeline
     plain_logits: dict[str, Logits] = field(default_factory=dict)  # ordinary questions, by name
     input_tokens: int = 0  # tokens of every prompt asked so far (usage.input_tokens)
+    packed_tokens: int = 0  # ... as this request packs them alone; counted only when it asks for diagnostics
     round: int = 0  # rounds already taken
     evidence: frozenset[str] = field(init=False)  # questions whose state tokens' hidden states are read
     state_tokens: dict[str, StateTokens | None] = field(default_factory=dict)  # ... where the state lies (pipeline)

@@ -50,3 +50,4 @@ class DecisionRequest:
     questions: tuple[Question, ...]
     warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
     facts_limit: int | None = None  # with facts "auto": the original state's length (evidence spans end there)
+    diagnostics: bool = False  # the client asked for per-order distributions and token counts (x-basal-diagnostics)
