@@ -20,6 +20,7 @@ from basal.api.capabilities import capabilities
 from basal.api.decisions import ApiSettings, check_auth, handle_decision
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
+from basal.api.playground import playground_routes
 from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.schema_types import (
     BasalRequest,
@@ -189,7 +190,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
 
     return Litestar(
-        route_handlers=[systemone, basal, models, health, metrics],
+        route_handlers=[systemone, basal, models, health, metrics, *playground_routes()],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
