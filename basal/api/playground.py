@@ -11,6 +11,7 @@ from pathlib import Path
 
 from litestar import Response, get
 from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
 from litestar.response import Redirect
 
 STATIC = Path(__file__).with_name("static")
@@ -42,7 +43,7 @@ def playground_routes() -> list:
         return asset("index.html")
 
     @get(f"{PLAYGROUND_PATH}/{{name:str}}", include_in_schema=False)
-    async def playground_file(name: str) -> Response:
+    async def playground_file(name: FromPath[str]) -> Response:
         return asset(name)
 
     @get("/", include_in_schema=False)

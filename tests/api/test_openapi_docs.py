@@ -85,13 +85,34 @@ def test_schema_index_works_offline_and_links_the_document(client):
     assert "<script" not in page and "http://" not in page and "https://" not in page  # nothing loaded from elsewhere
     assert "stay blank without internet" in page
     links = re.findall(r"href='([^']+)'", page)
-    assert set(links) == {"/schema/openapi.json", "/schema/openapi.yaml", *VIEWERS}
+    assert set(links) == {"/schema/openapi.json", "/schema/openapi.yaml", "/schema/reference", *VIEWERS}
     for link in links:
         assert client.get(link).status_code == 200, link
+
+
+def test_the_reference_shows_every_operation_offline(client):
+    """/schema/reference draws the document itself (no script): every operation, every request example, every
+    response status, every component schema."""
+    document = client.get("/schema/openapi.json").json()
+    r = client.get("/schema/reference")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert "<script" not in page and "<link" not in page
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            section = page[page.index(f"<span class='m'>{method.upper()}</span> <code>{path}</code>") :]
+            section = section[: section.index("</details>")]
+            for status in op["responses"]:
+                assert f"<h4>{status}: " in section, (path, method, status)
+            for content in op.get("requestBody", {}).get("content", {}).values():
+                for name in content.get("examples", {}):
+                    assert f"<h4>example: {name}</h4>" in section
+    assert all(f"<details id='{name}'>" in page for name in document["components"]["schemas"])
 
 
 @pytest.mark.parametrize("path", VIEWERS)
 def test_each_viewer_says_it_needs_its_cdn(client, path):
     page = client.get(path).text
     assert "without internet it stays blank" in page and "href='/schema/openapi.json'" in page
+    assert "href='/schema/reference'" in page
     assert page.index("<body>") < page.index("without internet")  # in the page, whether or not the scripts load

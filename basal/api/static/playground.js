@@ -343,7 +343,7 @@ function renderRun(run, into) {
     into.append(el("h3", {}, "Evidence in the state"), renderState(run));
   }
   const facts = Object.values(diags).map((d) => d.facts).find((f) => f);
-  if (facts) into.append(el("h3", {}, "Facts block (appended to the state)"), el("div", { class: "state-view facts" }, facts));
+  if (facts) into.append(el("h3", {}, "Facts block (appended to the state)"), el("div", { class: "state-view facts" }, facts.trim()));
   const kv = el("dl", { class: "kv" });
   for (const [k, v] of Object.entries(body.usage)) kv.append(el("dt", {}, `usage.${k}`), el("dd", {}, String(v)));
   if (body.diagnostics) {
