@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -12,6 +13,7 @@ from litestar.testing import TestClient
 
 from basal.api.app import create_app
 from basal.deploy.ingress import RayEngines
+from basal.deploy.replica import BasalReplica
 from tests.conftest import golden_records
 from tests.servers import make_engines
 
@@ -40,3 +42,31 @@ def test_evidence_for_a_model_without_a_head_is_refused_at_the_front_as_in_one_p
     assert refused.status_code == alone.status_code == 422
     assert refused.json() == alone.json()
     assert models.status_code == 200 and models.json()["models"][0]["evidence"] is False
+
+
+class InProcessReplica:
+    """A deployment handle whose `answer.remote` runs `BasalReplica.answer` on in-process engines (no cluster)."""
+
+    def __init__(self, engines):
+        self.replica = object.__new__(BasalReplica)  # its __init__ needs a Ray replica context
+        self.replica.engines, self.replica.name = engines, "in-process"
+        self.answer = self
+
+    def remote(self, request, affinity=None):
+        return asyncio.ensure_future(self.replica.answer(request, affinity))
+
+
+def test_diagnostics_cross_the_ray_front_as_in_one_process(demo_model):
+    """The flag travels in the planned request and the diagnostics back in the replica's answer."""
+    local = make_engines(demo_model)
+    name = demo_model.name
+    front = RayEngines({name: InProcessReplica(local)}, {name: local.model_info(name)}, name)
+    request = {"model": name, "state": "Paczka dotarła uszkodzona", "questions": {"q": {"type": "noul", "instructions": "Czy zwrot?"}}}
+    headers = {"x-basal-diagnostics": "1"}
+    with TestClient(create_app(local)) as one, TestClient(create_app(front)) as ray_front:
+        alone = one.post("/v1/systemone", json=request, headers=headers)
+        over_ray = ray_front.post("/v1/systemone", json=request, headers=headers)
+        plain = ray_front.post("/v1/systemone", json=request)
+    assert over_ray.status_code == alone.status_code == 200, (over_ray.text, alone.text)
+    assert over_ray.content == alone.content and "diagnostics" in over_ray.json()
+    assert "diagnostics" not in plain.json()
