@@ -61,7 +61,11 @@ def test_diagnostics_cross_the_ray_front_as_in_one_process(demo_model):
     local = make_engines(demo_model)
     name = demo_model.name
     front = RayEngines({name: InProcessReplica(local)}, {name: local.model_info(name)}, name)
-    request = {"model": name, "state": "Paczka dotarła uszkodzona", "questions": {"q": {"type": "noul", "instructions": "Czy zwrot?"}}}
+    request = {
+        "model": name,
+        "state": "Paczka dotarła uszkodzona",
+        "questions": {"q": {"type": "noul", "instructions": "Czy zwrot?"}},
+    }
     headers = {"x-basal-diagnostics": "1"}
     with TestClient(create_app(local)) as one, TestClient(create_app(front)) as ray_front:
         alone = one.post("/v1/systemone", json=request, headers=headers)
