@@ -150,12 +150,14 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
     app = create_app(engines, api_settings(config))
     log.info(
-        "basal listening on http://%s:%d (models: %s; default %s)%s",
+        "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,
         config.port,
         ", ".join(engines.names),
         engines.default,
         where,
+        config.host,
+        config.port,
     )
     uvicorn_config = server_config(
         app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"

@@ -182,6 +182,7 @@ function showModelInfo() {
   $("#model-info").textContent =
     `types ${m.types.join(", ")} · evidence ${m.evidence ? "yes" : "no"} · calibrated ${m.calibrated ? "yes" : "no"}`;
   for (const el of $$(".q-evidence-label")) el.hidden = !m.evidence;
+  for (const option of $$("#new-type option, .q-type option")) option.disabled = !m.types.includes(option.value);
 }
 
 async function send() {
