@@ -19,7 +19,14 @@ from basal import __version__
 from basal.api.capabilities import capabilities
 from basal.api.decisions import ApiSettings, check_auth, handle_decision
 from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
-from basal.api.openapi import BEARER, REQUEST_EXAMPLES, decision_responses, documented, request_schema
+from basal.api.openapi import (
+    BEARER,
+    DIAGNOSTICS_PARAMETER,
+    REQUEST_EXAMPLES,
+    decision_responses,
+    documented,
+    request_schema,
+)
 from basal.api.playground import playground_routes
 from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.schema_types import (
@@ -63,6 +70,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
             request_schema(SystemOneRequest, limits),
             keys,
             REQUEST_EXAMPLES["systemone"],
+            [DIAGNOSTICS_PARAMETER],
         ),
         status_code=200,
         summary="TypeSafe System One decisions",
@@ -84,6 +92,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
             request_schema(BasalRequest, limits),
             keys,
             REQUEST_EXAMPLES["basal"],
+            [DIAGNOSTICS_PARAMETER],
         ),
         status_code=200,
         summary="Decisions in the upstream basal-serve dialect",

@@ -131,14 +131,29 @@ def request_schema(tp: type, limits: Limits) -> dict[str, Any]:
     return schema
 
 
+DIAGNOSTICS_PARAMETER = {
+    "name": "x-basal-diagnostics",
+    "in": "header",
+    "required": False,
+    "description": "1 or true: the 200 body ends with one more member, `diagnostics` (each question's per-order "
+    "distributions, their average, the temperature and the calibrated result, the facts block, prompt and packed "
+    "tokens; docs/playground.md). Absent, 0 or false: the body is unchanged.",
+    "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
+}
+
+
 def documented(
     responses: dict[str, Any],
     body: dict[str, Any] | None = None,
     secured: bool = False,
     examples: dict[str, Any] | None = None,
+    parameters: list[dict[str, Any]] | None = None,
 ) -> type[Operation]:
-    """An OpenAPI operation with exactly these responses (and request body with examples, and Bearer security)."""
+    """An OpenAPI operation with exactly these responses (and request body with examples, header parameters, and
+    Bearer security)."""
     extra: dict[str, Any] = {"responses": responses}
+    if parameters:
+        extra["parameters"] = parameters
     if body is not None:
         media: dict[str, Any] = {"schema": body}
         if examples:

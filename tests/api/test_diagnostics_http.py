@@ -124,3 +124,11 @@ def test_a_bad_header_value_is_refused(client, demo_model, dialect, status):
     r = post(client, _request(dialect, demo_model.name), f"/v1/{dialect}", **{"x-basal-diagnostics": "yes please"})
     assert r.status_code == status
     assert "x-basal-diagnostics must be 1, true, 0 or false" in json.dumps(r.json())
+
+
+def test_the_header_is_in_the_openapi_document(client):
+    paths = client.get("/schema/openapi.json").json()["paths"]
+    for dialect in ("systemone", "basal"):
+        (parameter,) = paths[f"/v1/{dialect}"]["post"]["parameters"]
+        assert parameter["name"] == "x-basal-diagnostics" and parameter["in"] == "header"
+        assert parameter["schema"]["enum"] == ["0", "1", "true", "false"]
