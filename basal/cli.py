@@ -53,13 +53,13 @@ def _total_of(bar):
 
 def _check_reference(a: argparse.Namespace) -> int:
     from basal.core.model.model_dir import ModelDir
-    from basal.export.reference import ReferenceChecker, manifest_temperatures
+    from basal.export.reference import ReferenceChecker
 
     model = ModelDir.load(a.model) if a.model else None
-    temps = None if model else manifest_temperatures(Path(a.export[0]))
+    temps = _manifest_temperatures(a.manifest) if a.manifest and not model else None
     checker = ReferenceChecker(model, temps)
     for export in a.export:
-        checker.check_file(Path(export))
+        checker.check_file(Path(export), manifests=model is None and temps is None)
     report = checker.report
     for line in report.mismatches[: a.show]:
         print(line)
@@ -69,6 +69,17 @@ def _check_reference(a: argparse.Namespace) -> int:
         print("(no --model: token ids and letter ids were not checked)")
     print(report.table())
     return 0 if report.ok else 1
+
+
+def _manifest_temperatures(path: str) -> dict[str, float] | None:
+    """The calibration temperatures of a manifest file named with --manifest."""
+    import json
+
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    temps = data.get("manifest", data).get("calibration", {}).get("temperatures")
+    if not temps:
+        raise SystemExit(f"basal check-reference: {path} has no calibration.temperatures")
+    return {k: float(v) for k, v in temps.items()}
 
 
 def _open_model(path: str | None):
@@ -350,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("export", nargs="+", help="reference export JSONL file(s) (systemone.jsonl, bench.jsonl)")
     c.add_argument(
         "--model", default=None, help="model directory: also compare token ids and letter ids (default: none)"
+    )
+    c.add_argument(
+        "--manifest",
+        default=None,
+        help="manifest JSON whose calibration temperatures to use (default: the export's own manifest line, else "
+        "the manifest*.json beside it that names the record's model, else manifest.json)",
     )
     c.add_argument("--show", type=int, default=20, help="mismatches to print (default 20)")
     c.set_defaults(run=_check_reference)
