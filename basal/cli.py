@@ -51,6 +51,12 @@ def _total_of(bar):
     return on_total
 
 
+# `basal decide` and `basal export` read requests in the same dialect by default: the lenient upstream one, in
+# which reference exports, the native SDK and upstream request files are written and which accepts TypeSafe
+# bodies as well (the strict TypeSafe parser refuses many upstream bodies).
+DEFAULT_DIALECT = "basal"
+
+
 def _check_reference(a: argparse.Namespace) -> int:
     from basal.core.model.model_dir import ModelDir
     from basal.export.reference import ReferenceChecker
@@ -376,9 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
     d.add_argument(
         "--dialect",
-        default="systemone",
-        choices=["systemone", "basal"],
-        help="systemone: TypeSafe System One (default); basal: the upstream basal-serve dialect",
+        default=DEFAULT_DIALECT,
+        choices=["basal", "systemone"],
+        help="basal: the upstream basal-serve dialect (default, as `basal export`; it reads TypeSafe bodies too); "
+        "systemone: TypeSafe System One (strict)",
     )
     _backend_flags(d)
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
@@ -428,7 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
         "packed together",
     )
     e.add_argument(
-        "--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one (default basal)"
+        "--dialect",
+        default=DEFAULT_DIALECT,
+        choices=["basal", "systemone"],
+        help="for lines without one (default basal, as `basal decide`)",
     )
     e.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")
