@@ -41,7 +41,7 @@ from basal.core.model.prompt import Item, lang_of, option_orders
 from basal.core.model.render import text_of
 from basal.core.packing.tree import pack_fields
 from basal.core.request.dialects import parse_basal, parse_systemone
-from basal.core.request.extensions import ActSpec, may_fail_after_run
+from basal.core.request.extensions import ActSpec, may_fail_after_run, needs_defer_error
 from basal.core.request.plan import DecisionRequest, Question
 
 EXACT = 1e-12  # float64 host math of the export
@@ -173,7 +173,7 @@ class ReferenceChecker:
             )
             return
         if expected_error is not None:
-            self._check_error_after_run(plan, expected_error, where)
+            self._check_error_after_run(plan, rec, expected_error, where)
             return
         questions = {q.name: q for q in plan.questions if q.needs_model}
         items = rec.get("items", [])
@@ -217,26 +217,50 @@ class ReferenceChecker:
             answer = answer_systemone if systemone else answer_basal
             self.check_answer(plan.questions, dists, items, expected_answer, where, answer)
 
-    def _check_error_after_run(self, plan: DecisionRequest, expected_error: Any, where: str) -> None:
+    def _check_error_after_run(self, plan: DecisionRequest, rec: dict[str, Any], expected_error: Any, where: str):
         """An export's error for a request basal accepts: upstream raises some errors only while it builds the
-        answers, after the run (a multi bound that is not an integer; an act refusal without a defer action)."""
+        answers in question order, after the run (a multi bound that is not an integer; an act refusal without a
+        defer action, which the act item's run decides where the record has it and thresholds are known)."""
         r = self.report
+        items = {it.get("name"): it for it in rec.get("items", [])}
         for q in plan.questions:
+            if q.deferred_error is None and may_fail_after_run(q.spec):
+                refusal = self._act_refusal(plan, q, items.get(q.name), f"{where}/{q.name}")
+                if refusal is False:
+                    continue  # this act answers: upstream failed later
+                if refusal is not None:
+                    same = _same_error(refusal, expected_error)
+                    r.check("upstream error", same, where, f"basal: {refusal.upstream!r}, upstream: {expected_error!r}")
+                    return
             if q.deferred_error is not None:
-                have = q.deferred_error.upstream
-                if isinstance(expected_error, dict):
-                    same = (q.deferred_error.status, q.deferred_error.body) == (
-                        expected_error.get("status"),
-                        expected_error.get("body"),
-                    )
-                else:
-                    same = have == expected_error
-                r.check("upstream error", same, where, f"basal: {have!r}, upstream: {expected_error!r}")
+                same = _same_error(q.deferred_error, expected_error)
+                r.check(
+                    "upstream error", same, where, f"basal: {q.deferred_error.upstream!r}, upstream: {expected_error!r}"
+                )
                 return
             if may_fail_after_run(q.spec):
-                r.skip("act refusal after the run: decided by the served distribution, which an error record lacks")
+                r.skip("act refusal after the run: needs the act item's logits and CALIBRATION.json thresholds")
                 return
         r.check("upstream error", False, where, f"the export has an error ({expected_error}), basal accepts it")
+
+    def _act_refusal(self, plan: DecisionRequest, q: Question, it: dict[str, Any] | None, w: str):
+        """The after-the-run refusal of an act without a defer action, from the item's run: the error, False when
+        the act answers, None when the record or the checker lacks what decides it."""
+        if self.thresholds is None or not it or "orders" not in it or it.get("state_text") != q.item.state_text:
+            return None
+        dist = self.check_orders(q.item, it, w, str(it.get("type", q.item.type)))
+        served = self._served(q.item, it, dist, w) if dist is not None else None
+        if served is None:
+            return None
+        spec = q.spec
+        assert isinstance(spec, ActSpec)
+        p = {k: float(v) for k, v in zip(q.item.keys, served.p_cal, strict=True)}
+        calibrated = bool(self.temperatures) if self.temperatures is not None else True
+        try:
+            choose_action(p, spec, self.thresholds, calibrated)
+        except NeedsDeferAction as e:
+            return needs_defer_error(q.name, plan.dialect, str(e))
+        return False
 
     def check_facts_state(self, rec: dict[str, Any], where: str) -> None:
         """A ``facts: "auto"`` request: every item's state text is the injected state rebuilt from the request
@@ -609,6 +633,13 @@ class ReferenceChecker:
             )
         if "questions" in usage:
             r.check("usage.questions", len(questions) == usage["questions"], where)
+
+
+def _same_error(error: RequestError, expected: Any) -> bool:
+    """basal's refusal against an export's error: upstream's ``Kind: message`` string, or basal's status and body."""
+    if isinstance(expected, dict):
+        return (error.status, error.body) == (expected.get("status"), expected.get("body"))
+    return error.upstream == expected
 
 
 def _same_answer(have: Any, want: Any, key: str = "") -> bool:

@@ -112,3 +112,25 @@ def test_a_wrong_multi_record_is_reported(tmp_path, tamper):
     else:
         record["upstream_answer"]["usage"]["branches"] = 3
     assert not _check(tmp_path, [record]).report.ok
+
+
+def test_an_act_refusal_after_the_run_is_recomputed_from_the_items_run(tmp_path):
+    """An act with max_error and no defer action: upstream fails while building the answer when the confidence is
+    under the certified threshold; with thresholds the checker decides it from the item's run."""
+    record = _record("m15-act-short")
+    record["request"]["questions"]["fraud"]["costs"] = {
+        "block": {"true": 0, "false": 5},
+        "pay": {"true": 10, "false": 0},
+    }
+    record["request"]["questions"]["fraud"]["max_error"] = 0.01
+    del record["upstream_answer"]
+    record["upstream_error"] = 'ValueError: max_error needs a defer action ("defer"/"human" or defer_action)'
+    strict = ReferenceChecker(temperatures=MINI, thresholds={"0.01": {"confidence": 0.99}})  # 0.9135 is under it
+    strict.check_file(_write(tmp_path, [record]))
+    assert strict.report.ok and strict.report.passed["upstream error"] == 1, strict.report.mismatches
+    lenient = ReferenceChecker(temperatures=MINI, thresholds={"0.01": {"confidence": 0.9}})  # basal answers
+    lenient.check_file(_write(tmp_path, [record]))
+    assert lenient.report.failed["upstream error"] == 1
+    unknown = ReferenceChecker(temperatures=MINI)  # no CALIBRATION.json: named, not guessed
+    unknown.check_file(_write(tmp_path, [record]))
+    assert unknown.report.ok and any("act refusal after the run" in s for s in unknown.report.skipped)
