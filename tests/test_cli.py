@@ -135,3 +135,12 @@ def test_decide_and_export_default_to_the_same_dialect(capsys):
     answers = json.loads(capsys.readouterr().out)["answers"]
     team = answers["team"]  # upstream's confidence is max p (TypeSafe's is rescaled from a uniform guess)
     assert set(answers) == {"urgent", "team"} and team["confidence"] == max(team["probabilities"].values())
+
+
+def test_the_demo_models_served_name_is_documented():
+    from pathlib import Path
+
+    from basal.core.model.synth import demo_model
+
+    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert f"served as **`{demo_model().name}`**" in page
