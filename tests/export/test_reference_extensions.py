@@ -134,3 +134,87 @@ def test_an_act_refusal_after_the_run_is_recomputed_from_the_items_run(tmp_path)
     unknown = ReferenceChecker(temperatures=MINI)  # no CALIBRATION.json: named, not guessed
     unknown.check_file(_write(tmp_path, [record]))
     assert unknown.report.ok and any("act refusal after the run" in s for s in unknown.report.skipped)
+
+
+UPSTREAM_FORM_CASES = [
+    "m15-mixed",
+    "m15-multi-min",
+    "m15-act-full",
+    "m15-evidence-score-act",
+    "m15-facts-euro-evidence",
+    "m15-facts-none",
+]
+
+
+def _upstream_form(record: dict, demo_model) -> dict:
+    """A basal export record rewritten as upstream's exporter writes it (the README of the golden data): one multi
+    item with its branches and no logits, act items calibrated with 1.0, facts items on the state without the
+    facts block, and the served run's probabilities as ``probs_run_shared``."""
+    from basal.core.model.render import text_of
+
+    request = record["request"]
+    raw = text_of(request["state"])
+    kinds = {name: q.get("type", "choice") for name, q in request["questions"].items()}
+    items, multi = [], {}
+    for it in record["items"]:
+        name = it["name"].split("#")[0]
+        for o in it["orders"]:
+            o["probs_run_shared"] = o["probs"]
+        if kinds[name] == "multi":
+            if name not in multi:
+                multi[name] = {"name": name, "type": "multi", "keys": [], "lang": it["lang"], "branches": []}
+                multi[name]["note"] = "multi: see upstream_answer"
+                items.append(multi[name])
+            multi[name]["keys"].append(it["name"].split("#")[1])
+            multi[name]["branches"].append([it["question_text"], it["options"]])
+            continue
+        it["type"] = kinds[name]
+        if kinds[name] == "act":
+            it["temperature"], it["p_cal"] = 1.0, it["p_avg"]
+        if request.get("facts") == "auto" and it["state_text"] != raw:
+            from basal.core.decision.distribution import distribution
+            from basal.core.model.prompt import Item
+
+            item = Item(name, "noul", tuple(it["keys"]), tuple(it["options"]), it["lang"], raw, it["question_text"])
+            for o in it["orders"]:
+                o["prompt"] = item.prompt(o["perm"], demo_model.bos)
+            it["state_text"] = raw
+            dist = distribution([o["letter_logits"] for o in it["orders"]], item.orders, it["temperature"])
+            it["p_avg"], it["p_cal"] = dist.p_avg.tolist(), dist.p_cal.tolist()
+        items.append(it)
+    for it in items:
+        for o in it.get("orders", []):
+            o.pop("input_ids", None)  # the demo tokenizer's ids are not the real one's
+    record["items"] = items
+    return record
+
+
+@pytest.fixture(scope="module")
+def upstream_form_records(demo_model):
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline
+    from tests.core.test_reference import _export_record
+
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    cases = {c["id"]: c for c in golden_records("systemone_cases_1.5.jsonl")}
+    return {
+        case_id: _upstream_form(_export_record(pipeline, demo_model, cases[case_id])[0], demo_model)
+        for case_id in UPSTREAM_FORM_CASES
+    }
+
+
+@pytest.mark.parametrize("case_id", UPSTREAM_FORM_CASES)
+def test_records_in_the_upstream_form_match_with_named_skips(tmp_path, demo_model, upstream_form_records, case_id):
+    """The extension cases served by the demo model and written in the upstream exporter's form: no mismatch,
+    every skip named, every answer checked as far as its record allows."""
+    record = copy.deepcopy(upstream_form_records[case_id])
+    calibration = demo_model.calibration
+    checker = ReferenceChecker(temperatures=calibration.temperatures, thresholds=calibration.thresholds)
+    checker.check_file(_write(tmp_path, [record]))
+    report = checker.report
+    assert report.ok, report.mismatches
+    assert all(": " in reason for reason in report.skipped), report.skipped  # "what: why"
+    answered = report.passed["upstream answer"] + report.passed["multi decision"] + report.passed["answer type"]
+    assert answered == len(record["upstream_answer"]["answers"])
+    names = {it["name"] for it in record["items"]}
+    assert names == set(record["request"]["questions"])
