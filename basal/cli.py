@@ -51,15 +51,21 @@ def _total_of(bar):
     return on_total
 
 
+# `basal decide` and `basal export` read requests in the same dialect by default: the lenient upstream one, in
+# which reference exports, the native SDK and upstream request files are written and which accepts TypeSafe
+# bodies as well (the strict TypeSafe parser refuses many upstream bodies).
+DEFAULT_DIALECT = "basal"
+
+
 def _check_reference(a: argparse.Namespace) -> int:
     from basal.core.model.model_dir import ModelDir
-    from basal.export.reference import ReferenceChecker, manifest_temperatures
+    from basal.export.reference import ReferenceChecker
 
     model = ModelDir.load(a.model) if a.model else None
-    temps = None if model else manifest_temperatures(Path(a.export[0]))
+    temps = _manifest_temperatures(a.manifest) if a.manifest and not model else None
     checker = ReferenceChecker(model, temps)
     for export in a.export:
-        checker.check_file(Path(export))
+        checker.check_file(Path(export), manifests=model is None and temps is None)
     report = checker.report
     for line in report.mismatches[: a.show]:
         print(line)
@@ -69,6 +75,17 @@ def _check_reference(a: argparse.Namespace) -> int:
         print("(no --model: token ids and letter ids were not checked)")
     print(report.table())
     return 0 if report.ok else 1
+
+
+def _manifest_temperatures(path: str) -> dict[str, float] | None:
+    """The calibration temperatures of a manifest file named with --manifest."""
+    import json
+
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    temps = data.get("manifest", data).get("calibration", {}).get("temperatures")
+    if not temps:
+        raise SystemExit(f"basal check-reference: {path} has no calibration.temperatures")
+    return {k: float(v) for k, v in temps.items()}
 
 
 def _open_model(path: str | None):
@@ -351,6 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--model", default=None, help="model directory: also compare token ids and letter ids (default: none)"
     )
+    c.add_argument(
+        "--manifest",
+        default=None,
+        help="manifest JSON whose calibration temperatures to use (default: the export's own manifest line, else "
+        "the manifest*.json beside it that names the record's model, else manifest.json)",
+    )
     c.add_argument("--show", type=int, default=20, help="mismatches to print (default 20)")
     c.set_defaults(run=_check_reference)
 
@@ -359,9 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
     d.add_argument(
         "--dialect",
-        default="systemone",
-        choices=["systemone", "basal"],
-        help="systemone: TypeSafe System One (default); basal: the upstream basal-serve dialect",
+        default=DEFAULT_DIALECT,
+        choices=["basal", "systemone"],
+        help="basal: the upstream basal-serve dialect (default, as `basal export`; it reads TypeSafe bodies too); "
+        "systemone: TypeSafe System One (strict)",
     )
     _backend_flags(d)
     d.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
@@ -411,7 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
         "packed together",
     )
     e.add_argument(
-        "--dialect", default="basal", choices=["basal", "systemone"], help="for lines without one (default basal)"
+        "--dialect",
+        default=DEFAULT_DIALECT,
+        choices=["basal", "systemone"],
+        help="for lines without one (default basal, as `basal decide`)",
     )
     e.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
     e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")

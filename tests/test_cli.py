@@ -117,3 +117,30 @@ def test_decide_timing_includes_the_load_time(tmp_path, capsys, demo_dir):
     )
     assert main(["decide", "--model", str(demo_dir), "--timing", str(request)]) == 0
     assert "time: load " in capsys.readouterr().err
+
+
+def test_decide_and_export_default_to_the_same_dialect(capsys):
+    """One default for both commands (the lenient upstream dialect), and the documented example file exists and
+    is answered in it."""
+    import argparse
+    from pathlib import Path
+
+    from basal.cli import DEFAULT_DIALECT, build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    defaults = {name: subparsers.choices[name].get_default("dialect") for name in ("decide", "export")}
+    assert defaults == {"decide": DEFAULT_DIALECT, "export": DEFAULT_DIALECT} == {"decide": "basal", "export": "basal"}
+    example = Path(__file__).parent.parent / "examples" / "request.json"
+    assert main(["decide", str(example)]) == 0
+    answers = json.loads(capsys.readouterr().out)["answers"]
+    team = answers["team"]  # upstream's confidence is max p (TypeSafe's is rescaled from a uniform guess)
+    assert set(answers) == {"urgent", "team"} and team["confidence"] == max(team["probabilities"].values())
+
+
+def test_the_demo_models_served_name_is_documented():
+    from pathlib import Path
+
+    from basal.core.model.synth import demo_model
+
+    page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert f"served as **`{demo_model().name}`**" in page

@@ -6,8 +6,28 @@ from typing import Any
 
 from basal.core.engine.engines import ModelInfo
 from basal.core.model.prompt import MAX_OPTIONS
+from basal.core.request.dialects import MAX_CHOICES, MAX_LEVELS
+from basal.core.request.extensions import MAX_LABELS
 
 QUESTION_TYPES = ("choice", "noul", "score", "multi", "act")
+# What each endpoint accepts, as its parser enforces it (tests/api/test_models_ranges.py sends every bound and one
+# past it): TypeSafe answers one option or level with p = 1 and asks 11..255 choices in groups; upstream's dialect
+# keeps 2..10 everywhere. An act without criteria is a yes/no readout on both.
+OPTION_RANGES = {
+    "/v1/systemone": {
+        "choice": f"1..{MAX_CHOICES}",
+        "score": f"1..{MAX_LEVELS}",
+        "act": f"1..{MAX_OPTIONS}",
+        "multi_labels": f"1..{MAX_LABELS}",
+    },
+    "/v1/basal": {
+        "choice": f"2..{MAX_OPTIONS}",
+        "score": f"2..{MAX_OPTIONS}",
+        "act": f"2..{MAX_OPTIONS}",
+        "multi_labels": f"1..{MAX_LABELS}",
+    },
+}
+ORDERS = 2  # every question is asked in two option orders (the native SDK's discovery field)
 
 
 def capabilities(info: ModelInfo) -> dict[str, Any]:
@@ -15,9 +35,10 @@ def capabilities(info: ModelInfo) -> dict[str, Any]:
     the dialect's "no evidence head" refusal."""
     return {
         "types": list(QUESTION_TYPES),
-        "options": {"choice": f"2..{MAX_OPTIONS}", "score": f"1..{MAX_OPTIONS}", "act": f"2..{MAX_OPTIONS}"},
-        "multi_labels": "1..",
+        "options": OPTION_RANGES,
         "evidence": info.serves_evidence,
         "calibrated": bool(info.calibration.temperatures),
         "certified_max_error": sorted(info.calibration.thresholds),
+        "orders": ORDERS,
+        "temperature_per_prim": dict(info.calibration.temperatures),
     }

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from basal.core.decision.act import NeedsDeferAction, choose_action
-from basal.core.decision.distribution import Distribution, calibrate, certain, distribution
+from basal.core.decision.distribution import Distribution, calibrate, certain, distribution, unpermute
 from basal.core.decision.evidence import best_spans
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, STRATEGIES, LargeChoice, groups, is_large, prompt_count
 from basal.core.decision.respond import answer_basal, answer_multi, answer_systemone
@@ -41,11 +41,12 @@ from basal.core.model.prompt import Item, lang_of, option_orders
 from basal.core.model.render import text_of
 from basal.core.packing.tree import pack_fields
 from basal.core.request.dialects import parse_basal, parse_systemone
-from basal.core.request.extensions import ActSpec
-from basal.core.request.plan import Question
+from basal.core.request.extensions import ActSpec, may_fail_after_run, needs_defer_error
+from basal.core.request.plan import DecisionRequest, Question
 
 EXACT = 1e-12  # float64 host math of the export
 UPSTREAM = 1e-6  # upstream_answer was computed in float32
+RUN_SHARED = 1e-4  # the server's batched float32 run against the exporter's batch-1 run of the same prompts
 
 
 @dataclass
@@ -110,9 +111,15 @@ class ReferenceChecker:
 
     # -- records --------------------------------------------------------------------------------------------
 
-    def check_file(self, path: Path) -> Report:
+    def check_file(self, path: Path, manifests: bool = False) -> Report:
+        """Check every record of `path`; with `manifests` (no model directory) each record is calibrated with the
+        temperatures of its own model's manifest beside the export (`manifest_temperatures`)."""
         for n, record in _records(path):
             self.report.records += 1
+            if manifests:
+                request = record.get("request")
+                model = request.get("model") if isinstance(request, dict) else None
+                self.temperatures = manifest_temperatures(path, model if isinstance(model, str) else None)
             where = f"{path.name}:{n} {record.get('id') or record.get('index')}"
             if is_large_choice_record(record):
                 check_large_choice(self, record, where)
@@ -166,7 +173,7 @@ class ReferenceChecker:
             )
             return
         if expected_error is not None:
-            r.check("upstream error", False, where, f"the export has an error ({expected_error}), basal accepts it")
+            self._check_error_after_run(plan, rec, expected_error, where)
             return
         questions = {q.name: q for q in plan.questions if q.needs_model}
         items = rec.get("items", [])
@@ -176,8 +183,8 @@ class ReferenceChecker:
         answer = answer_systemone if systemone else answer_basal
         answers = rec.get("upstream_answer", rec.get("answer")) or {}
         extension = any("evidence" in a for a in answers.get("answers", {}).values())
-        if extension or any(q.kind in ("multi", "act") for q in plan.questions):
-            self.check_extension_request(plan.questions, items, answers, where, answer, plan.facts_limit)
+        if extension or plan.facts_limit is not None or any(q.kind in ("multi", "act") for q in plan.questions):
+            self.check_extension_request(plan, rec["request"], items, answers, where, answer)
             return
         r.check(
             "question names",
@@ -210,8 +217,55 @@ class ReferenceChecker:
             answer = answer_systemone if systemone else answer_basal
             self.check_answer(plan.questions, dists, items, expected_answer, where, answer)
 
+    def _check_error_after_run(self, plan: DecisionRequest, rec: dict[str, Any], expected_error: Any, where: str):
+        """An export's error for a request basal accepts: upstream raises some errors only while it builds the
+        answers in question order, after the run (a multi bound that is not an integer; an act refusal without a
+        defer action, which the act item's run decides where the record has it and thresholds are known)."""
+        r = self.report
+        items = {it.get("name"): it for it in rec.get("items", [])}
+        for q in plan.questions:
+            if q.deferred_error is None and may_fail_after_run(q.spec):
+                refusal = self._act_refusal(plan, q, items.get(q.name), f"{where}/{q.name}")
+                if refusal is False:
+                    continue  # this act answers: upstream failed later
+                if refusal is not None:
+                    same = _same_error(refusal, expected_error)
+                    r.check("upstream error", same, where, f"basal: {refusal.upstream!r}, upstream: {expected_error!r}")
+                    return
+            if q.deferred_error is not None:
+                same = _same_error(q.deferred_error, expected_error)
+                r.check(
+                    "upstream error", same, where, f"basal: {q.deferred_error.upstream!r}, upstream: {expected_error!r}"
+                )
+                return
+            if may_fail_after_run(q.spec):
+                r.skip("act refusal after the run: needs the act item's logits and CALIBRATION.json thresholds")
+                return
+        r.check("upstream error", False, where, f"the export has an error ({expected_error}), basal accepts it")
+
+    def _act_refusal(self, plan: DecisionRequest, q: Question, it: dict[str, Any] | None, w: str):
+        """The after-the-run refusal of an act without a defer action, from the item's run: the error, False when
+        the act answers, None when the record or the checker lacks what decides it."""
+        if self.thresholds is None or not it or "orders" not in it or it.get("state_text") != q.item.state_text:
+            return None
+        dist = self.check_orders(q.item, it, w, str(it.get("type", q.item.type)))
+        served = self._served(q.item, it, dist, w) if dist is not None else None
+        if served is None:
+            return None
+        spec = q.spec
+        assert isinstance(spec, ActSpec)
+        p = {k: float(v) for k, v in zip(q.item.keys, served.p_cal, strict=True)}
+        calibrated = bool(self.temperatures) if self.temperatures is not None else True
+        try:
+            choose_action(p, spec, self.thresholds, calibrated)
+        except NeedsDeferAction as e:
+            return needs_defer_error(q.name, plan.dialect, str(e))
+        return False
+
     def check_facts_state(self, rec: dict[str, Any], where: str) -> None:
-        """A ``facts: "auto"`` request: every item's state text is the injected state rebuilt from the request.
+        """A ``facts: "auto"`` request: every item's state text is the injected state rebuilt from the request
+        (a basal export), or the state without its facts block (upstream's exporter works before the server
+        injects it); anything else, a wrong facts block included, is a mismatch.
 
         Checked on its own so that it runs even where the rest of the record cannot be rebuilt yet; a failing
         injection is compared with ``upstream_error`` by the request check (`parse_basal` raises it).
@@ -219,53 +273,200 @@ class ReferenceChecker:
         request = rec["request"]
         if not isinstance(request, dict) or request.get("facts") != "auto" or "state" not in request:
             return
+        raw = text_of(request["state"])
         try:
-            text = inject(text_of(request["state"]))
+            text = inject(raw)
         except FactsError:
             return
         for it in rec.get("items", []):
-            want = it.get("state_text")
+            if "state_text" not in it:  # upstream's multi item: its branches carry no state
+                continue
+            want = it["state_text"]
             self.report.check(
-                "facts state text", want == text, f"{where}/{it.get('name')}", _first_difference(text, str(want))
+                "facts state text", want in (text, raw), f"{where}/{it.get('name')}", _first_difference(text, str(want))
             )
 
     def check_extension_request(
         self,
-        questions: tuple[Question, ...],
+        plan: DecisionRequest,
+        request: dict[str, Any],
         items: list[dict],
         expected: dict,
         where: str,
         answer: Callable,
-        facts_limit: int | None = None,
     ):
-        """A request with multi/act questions: the export's items are the readouts in order (one per multi label,
-        named ``NAME`` or ``NAME#label``); each is rebuilt and checked, then the answers are recomputed."""
+        """A request with multi / act / facts / evidence: two views in one record.
+
+        ``items`` are the exporter's view: upstream's exporter works before the server's extension handling (the
+        state without the facts block, act items calibrated with temperature 1.0, a multi question as one item
+        with its ``branches`` and no logits); a basal export has one item per readout (``NAME#label`` per multi
+        label) of the served prompts. Each item is rebuilt and checked against itself; basal's served computation
+        (act calibrated with its base type's temperature, the branch prompts, the injected state) is then compared
+        with ``upstream_answer`` wherever the record carries what it needs, and each thing it does not carry is
+        reported by name and reason.
+        """
         r = self.report
-        asked = [(q, item) for q in questions for item in q.asked]
-        names_ok = len(asked) == len(items) and all(
-            it["name"] in (item.name, q.name) for (q, item), it in zip(asked, items, strict=False)
-        )
-        if not r.check(
-            "question names", names_ok, where, f"{[i.name for _, i in asked]} vs {[it['name'] for it in items]}"
-        ):
+        raw_state = text_of(request["state"]) if "state" in request else None
+        by_name = {it.get("name"): it for it in items}
+        wanted = [name for q in plan.questions if q.needs_model for name in self._item_names(q, by_name)]
+        names_ok = wanted == [it.get("name") for it in items]
+        r.check("question names", names_ok, where, f"{wanted} vs {[it.get('name') for it in items]}")
+        if not names_ok:
             return
-        dists: dict[str, list] = {q.name: [] for q in questions}
-        for (q, item), it in zip(asked, items, strict=True):
-            w = f"{where}/{it['name']}"
-            self._check_item_fields(item, it, w)
-            dists[q.name].append(self.check_orders(item, it, w))
-        if expected and all(d is not None for ds in dists.values() for d in ds):
-            for q in questions:
-                want = expected.get("answers", {}).get(q.name)
-                if want is not None:
-                    self._check_any_answer(q, dists[q.name], want, items, f"{where}/{q.name}", answer, facts_limit)
-            usage = expected.get("usage", {})
-            if "branches" in usage:
-                branches = sum(q.branch_count for q in questions)
-                r.check("usage.branches", branches == usage["branches"], where, f"{branches} vs {usage['branches']}")
-            if "input_tokens" in usage and all("input_ids" in o for it in items for o in it.get("orders", [])):
-                tokens = sum(len(o["input_ids"]) for it in items for o in it["orders"])
-                r.check("usage.input_tokens", tokens == usage["input_tokens"], where)
+        served: dict[str, list[Distribution]] = {}
+        unchecked: dict[str, str] = {}  # question -> why its served distribution is not in the record
+        for q in plan.questions:
+            w = f"{where}/{q.name}"
+            if not q.needs_model:  # one option: p = 1 without the model
+                served[q.name] = [certain()]
+                continue
+            if q.branches and q.name in by_name:  # upstream's multi item: branch prompts, no logits
+                self._check_multi_item(q, by_name[q.name], w)
+                unchecked[q.name] = "multi: the record carries no branch logits"
+                continue
+            dists = []
+            for item in q.asked:
+                it = by_name[item.name if item.name in by_name else q.name]
+                wi = f"{where}/{it.get('name')}"
+                view, facts = self._exporter_view(item, it, raw_state, request, wi)
+                self._check_item_fields(view, it, wi)
+                if "letter_error" in it:
+                    unchecked[q.name] = "the item has no logits (upstream: letters are not single tokens)"
+                    break
+                dist = self.check_orders(view, it, wi, str(it.get("type", view.type)))
+                if dist is None:
+                    unchecked[q.name] = "its item differs"
+                    break
+                if facts:
+                    unchecked[q.name] = "facts: the record's logits are of the prompts without the facts block"
+                    break
+                dist = self._served(item, it, dist, wi)
+                if dist is None:
+                    unchecked[q.name] = f"act: no calibration temperature for its base type {item.type!r}"
+                    break
+                dists.append(dist)
+            else:
+                served[q.name] = dists
+        for q in plan.questions:
+            want = expected.get("answers", {}).get(q.name)
+            if want is None:
+                continue
+            w = f"{where}/{q.name}"
+            if q.name in served:
+                self._check_any_answer(q, served[q.name], want, items, w, answer, plan.facts_limit)
+            elif q.kind == "multi" and isinstance(want.get("probabilities"), dict):
+                self.report.skip(f"multi answer probabilities: not checkable ({unchecked[q.name]})")
+                self._check_multi_decision(q, want, w)
+            else:
+                self.report.skip(f"{q.kind} answer: not checkable ({unchecked[q.name]})")
+                self._check_answer_shape(q, want, plan.facts_limit, items, w)
+        self._check_usage(plan, items, expected.get("usage", {}), served, where)
+
+    def _item_names(self, q: Question, by_name: dict[str, dict]) -> list[str]:
+        """The record's item names of a question: its own name, or one per multi label in a basal export."""
+        if q.branches and q.name not in by_name:
+            return [b.name for b in q.branches]
+        return [q.name]
+
+    def _exporter_view(
+        self, item: Item, it: dict[str, Any], raw_state: str | None, request: dict[str, Any], w: str
+    ) -> tuple[Item, bool]:
+        """The item the exporter rebuilt: basal's served item, or with ``facts: "auto"`` the same item on the
+        state without the facts block (upstream's exporter works before the server injects it). Any other state
+        text, a wrong facts block included, is a mismatch (``facts state text``)."""
+        if request.get("facts") != "auto" or raw_state is None or item.state_text == raw_state:
+            return item, False
+        if it.get("state_text") == raw_state:  # checked against the injected state by check_facts_state
+            return replace(item, state_text=raw_state), True
+        return item, False
+
+    def _served(self, item: Item, it: dict[str, Any], dist: Distribution, w: str) -> Distribution | None:
+        """The distribution basal serves for the item, calibrated with the temperature of the item's base type
+        (an upstream act item carries the exporter's 1.0); None where that temperature is unknown.
+
+        Where the record carries ``probs_run_shared`` (each order's probabilities from the run the server
+        answered, batched as served) they are averaged and calibrated by basal's decision math, so the answer is
+        compared with the server's own float32 run; else the item's letter logits are used."""
+        recorded = float(it["temperature"])
+        if self.temperatures is not None:
+            temperature = float(self.temperatures.get(item.type, 1.0))
+        elif str(it.get("type", item.type)) == item.type:
+            temperature = recorded
+        else:
+            return None
+        orders = it["orders"]
+        if not all("probs_run_shared" in o for o in orders):
+            same = temperature == recorded
+            return dist if same else distribution([o["letter_logits"] for o in orders], item.orders, temperature)
+        probs = [np.asarray(o["probs_run_shared"], dtype=np.float64) for o in orders]
+        for p, mine in zip(probs, dist.probs, strict=True):
+            self.report.check("probs_run_shared", _close(p, mine, RUN_SHARED), w, _maxdiff(p, mine))
+        p_avg = sum(unpermute(p, perm) for p, perm in zip(probs, item.orders, strict=True)) / len(probs)
+        return Distribution(probs, p_avg, calibrate(p_avg, temperature))
+
+    def _check_multi_item(self, q: Question, it: dict[str, Any], w: str) -> None:
+        """Upstream's multi item: keys, language and every branch's question text and yes/no options."""
+        r = self.report
+        r.check("keys", list(q.item.keys) == it.get("keys"), w, f"{q.item.keys} vs {it.get('keys')}")
+        r.check("language", q.item.lang == it.get("lang"), w, f"{q.item.lang} vs {it.get('lang')}")
+        if "state_text" in it:
+            r.check("state text", q.item.state_text == it["state_text"], w)
+        branches = it.get("branches")
+        if not r.check("multi branches", isinstance(branches, list) and len(branches) == len(q.branches), w):
+            return
+        for b, (question, options) in zip(q.branches, branches, strict=True):
+            r.check("multi branch text", b.question_text == question, w, f"{b.question_text!r} vs {question!r}")
+            r.check("multi branch options", list(b.options) == options, w, f"{list(b.options)} vs {options}")
+
+    def _check_multi_decision(self, q: Question, want: dict[str, Any], w: str) -> None:
+        """The selection, threshold and set confidence basal derives from upstream's own branch probabilities."""
+        p = want["probabilities"]
+        r = self.report
+        if not r.check("multi labels", list(p) == list(q.item.keys), w, f"{list(p)} vs {list(q.item.keys)}"):
+            return
+        dists = [Distribution([], np.array([p[k], 1 - p[k]]), np.array([p[k], 1 - p[k]])) for k in q.item.keys]
+        have = msgspec.to_builtins(answer_multi(q, dists))
+        have_text, want_text = (json.dumps(a, ensure_ascii=False)[:300] for a in (have, want))
+        r.check("multi decision", _same_answer(have, want), w, f"basal {have_text} vs upstream {want_text}")
+
+    def _check_answer_shape(
+        self, q: Question, want: dict[str, Any], facts_limit: int | None, items: list, w: str
+    ) -> None:
+        """An answer whose numbers cannot be recomputed: its type, its keys and its evidence spans."""
+        r = self.report
+        keys = list(want.get("probabilities", {}))
+        r.check("answer type", want.get("type") == q.kind, w, f"{want.get('type')} vs {q.kind}")
+        r.check("answer keys", keys == list(q.item.keys), w, f"{keys} vs {list(q.item.keys)}")
+        if "evidence" in want:
+            item = next((it for it in items if it.get("name") == q.name), {})
+            self.check_evidence(q.item.state_text, want["evidence"], item.get("evidence"), facts_limit, w)
+
+    def _check_usage(
+        self, plan: DecisionRequest, items: list, usage: dict[str, Any], served: dict[str, list], where: str
+    ) -> None:
+        """``usage``: questions and branches always; input tokens from the record's token ids where they are the
+        served prompts', else by tokenizing basal's served prompts with ``--model``, else a named skip."""
+        r = self.report
+        if "questions" in usage:
+            n = len(plan.questions)
+            r.check("usage.questions", n == usage["questions"], where, f"{n} vs {usage['questions']}")
+        if "branches" in usage:
+            branches = sum(q.branch_count for q in plan.questions)
+            r.check("usage.branches", branches == usage["branches"], where, f"{branches} vs {usage['branches']}")
+        if "input_tokens" not in usage:
+            return
+        want = usage["input_tokens"]
+        orders = [o for it in items for o in it.get("orders", [])]
+        if len(served) == len(plan.questions) and all("input_ids" in o for o in orders):
+            tokens = sum(len(o["input_ids"]) for o in orders)
+        elif self.model is not None:
+            bos, tok = self.model.bos, self.model.tokenizer
+            prompts = [item.prompt(perm, bos) for q in plan.questions for item in q.asked for perm in item.orders]
+            tokens = sum(len(tok.encode(p)) for p in prompts)
+        else:
+            r.skip("usage.input_tokens: served prompts (facts block, multi branches) are tokenized only with --model")
+            return
+        r.check("usage.input_tokens", tokens == want, where, f"{tokens} vs {want}")
 
     def check_evidence(
         self, state: str, spans: Any, inputs: dict[str, Any] | None, facts_limit: int | None, w: str
@@ -368,8 +569,9 @@ class ReferenceChecker:
 
     # -- per question ---------------------------------------------------------------------------------------
 
-    def check_orders(self, item: Item, rec: dict[str, Any], where: str):
-        """Prompts, permutations (and token ids with a model) of every order; then the distribution."""
+    def check_orders(self, item: Item, rec: dict[str, Any], where: str, calibrated_as: str | None = None):
+        """Prompts, permutations (and token ids with a model) of every order; then the distribution, with the
+        temperature the exporter used for `calibrated_as` (default: the item's type)."""
         r = self.report
         orders = rec["orders"]
         perms = option_orders(len(item.options))
@@ -390,7 +592,7 @@ class ReferenceChecker:
             r.check("packing", fields == rec["pack"], where, f"{fields} vs {rec['pack']}")
         temperature = float(rec["temperature"])
         if self.temperatures is not None:
-            expected_t = float(self.temperatures.get(item.type, 1.0))
+            expected_t = float(self.temperatures.get(calibrated_as or item.type, 1.0))
             r.check("temperature", expected_t == temperature, where, f"{temperature} vs {expected_t}")
         dist = distribution([o["letter_logits"] for o in orders], perms, temperature)
         for o, p in zip(orders, dist.probs, strict=True):
@@ -431,6 +633,13 @@ class ReferenceChecker:
             )
         if "questions" in usage:
             r.check("usage.questions", len(questions) == usage["questions"], where)
+
+
+def _same_error(error: RequestError, expected: Any) -> bool:
+    """basal's refusal against an export's error: upstream's ``Kind: message`` string, or basal's status and body."""
+    if isinstance(expected, dict):
+        return (error.status, error.body) == (expected.get("status"), expected.get("body"))
+    return error.upstream == expected
 
 
 def _same_answer(have: Any, want: Any, key: str = "") -> bool:
@@ -557,8 +766,20 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     yield n, record
 
 
-def manifest_temperatures(export: Path) -> dict[str, float] | None:
-    """Calibration temperatures from the manifest: basal's first line, or the ``manifest.json`` beside an export."""
+def manifest_temperatures(export: Path, model: str | None = None) -> dict[str, float] | None:
+    """Calibration temperatures from the manifest of `model`'s export: basal's first line, else the manifest beside
+    the export that names `model` (``manifest-1.5-mini.json`` beside ``manifest.json``), else ``manifest.json``."""
+    manifests = export_manifests(export)
+    if "" in manifests:
+        return manifests[""]
+    if model is not None and model in manifests:
+        return manifests[model]
+    return manifests.get("manifest.json")
+
+
+def export_manifests(export: Path) -> dict[str, dict[str, float]]:
+    """Temperatures of every manifest that can describe `export`, keyed "" (basal's own first line), by the model
+    directory's name and by file name (``manifest*.json`` beside the export)."""
     with open(export, encoding="utf-8") as f:
         head = f.readline()
     try:
@@ -566,10 +787,25 @@ def manifest_temperatures(export: Path) -> dict[str, float] | None:
     except json.JSONDecodeError:
         first = None
     if isinstance(first, dict) and set(first) == {"manifest"}:
-        data = first["manifest"]
-    elif (export.parent / "manifest.json").is_file():
-        data = json.loads((export.parent / "manifest.json").read_text(encoding="utf-8"))
-    else:
-        return None
-    temps = data.get("calibration", {}).get("temperatures")
-    return {k: float(v) for k, v in temps.items()} if temps else None
+        temps = _temperatures_of(first["manifest"])
+        return {"": temps} if temps else {}
+    found: dict[str, dict[str, float]] = {}
+    for path in sorted(export.parent.glob("manifest*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        temps = _temperatures_of(data) if isinstance(data, dict) else None
+        if not temps:
+            continue
+        found[path.name] = temps
+        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        for name in (model.get("name"), model.get("path"), model.get("repository")):
+            if isinstance(name, str) and name:
+                found.setdefault(Path(name).name, temps)
+    return found
+
+
+def _temperatures_of(manifest: dict[str, Any]) -> dict[str, float] | None:
+    temps = (manifest.get("calibration") or {}).get("temperatures")
+    return {k: float(v) for k, v in temps.items()} if isinstance(temps, dict) and temps else None

@@ -51,7 +51,9 @@ def choose_action(
     answer = max(probabilities, key=lambda z: probabilities[z])  # first maximum
     extra: dict[str, Any] = {}
     if spec.max_error_key is not None:
-        threshold = certified_confidence(thresholds, spec.max_error_key)
+        # several targets (a list): each must be certified, and the answer must meet the strictest of them
+        certified = [certified_confidence(thresholds, k) for k in spec.max_error_keys or (spec.max_error_key,)]
+        threshold = None if None in certified else max(c for c in certified if c is not None)
         if threshold is None:
             extra["max_error"] = NO_THRESHOLD
         elif confidence < threshold and action != spec.defer_action:

@@ -447,7 +447,19 @@ def _plan_systemone(
 # /v1/basal — the upstream basal-serve dialect (lenient; upstream messages where upstream has them)
 
 
-BASAL_BODY_KEYS = frozenset({"model", "state", "questions", "facts"})
+BASAL_BODY_KEYS = frozenset({"model", "state", "questions", "facts", "lang"})
+# Fields of the native SDK (basal-client) that change a question's meaning and that basal does not do: refused,
+# never ignored with a warning (an answer computed without them would look right and mean something else).
+BASAL_REFUSED_BODY_KEYS = {
+    "media": "media inputs (images, documents) are not supported: basal models read text only",
+    "detail": "media detail is not supported: basal models read text only",
+    "stream": "streaming answers are not supported: a decision is one JSON answer",
+}
+BASAL_REFUSED_TYPES = {
+    "tool": "tool questions are not supported",
+    **{t: f"{t} tasks are not supported" for t in ("classify", "verify", "compress", "extract")},
+}
+BASAL_REFUSED_MULTI_KEYS = ("exclusive", "fallback", "fallback_threshold")
 _BASAL_COMMON = frozenset({"type", "instructions", "criteria", "evidence"})
 BASAL_QUESTION_KEYS = {  # the fields upstream reads, by question type (an unknown type is read as a choice)
     "choice": _BASAL_COMMON | {"option_keys"},
@@ -471,8 +483,16 @@ def parse_basal(
     `serves_evidence(name)`: that model has an evidence head."""
     if not isinstance(raw, dict):
         raise native_refusal("the request body must be a JSON object", "TypeError")
+    for key, why in BASAL_REFUSED_BODY_KEYS.items():
+        if raw.get(key) not in (None, False):  # "stream": false asks for what basal does
+            raise native_refusal(f'"{key}": {why}')
+    forced_lang = raw.get("lang")
+    if forced_lang not in (None, "pl", "en"):
+        raise native_refusal(
+            f'"lang" must be "pl" or "en" (or absent: detected from the text), got {echo(repr(forced_lang))}'
+        )
     warnings = Warnings()
-    warnings.ignored(raw, BASAL_BODY_KEYS)
+    warnings.ignored(raw, BASAL_BODY_KEYS | BASAL_REFUSED_BODY_KEYS.keys())  # those left are null / false
     for key in ("state", "questions"):
         if key not in raw:
             raise native_refusal(f'the request has no "{key}"', "KeyError")
@@ -491,7 +511,7 @@ def parse_basal(
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise native_refusal(f"state is nested deeper than {MAX_DEPTH} levels")
     state_text = basal_state_text(raw)  # facts: "off" / "auto"
-    planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
+    planned = tuple(_plan_basal(name, q, state_text, warnings, forced_lang) for name, q in questions.items())
     if check_evidence:
         _fail_before_the_run(planned, serves_evidence(model))
     else:
@@ -519,24 +539,27 @@ def _fail_before_the_run(questions: tuple[Question, ...], has_head: bool = False
             raise ext.multi_evidence_error_basal(q.name)
 
 
-def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Question:
+def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings, forced_lang: str | None = None) -> Question:
+    """One question; `forced_lang`: the request's ``lang`` in place of language detection."""
     shown = echo(name)  # the name as quoted in errors
     if not isinstance(q, dict):
         raise native_refusal(f"question {shown!r} must be an object", "AttributeError")
     qtype = q.get("type", "choice")
     if not isinstance(qtype, str):
         raise native_refusal(f"question {shown!r}: type must be a string", "TypeError")
+    _refuse_unserved(shown, qtype, q)
     warnings.ignored(q, BASAL_QUESTION_KEYS.get(qtype, BASAL_QUESTION_KEYS["choice"]), name)
     if any(depth_of(v) > MAX_DEPTH for v in q.values()):
         raise native_refusal(f"question {shown!r} is nested deeper than {MAX_DEPTH} levels")
     question_text = text_of(q.get("instructions", ""))
     evidence = ext.truthy(q.get("evidence"))
     if qtype == "multi":
-        return _from_planned(ext.plan_multi_basal(name, q, state_text, question_text), evidence)
+        return _from_planned(ext.plan_multi_basal(name, q, state_text, question_text, forced_lang), evidence)
     if qtype == "act":
-        planned = ext.plan_act_basal(name, q, state_text, question_text, lambda: _basal_option_keys(q))
+        option_keys = lambda: _basal_option_keys(q)  # noqa: E731 (read only where the readout shows keys)
+        planned = ext.plan_act_basal(name, q, state_text, question_text, option_keys, forced_lang)
         return _from_planned(planned, evidence)
-    lang = _lang(state_text, question_text)
+    lang = forced_lang or _lang(state_text, question_text)
     kind: Kind
     if qtype == "noul":  # upstream falls back to the default text for any falsy side ("", {}, [], null)
         kind = "noul"
@@ -574,6 +597,24 @@ def _plan_basal(name: str, q: Any, state_text: str, warnings: Warnings) -> Quest
         warnings.add(f"question {shown!r}: {_unknown_type(qtype)}")
     item = Item(name, qtype, tuple(keys), tuple(options), lang, state_text, question_text)
     return Question(kind, item, tuple(options) if kind == "score" else (), evidence=evidence)
+
+
+def _refuse_unserved(shown: str, qtype: str, q: dict[str, Any]) -> None:
+    """The native SDK's question types and multi options that basal does not do: 422, not a silent choice."""
+    if qtype in BASAL_REFUSED_TYPES:
+        raise native_refusal(
+            f"question {shown!r}: {BASAL_REFUSED_TYPES[qtype]} (basal answers {', '.join(BASAL_QUESTION_KEYS)})"
+        )
+    if qtype != "multi":
+        return
+    objective = q.get("objective")
+    if objective not in (None, "threshold"):
+        raise native_refusal(
+            f'question {shown!r}: multi objective {echo(repr(objective))} is not supported (only "threshold")'
+        )
+    for key in BASAL_REFUSED_MULTI_KEYS:
+        if q.get(key) is not None:
+            raise native_refusal(f"question {shown!r}: multi {key!r} is not supported")
 
 
 def _check_option_count(shown: str, criteria: Any, qtype: str) -> None:

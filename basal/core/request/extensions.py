@@ -27,7 +27,9 @@ NOT_FOR_MULTI = "evidence is not supported for multi"
 EVIDENCE_OPTIONS = "evidence needs 2 to 10 options"
 ACT_BASES = ("choice", "noul", "score")
 MAX_LABELS = 1000  # basal's own bound (upstream has none): each label is two prompts over the whole state
-MULTI_KEYS = frozenset({"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence"})
+MULTI_KEYS = frozenset(
+    {"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence", "objective"}
+)  # objective: only "threshold" (what basal does) gets this far
 ACT_KEYS = frozenset(
     {"type", "instructions", "criteria", "base", "option_keys", "costs", "defer_action", "max_error", "evidence"}
 )
@@ -92,7 +94,10 @@ def _labels_basal(name: str, criteria: Any) -> tuple[list[str], list[str]]:
     return list(criteria), [k if v is None else text_of(v) for k, v in criteria.items()]
 
 
-def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_text: str) -> Planned:
+def plan_multi_basal(
+    name: str, q: dict[str, Any], state_text: str, question_text: str, lang: str | None = None
+) -> Planned:
+    """`lang`: the request's ``lang`` (pl / en) in place of language detection."""
     criteria = q.get("criteria")
     if not criteria:
         raise native_refusal(f"question {name!r}: multi needs criteria")
@@ -111,17 +116,22 @@ def plan_multi_basal(name: str, q: dict[str, Any], state_text: str, question_tex
                 limits[bound] = int(q[bound])
             except (TypeError, ValueError, OverflowError) as e:
                 deferred = _python_error(e)
-    lang = lang_of(state_text + question_text)
+    lang = lang or lang_of(state_text + question_text)
     item = Item(name, "multi", tuple(keys), tuple(labels), lang, state_text, question_text)
     spec = MultiSpec(tuple(keys), threshold, limits["max"], limits["min"])
     return Planned("multi", item, spec, branch_items(name, keys, labels, lang, state_text, question_text), deferred)
 
 
 def plan_act_basal(
-    name: str, q: dict[str, Any], state_text: str, question_text: str, option_keys: Callable[[], str]
+    name: str,
+    q: dict[str, Any],
+    state_text: str,
+    question_text: str,
+    option_keys: Callable[[], str],
+    lang: str | None = None,
 ) -> Planned:
-    """Readout (§4.1), cost matrix (§4.2), then the 2..10 option check."""
-    lang = lang_of(state_text + question_text)
+    """Readout (§4.1), cost matrix (§4.2), then the 2..10 option check; `lang` as in `plan_multi_basal`."""
+    lang = lang or lang_of(state_text + question_text)
     criteria = q.get("criteria") or {}
     base = q.get("base")
     keys: tuple[str, ...]
@@ -140,8 +150,19 @@ def plan_act_basal(
     if not 2 <= len(options) <= MAX_OPTIONS:
         raise native_refusal(f"question {name!r}: {len(options)} options (supported: 2..{MAX_OPTIONS})")
     max_error = q.get("max_error")
-    spec = ActSpec(keys, rows, defer, None if max_error is None else str(max_error), validated)
+    if isinstance(max_error, list):  # the native SDK's form: several targets, each certified on its own
+        targets = _max_error_targets(name, max_error)
+        spec = ActSpec(keys, rows, defer, ",".join(targets), validated, targets)
+    else:
+        spec = ActSpec(keys, rows, defer, None if max_error is None else str(max_error), validated)
     return Planned("act", Item(name, calibration_type, keys, options, lang, state_text, question_text), spec)
+
+
+def _max_error_targets(name: str, targets: list[Any]) -> tuple[str, ...]:
+    """The CALIBRATION.json keys of a ``max_error`` list (Python's ``str`` of each number, as for one target)."""
+    if not targets or not all(isinstance(t, int | float) and not isinstance(t, bool) for t in targets):
+        raise native_refusal(f"question {name!r}: max_error must be a number or a non-empty list of numbers")
+    return tuple(str(t) for t in targets)
 
 
 def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
@@ -385,6 +406,7 @@ class ActSpec:
     defer_action: Any = None  # None: no defer action
     max_error_key: str | None = None  # CALIBRATION.json thresholds key; None: no max_error
     validated_readout: bool = False  # yes/no readout or option_keys "hide" (the calibration flag's condition)
+    max_error_keys: tuple[str, ...] = ()  # /v1/basal max_error as a list: each target's key, all must hold
 
 
 def short_form_rows(outcomes: tuple[str, ...], wrong: float, defer: float | None):
