@@ -6,6 +6,7 @@ The HTTP layer depends on `EnginesFront` only; `Engines` implements it in one pr
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -190,7 +191,8 @@ class Engines(InflightLimit):
                 job = prepare()
             else:
                 try:
-                    job = await loop.run_in_executor(self._pool, prepare)
+                    # in the request's context (its id on the planning thread's log lines and in the job)
+                    job = await loop.run_in_executor(self._pool, contextvars.copy_context().run, prepare)
                 except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
                     task = asyncio.current_task()
                     if self.closed and task is not None and not task.cancelling():
