@@ -100,7 +100,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
-            metrics.model_loaded(model.name, backend.describe(), spec.revision or spec.repo or "local", seconds)
+            metrics.model_load.set(model.name, value=seconds)
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
             engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
     metrics.add_collector(device_memory({name: e.pipeline.backend.device for name, e in engines.items()}))
@@ -168,15 +168,16 @@ def api_settings(config: ServeConfig) -> ApiSettings:
     )
 
 
-def metrics_listener(engines: EnginesFront, addr: str) -> None:
+def metrics_listener(engines: EnginesFront, addr: str):
     """`/metrics` alone on its own address (a daemon thread), for a scrape network apart from the API's; it asks
     for no key, so bind it to an interface only Prometheus reaches."""
     from prometheus_client import start_http_server
 
     host, _, port = addr.rpartition(":")
     check_port(host.strip("[]"), int(port))
-    start_http_server(int(port), host.strip("[]"), registry=engines.metrics.registry)
+    server, _thread = start_http_server(int(port), host.strip("[]"), registry=engines.metrics.registry)
     log.info("metrics on http://%s/metrics (no API key there)", addr)
+    return server  # `shutdown()` stops it (tests); `basal serve` lets it end with the process
 
 
 def serve(config: ServeConfig) -> None:

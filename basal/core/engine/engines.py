@@ -143,6 +143,8 @@ class Engines(InflightLimit):
     ):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
+        for name, engine in engines.items():
+            metrics.model_served(name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
         self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
 
     @property

@@ -131,13 +131,18 @@ class Metrics:
             ("model",),
         )
         self.max_inflight.set(value=max_inflight)
+        for endpoint in ("/v1/systemone", "/v1/basal"):
+            self.http_inflight.inc(endpoint, by=0)
         self.build_info.set(__version__, platform.python_version(), value=1)
 
-    def model_loaded(self, model: str, describe: dict[str, object], revision: str, seconds: float) -> None:
-        """A model is served: its info series and how long it took to load."""
+    def model_served(self, model: str, describe: dict[str, object], revision: str) -> None:
+        """A served model: its info series, and its per-model series at 0 (as basal-rs creates them), so a rate
+        or a dashboard panel has a series before the first request."""
         labels = (str(describe.get(k, "")) for k in ("backend", "device", "dtype"))
         self.model_info.set(model, *labels, revision, value=1)
-        self.model_load.set(model, value=seconds)
+        for counter in (self.input_tokens, self.output_tokens, self.questions):
+            counter.inc(model, by=0)
+        self.model_inflight.inc(model, by=0)
 
     def add_collector(self, collector: Collector) -> None:
         """Series computed at scrape time (device memory, the Ray replicas' engine series)."""
