@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import prometheus_client as prom
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from basal import __version__
@@ -159,10 +160,10 @@ class CallbackCollector(Collector):
         self.name, self.help, self.labels, self.read = name, help_, labels, read
 
     def collect(self):
-        family = prom.core.GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        family = GaugeMetricFamily(self.name, self.help, labels=self.labels)
         for values, value in self.read():
             family.add_metric(list(values), value)
         yield family
 
     def describe(self):
-        yield prom.core.GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        yield GaugeMetricFamily(self.name, self.help, labels=self.labels)
