@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import prometheus_client as prom
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from basal import __version__
@@ -150,7 +150,23 @@ class Metrics:
         self.registry.register(collector)
 
     def render(self) -> str:
-        return prom.generate_latest(self.registry).decode("utf-8")
+        """The text format. Families of one name from several collectors (a Ray front's own process series and
+        its replicas') are merged into one, as the format allows each name once."""
+        merged: dict[str, Metric] = {}
+        for family in self.registry.collect():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+        return prom.generate_latest(_Families(list(merged.values()))).decode("utf-8")
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
 
 class CallbackCollector(Collector):
