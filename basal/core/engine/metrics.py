@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import prometheus_client as prom
 from prometheus_client import CollectorRegistry
@@ -32,22 +33,34 @@ Sample = tuple[tuple[str, ...], float]  # label values, value
 prom.disable_created_metrics()  # no `_created` samples: the series are the ones basal-rs exports
 
 
-class Counter:
-    def __init__(self, registry: CollectorRegistry, name: str, help_: str, labels: tuple[str, ...] = ()):
-        self._m = prom.Counter(name, help_, labels, registry=registry)
+class _Series:
+    """One metric; its children by label values are cached (`labels()` validates and locks on every call)."""
+
+    kind: type = prom.Counter
+
+    def __init__(self, registry: CollectorRegistry, name: str, help_: str, labels: tuple[str, ...] = (), **options):
+        self._m = self.kind(name, help_, labels, registry=registry, **options)
         self._labelled = bool(labels)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, labels: tuple[str, ...]) -> Any:
+        if not self._labelled:
+            return self._m
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._m.labels(*labels)
+        return child
+
+
+class Counter(_Series):
+    kind = prom.Counter
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
-        (self._m.labels(*labels) if self._labelled else self._m).inc(by)
+        self._child(labels).inc(by)
 
 
-class Gauge:
-    def __init__(self, registry: CollectorRegistry, name: str, help_: str, labels: tuple[str, ...] = ()):
-        self._m = prom.Gauge(name, help_, labels, registry=registry)
-        self._labelled = bool(labels)
-
-    def _child(self, labels: tuple[str, ...]) -> prom.Gauge:
-        return self._m.labels(*labels) if self._labelled else self._m
+class Gauge(_Series):
+    kind = prom.Gauge
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
         self._child(labels).inc(by)
@@ -56,7 +69,9 @@ class Gauge:
         self._child(labels).set(value)
 
 
-class Histogram:
+class Histogram(_Series):
+    kind = prom.Histogram
+
     def __init__(
         self,
         registry: CollectorRegistry,
@@ -65,11 +80,10 @@ class Histogram:
         labels: tuple[str, ...] = (),
         buckets: tuple[float, ...] = TIME_BUCKETS,
     ):
-        self._m = prom.Histogram(name, help_, labels, registry=registry, buckets=buckets)
-        self._labelled = bool(labels)
+        super().__init__(registry, name, help_, labels, buckets=buckets)
 
     def observe(self, *labels: str, value: float) -> None:
-        (self._m.labels(*labels) if self._labelled else self._m).observe(value)
+        self._child(labels).observe(value)
 
 
 class Metrics:
