@@ -16,6 +16,8 @@ import time
 from typing import Any, Literal
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("basal_request_id", default=None)
+# what the handler learnt about its request (model, queue_ms, compute_ms), for the access line written after it
+REQUEST_FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("basal_fields", default=None)
 FIELDS = ("model", "status", "method", "path", "client", "duration_ms", "queue_ms", "compute_ms")  # `extra=` keys
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

@@ -20,7 +20,7 @@ from litestar import Request, Response
 
 from basal.api.body import check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response
-from basal.api.observe import current_request_id
+from basal.api.observe import current_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.engine.engines import EnginesFront, Result
 from basal.core.request.dialects import decode_body
@@ -134,6 +134,7 @@ async def handle_decision(
             check_auth(request, settings, dialect)
             plan = await _plan(request, dialect, settings, parse)
             model = plan.model
+            note(model=model)
             parsed_ns = time.time_ns()
             metrics.parse_duration.observe(endpoint, value=(parsed_ns - started_ns) / 1e9)
             gone = asyncio.Event()
@@ -144,6 +145,7 @@ async def handle_decision(
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)
             log.warning("%s answered with warnings: %s", endpoint, headers["x-basal-warnings"])
+        note(queue_ms=round(result.queue_ms, 3), compute_ms=round(result.compute_ms, 3))
         metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
         if settings.tracer is not None:

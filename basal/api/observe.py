@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from basal.api.tracing import Tracer
-from basal.logs import REQUEST_ID
+from basal.logs import REQUEST_FIELDS, REQUEST_ID
 
 MAX_REQUEST_ID = 128
 SAFE_ID = re.compile(rb"[A-Za-z0-9._~:+/=-]{1,128}")
@@ -38,6 +38,13 @@ def client_request_id(headers: list[tuple[bytes, bytes]]) -> str | None:
             value = value.strip()
             return value.decode("ascii") if SAFE_ID.fullmatch(value) else None
     return None
+
+
+def note(**fields: Any) -> None:
+    """Facts about the request being served for its access line (the model, the engine's times)."""
+    found = REQUEST_FIELDS.get()
+    if found is not None:
+        found.update(fields)
 
 
 def current_request_id() -> str:
@@ -65,6 +72,8 @@ class RequestContext:
         headers = scope.get("headers") or []
         rid = client_request_id(headers) or new_request_id()
         token = REQUEST_ID.set(rid)
+        fields: dict[str, Any] = {}
+        fields_token = REQUEST_FIELDS.set(fields)
         started = time.perf_counter()
         status = 500  # if the app fails before it starts a response, uvicorn sends a 500
         echo = [(name, rid.encode("ascii")) for name in ID_HEADERS]
@@ -101,6 +110,7 @@ class RequestContext:
                     status,
                     ms,
                     extra={"method": scope.get("method"), "path": path, "status": status, "duration_ms": ms,
-                           "client": who},
+                           "client": who, **fields},
                 )  # fmt: skip
+            REQUEST_FIELDS.reset(fields_token)
             REQUEST_ID.reset(token)

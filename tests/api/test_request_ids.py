@@ -85,6 +85,8 @@ def test_the_clients_id_is_echoed_and_on_every_line_of_a_success_and_a_4xx(logge
         access = [x for x in records if x["logger"] == "basal.access"]
         assert len(access) == 1 and access[0]["status"] == status and access[0]["path"] == "/v1/systemone"
         assert access[0]["method"] == "POST" and access[0]["duration_ms"] >= 0
+        if status == 200:
+            assert access[0]["model"] == "basal-synthetic-demo" and access[0]["compute_ms"] > 0
         assert records and all(x["request_id"] == rid for x in records), records
 
 
