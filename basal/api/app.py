@@ -215,7 +215,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         openapi_config=OpenAPIConfig(
             title="basal",
             version=__version__,
-            openapi_router=Router(SCHEMA_PATH, route_handlers=[], guards=[service_key]),
+            openapi_router=Router(SCHEMA_PATH, route_handlers=[], guards=[service_key], include_in_schema=False),
             render_plugins=schema_pages(),
             components=Components(
                 security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
