@@ -15,6 +15,7 @@ times. The request path pays nothing for tracing beyond building these few spans
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -65,6 +66,7 @@ def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as e:
         raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches
+    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return Tracer(provider.get_tracer("basal"))

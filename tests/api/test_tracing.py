@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from litestar.testing import TestClient
@@ -48,6 +51,38 @@ def test_the_span_tree_joins_the_incoming_trace(demo_model):
         assert engine.start_time <= spans[child].start_time <= spans[child].end_time <= engine.end_time
     assert spans["basal.queue"].end_time <= spans["basal.batch"].start_time
     assert server.start_time <= spans["basal.parse"].start_time and engine.end_time <= server.end_time
+
+
+def test_spans_are_exported_over_otlp_to_the_configured_endpoint(demo_model, monkeypatch):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from basal.api.tracing import otlp_tracer
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # ms between batch exports
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    try:
+        tracer = otlp_tracer(f"http://127.0.0.1:{sink.server_address[1]}/v1/traces")
+        with TestClient(create_app(make_engines(demo_model), ApiSettings(tracer=tracer))) as c:
+            assert post(c, REQUEST, traceparent=f"00-{TRACE_ID}-{PARENT_ID}-01").status_code == 200
+        deadline = time.monotonic() + 30
+        while not any(bytes.fromhex(TRACE_ID) in body for _, body in received):
+            assert time.monotonic() < deadline, received
+            time.sleep(0.05)
+    finally:
+        sink.shutdown()
+    assert {path for path, _ in received} == {"/v1/traces"}
 
 
 def test_without_tracing_opentelemetry_is_never_imported():
