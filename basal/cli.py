@@ -191,6 +191,10 @@ def _serve(a: argparse.Namespace) -> int:
     from basal.serve.server import serve
 
     config = serve_config(a)
+    if config.log_format != "text":
+        from basal.logs import configure
+
+        configure(config.log_format, logging.getLogger().level)
     if a.ray is not None or a.replicas is not None:
         import msgspec
 
@@ -485,9 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     from basal.serve.config import ConfigError
 
     a = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if a.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    from basal.logs import configure
+
+    configure("text", logging.DEBUG if a.verbose else logging.INFO)  # `basal serve` may switch to JSON
     try:
         return a.run(a)
     except (ModelDirError, ConfigError, ValueError) as e:

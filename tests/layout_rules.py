@@ -32,6 +32,7 @@ OUTSIDE_CORE = (
     "basal.cli",
     "basal.doctor",
     "basal.progress",
+    "basal.logs",
 )
 
 

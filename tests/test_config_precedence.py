@@ -78,7 +78,7 @@ def test_every_unknown_key_and_enum_value_at_once_with_did_you_mean(tmp_path, ca
     message = str(e.value)
     assert message.startswith("serve.yml: 6 problems:")
     for expected in (
-        "unknown key `metric`; did you mean `metrics`?",
+        "unknown key `metric`; did you mean `metrics`",
         "unknown key `limits.max_question`; did you mean `max_questions`",
         "unknown key `models[0].dtyp`; did you mean `dtype`?",
         "`models[0].backend` is 'tourch': choose one of auto, mlx, torch; did you mean 'torch'?",

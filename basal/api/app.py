@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 
 import anyio
-from litestar import Litestar, Request, Response, post, route
+from litestar import Litestar, Request, Response, Router, post, route
 from litestar.config.cors import CORSConfig
-from litestar.exceptions import HTTPException
+from litestar.connection import ASGIConnection
+from litestar.exceptions import HTTPException, NotAuthorizedException, PermissionDeniedException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
 from basal.api.capabilities import capabilities
-from basal.api.decisions import ApiSettings, check_auth, handle_decision
-from basal.api.errors import OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
+from basal.api.decisions import ApiSettings, check_auth, handle_decision, key_verdict
+from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
+from basal.api.observe import RequestContext
 from basal.api.openapi import (
     BEARER,
     DIAGNOSTICS_PARAMETER,
@@ -46,7 +48,7 @@ from basal.core.request.dialects import parse_basal, parse_systemone
 log = logging.getLogger(__name__)
 
 DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
-METRICS_MEDIA_TYPE = "text/plain; version=0.0.4"
+METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAML: metrics: true)."
 
 
@@ -55,6 +57,17 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
     names = engines.names
     resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
     limits, keys = settings.limits, bool(settings.api_keys)
+    keyed_service = keys and not settings.public_metrics_and_schema  # /metrics and /schema ask for the key too
+
+    def service_key(connection: ASGIConnection, _handler=None) -> None:
+        """The API key on /metrics and /schema (a guard): 403 without one, 401 with a wrong one."""
+        if keyed_service:
+            verdict = key_verdict(connection.headers.get("authorization"), settings.api_keys)
+            if verdict == "missing":
+                raise PermissionDeniedException(AUTH_MISSING)
+            if verdict == "wrong":
+                raise NotAuthorizedException(AUTH_WRONG)
+
     evidence: dict[str, bool] = {}
 
     def serves_evidence(name: str) -> bool:
@@ -176,6 +189,9 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
                 "content": {METRICS_MEDIA_TYPE: {"schema": {"type": "string"}}},
             }
         }
+        if keyed_service:
+            for status, what in (("401", "wrong API key"), ("403", "no API key")):
+                metrics_responses[status] = {"description": what, "content": _json_content(SystemOneError)}
     else:
         metrics_responses = {
             "404": {"description": "metrics are off (basal serve --metrics)", "content": _json_content(SystemOneError)}
@@ -184,21 +200,24 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
     @route(
         "/metrics",
         http_method=["GET"],
-        operation_class=documented(metrics_responses),
+        operation_class=documented(metrics_responses, secured=keyed_service and settings.metrics),
         summary="Prometheus metrics (enable with --metrics)",
         tags=["service"],
         media_type=METRICS_MEDIA_TYPE,
     )
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         if not settings.metrics:
             return Response({"detail": METRICS_OFF}, status_code=404, media_type="application/json")
-        return Response(engines.metrics.render(), media_type=METRICS_MEDIA_TYPE)
+        service_key(request)
+        # off the loop: the process collector reads /proc, and a Ray front's collector asks its replicas
+        text = await anyio.to_thread.run_sync(engines.metrics.render)
+        return Response(text, media_type=METRICS_MEDIA_TYPE)
 
     async def shutdown() -> None:
         """Finish what is queued, then stop the lanes (uvicorn has already stopped accepting connections)."""
         await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[systemone, basal, models, health, metrics, *playground_routes()],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
         request_max_body_size=settings.max_body_bytes,
@@ -206,7 +225,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         openapi_config=OpenAPIConfig(
             title="basal",
             version=__version__,
-            path=SCHEMA_PATH,
+            openapi_router=Router(SCHEMA_PATH, route_handlers=[], guards=[service_key], include_in_schema=False),
             render_plugins=schema_pages(),
             components=Components(
                 security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
@@ -219,6 +238,9 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         debug=False,
         logging_config=None,  # basal's own logging (the CLI's): one format, no queue thread of Litestar's
     )
+    # outside Litestar's exception handling: every response (a 404, a 500) and every log line carries the id
+    app.asgi_handler = RequestContext(app.asgi_handler, settings.access_log, settings.tracer)
+    return app
 
 
 def _json_content(tp: type) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,10 +19,12 @@ import msgspec
 from litestar import Request, Response
 
 from basal.api.body import check_content_type, decompress, read_body
-from basal.api.errors import ClientGone, auth_error, error_response
+from basal.api.errors import auth_error, error_response
+from basal.api.observe import current_request_id, note
+from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, Result
-from basal.core.errors import Cancelled, native_refusal, systemone_usage
+from basal.core.errors import native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
@@ -44,27 +45,31 @@ class ApiSettings:
     descriptions: dict[str, str] = field(default_factory=dict)
     limits: Limits = DEFAULT_LIMITS
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: CORS off)
-
-
-def request_id() -> str:
-    return f"req_{secrets.token_hex(16)}"
+    public_metrics_and_schema: bool = False  # /metrics and /schema without a key even when keys are set
+    access_log: bool = False  # one line per request (basal.access), in the process's log format
+    tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
     """Bearer key, compared in constant time on bytes: any header bytes (also >= 0x80) get 401, never a 500."""
-    if not settings.api_keys:
-        return
-    header = request.headers.get("authorization")
+    verdict = key_verdict(request.headers.get("authorization"), settings.api_keys)
+    if verdict is not None:
+        raise auth_error(missing=verdict == "missing", dialect=dialect)
+
+
+def key_verdict(header: str | None, keys: tuple[str, ...]) -> str | None:
+    """None when the request may pass (no keys configured, or a matching bearer key); else "missing" or "wrong"."""
+    if not keys:
+        return None
     if not header:
-        raise auth_error(missing=True, dialect=dialect)
+        return "missing"
     raw = header.encode("latin-1", errors="replace")  # ASGI header bytes, as Litestar decoded them
     scheme, _, key = raw.partition(b" ")
     key = key.strip()
     matched = False
-    for k in settings.api_keys:  # every key is compared, so timing does not tell which one is close
+    for k in keys:  # every key is compared, so timing does not tell which one is close
         matched |= hmac.compare_digest(key, k.encode("utf-8"))
-    if scheme.lower() != b"bearer" or not matched:
-        raise auth_error(missing=False, dialect=dialect)
+    return None if scheme.lower() == b"bearer" and matched else "wrong"
 
 
 async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
@@ -142,9 +147,9 @@ async def handle_decision(
     parse: Callable[[Any], DecisionRequest],
 ) -> Response:
     """One decision request, start to end; never raises (every failure becomes the dialect's error response)."""
-    started = time.perf_counter()
-    endpoint, metrics, rid = f"/v1/{dialect}", engines.metrics, request_id()
-    model, label = "-", ""
+    started, started_ns = time.perf_counter(), time.time_ns()
+    endpoint, metrics, rid = f"/v1/{dialect}", engines.metrics, current_request_id()
+    model = "-"
     metrics.http_inflight.inc(endpoint)
     watcher = None
     try:
@@ -155,6 +160,9 @@ async def handle_decision(
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
             model = plan.model
+            note(model=model)
+            parsed_ns = time.time_ns()
+            metrics.parse_duration.observe(endpoint, value=(parsed_ns - started_ns) / 1e9)
             gone = asyncio.Event()
             watcher = asyncio.create_task(_watch_disconnect(request, gone))
             result = await engines.run(plan, gone.is_set, has_slot=True)
@@ -163,19 +171,26 @@ async def handle_decision(
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)
-            log.warning("%s %s answered with warnings: %s", endpoint, rid, headers["x-basal-warnings"])
+            log.warning("%s answered with warnings: %s", endpoint, headers["x-basal-warnings"])
+        note(queue_ms=round(result.queue_ms, 3), compute_ms=round(result.compute_ms, 3))
         metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
+        if settings.tracer is not None:
+            attributes = {"basal.model": model, "basal.questions": len(plan.questions), "basal.request_id": rid}
+            if result.replica:
+                attributes["basal.replica"] = result.replica
+            settings.tracer.stages(
+                started_ns, parsed_ns, time.time_ns(), result.queue_ms, result.compute_ms, attributes
+            )
     except Exception as exc:
         status, error_body, headers = error_response(exc, dialect)
         content = msgspec.json.encode(error_body)
         headers = {**headers, "x-request-id": rid, "x-typesafe-request-id": rid}
-        label = "cancelled" if isinstance(exc, Cancelled) else "disconnected" if isinstance(exc, ClientGone) else ""
     finally:
         if watcher is not None:
             watcher.cancel()
         metrics.http_inflight.inc(endpoint, by=-1)
-    label = label or str(status)
-    metrics.http_requests.inc(endpoint, model, label)
-    metrics.http_duration.observe(endpoint, model, label, value=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.http_requests.inc(endpoint, model, str(status))  # 499: the client hung up (docs/http-api.md §8)
+    metrics.http_duration.observe(endpoint, model, str(status), value=seconds)
     return Response(content, status_code=status, media_type="application/json", headers=headers)

@@ -22,6 +22,7 @@ from basal.core.errors import Cancelled, EngineClosed
 from basal.core.request.plan import DecisionRequest
 from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
 from basal.deploy.replica import ReplicaAnswer
+from basal.deploy.replica_metrics import ReplicaCollector
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class RayEngines(InflightLimit):
         super().__init__(max_inflight)
         self.handles, self.infos, self.default = handles, infos, default
         self.metrics = Metrics(max_inflight)
+        self.metrics.add_collector(ReplicaCollector())  # the replicas' engine series, labelled by replica
+        for name, info in infos.items():
+            self.metrics.model_served(name, info.compute, "")
         self.affinity_min_chars = affinity_min_chars
         self._ready = ready
         self.retries = 0

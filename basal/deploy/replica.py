@@ -20,6 +20,7 @@ from basal.core.engine.engines import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest
+from basal.deploy.replica_metrics import start_pushing
 from basal.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class BasalReplica:
         self.engines.start()
         freeze_startup_heap()  # as `basal serve` does: no collector pauses over the loaded model
         self.name = serve.get_replica_context().replica_id.unique_id
+        self._stop_pushing = start_pushing(self.name, self.engines.metrics.render)  # to the front's /metrics
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
     async def answer(self, request: DecisionRequest, affinity: str | None = None) -> ReplicaAnswer:
@@ -124,6 +126,8 @@ class BasalReplica:
             raise RuntimeError("the engine's lanes are not running")
 
     def __del__(self) -> None:
+        if (stop := getattr(self, "_stop_pushing", None)) is not None:
+            stop.set()
         engines = getattr(self, "engines", None)
         if engines is not None:
             engines.close(drain=False, timeout=5)

@@ -109,6 +109,12 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
     threads: int | None = None  # CPU forward threads (default: the physical cores)
     ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
+    metrics_addr: str | None = None  # HOST:PORT of a separate /metrics listener (no key there; bind it privately)
+    public_metrics_and_schema: bool = False  # with api_keys: /metrics and /schema without a key (docs/operations.md)
+    log_format: Literal["text", "json"] = "text"  # json: one object per line (time, level, logger, request_id, ...)
+    otlp_endpoint: str | None = (
+        None  # OpenTelemetry traces over OTLP/HTTP (the otel extra), e.g. http://h:4318/v1/traces
+    )
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")
@@ -120,6 +126,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`long_share` must be at least 0 (no floor) and below 1")
         if self.shutdown_grace_s < 0:
             raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
+        if self.metrics_addr is not None:
+            mhost, _, mport = self.metrics_addr.rpartition(":")
+            if not mhost or not mport.isdigit():
+                raise msgspec.ValidationError(f"`metrics_addr` must be HOST:PORT, got {self.metrics_addr!r}")
         if self.threads is not None and self.threads < 1:
             raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
         _check_unique_names(self.models)

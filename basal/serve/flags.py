@@ -24,10 +24,13 @@ SERVER_FLAGS: dict[str, tuple[type, str]] = {
     "max_body_mb": (float, "largest request body in MiB, compressed and decompressed (HTTP 413 beyond)"),
     "shutdown_grace_s": (float, "on SIGTERM, seconds requests in flight may finish before they get HTTP 503"),
     "threads": (int, "CPU forward threads (default: the physical cores)"),
+    "metrics_addr": (str, "HOST:PORT of a separate listener for /metrics alone, without the API key (default: none)"),
+    "otlp_endpoint": (str, "send OpenTelemetry traces over OTLP/HTTP here (needs the otel extra) (default: none, off)"),
 }
 SWITCHES: dict[str, str] = {
     "metrics": "serve Prometheus metrics at /metrics",
     "access_log": "log one line per request",
+    "public_metrics_and_schema": "with API keys: serve /metrics and /schema without one",
 }
 MODEL_FLAGS: dict[str, str] = {
     "backend": "auto: CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU",
@@ -52,6 +55,9 @@ LIMIT_HELP: dict[str, str] = {
     "body_timeout_s": "seconds from the end of the headers to the end of the body (408 beyond)",
     "keep_alive_s": "seconds an idle kept-alive connection stays open",
 }
+
+
+CHOICE_FLAGS: dict[str, str] = {"log_format": "log lines as text or one JSON object per line"}
 
 
 def _flag(key: str) -> str:
@@ -89,6 +95,10 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
     for key, text in SWITCHES.items():
         v.add_argument(
             _flag(key), action=argparse.BooleanOptionalAction, default=None, help=_with_default(text, ServeConfig, key)
+        )
+    for key, text in CHOICE_FLAGS.items():
+        v.add_argument(
+            _flag(key), choices=enum_values(ServeConfig, key), default=None, help=_with_default(text, ServeConfig, key)
         )
     for key, text in MODEL_FLAGS.items():
         default = default_of(ModelConfig, key)
@@ -144,7 +154,7 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
 def serve_config(a: argparse.Namespace) -> ServeConfig:
     """The file's keys with the flags given laid over them, validated once (errors name the key and its source)."""
     data = read_config_file(a.config) if a.config else {}
-    server = {k: getattr(a, k) for k in (*SERVER_FLAGS, *SWITCHES) if getattr(a, k) is not None}
+    server = {k: getattr(a, k) for k in (*SERVER_FLAGS, *SWITCHES, *CHOICE_FLAGS) if getattr(a, k) is not None}
     if a.api_key is not None:
         server["api_keys"] = a.api_key
     if a.cors_origin is not None:

@@ -16,7 +16,7 @@ from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
-from basal.core.engine.metrics import Metrics
+from basal.core.engine.metrics import CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.errors import ModelDirError
@@ -100,12 +100,31 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
+            metrics.model_load.set(model.name, value=seconds)
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
             engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
+    metrics.add_collector(device_memory({name: e.pipeline.backend.device for name, e in engines.items()}))
     default = config.default_model or next(iter(engines))
     if default not in engines:
         raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
     return Engines(engines, default, metrics, config.max_inflight)
+
+
+def device_memory(devices: dict[str, str]) -> CallbackCollector:
+    """`basal_device_memory_bytes{model, device}`: what torch has allocated on each model's CUDA device, read at
+    scrape time (no samples on the CPU, whose memory is the process's `process_resident_memory_bytes`)."""
+
+    def read():
+        cuda = [(name, device) for name, device in devices.items() if device.startswith("cuda")]
+        if cuda:
+            import torch
+
+            for name, device in cuda:
+                yield (name, device), float(torch.cuda.memory_allocated(device))
+
+    return CallbackCollector(
+        "basal_device_memory_bytes", "device memory allocated by the model's backend", ("model", "device"), read
+    )
 
 
 def _size_on_disk(model: ModelDir) -> str:
@@ -131,6 +150,11 @@ def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
     if env := os.environ.get("BASAL_API_KEYS"):
         keys += [k.strip() for k in env.split(",") if k.strip()]
+    tracer = None
+    if config.otlp_endpoint:
+        from basal.api.tracing import otlp_tracer
+
+        tracer = otlp_tracer(config.otlp_endpoint)
     return ApiSettings(
         tuple(keys),
         int(config.max_body_mb * (1 << 20)),
@@ -138,11 +162,29 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         config.metrics,
         limits=config.limits,
         cors_origins=tuple(config.cors_origins),
+        public_metrics_and_schema=config.public_metrics_and_schema,
+        access_log=config.access_log,
+        tracer=tracer,
     )
+
+
+def metrics_listener(engines: EnginesFront, addr: str):
+    """`/metrics` alone on its own address (a daemon thread), for a scrape network apart from the API's; it asks
+    for no key, so bind it to an interface only Prometheus reaches."""
+    from prometheus_client import start_http_server
+
+    host, _, port = addr.rpartition(":")
+    check_port(host.strip("[]"), int(port))
+    server, _thread = start_http_server(int(port), host.strip("[]"), registry=engines.metrics.registry)
+    log.info("metrics on http://%s/metrics (no API key there)", addr)
+    return server  # `shutdown()` stops it (tests); `basal serve` lets it end with the process
 
 
 def serve(config: ServeConfig) -> None:
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
+    if config.metrics_addr:
+        host, _, port = config.metrics_addr.rpartition(":")
+        check_port(host.strip("[]"), int(port))
     listen(build_engines(config, progress=True), config)
 
 
@@ -159,8 +201,12 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
         config.host,
         config.port,
     )
+    if config.metrics_addr:
+        metrics_listener(engines, config.metrics_addr)
+    # basal writes the access log itself (basal.access, with the request id); uvicorn's loggers reach the root's
+    # handler in the process's format (log_config=None)
     uvicorn_config = server_config(
-        app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
+        app, config.host, config.port, config.limits, access_log=False, log_level="info", log_config=None
     )
     server = DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())

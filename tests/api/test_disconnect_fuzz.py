@@ -31,7 +31,7 @@ def test_disconnected_client_is_dropped_before_its_batch(demo_model):
         assert engine.cancelled_jobs == 1 and engine.computed_jobs == 0
         assert httpx.post(f"{url}/v1/systemone", json=body, timeout=30).status_code == 200
         assert engine.computed_jobs == 1
-        assert 'status="cancelled"' in engines.metrics.render()
+        assert 'status="499"' in engines.metrics.render()
 
 
 bodies = st.one_of(

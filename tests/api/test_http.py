@@ -247,7 +247,7 @@ def test_a_large_request_that_needs_no_model_is_answered_off_the_event_loop(clie
 
 def test_openapi_is_true_to_the_configuration(demo_model):
     with TestClient(create_app(make_engines(demo_model), ApiSettings(api_keys=("k",), metrics=False))) as c:
-        schema = c.get("/schema/openapi.json").json()
+        schema = c.get("/schema/openapi.json", headers={"authorization": "Bearer k"}).json()
     assert schema["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http",
         "scheme": "bearer",

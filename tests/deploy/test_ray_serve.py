@@ -188,3 +188,34 @@ def test_a_replica_killed_during_load_loses_nothing(cluster, ray_url):
     while not (len(replicas()) == 2 and victim not in replicas()):
         assert time.monotonic() < deadline, "Ray did not bring the killed replica back"
         time.sleep(1)
+
+
+def test_the_replicas_engine_series_reach_the_fronts_metrics(cluster, ray_url):
+    """A Ray deployment shows the engine series of one process, each sample labelled with its replica."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(timeout=120) as client:
+        for path, body in mix()[:4]:
+            client.post(ray_url + path, json=body)
+    deadline = time.monotonic() + 60
+    while True:  # replicas push every 2 s
+        text = cluster.metrics.render()
+        found = {f.name: f for f in text_string_to_metric_families(text)}
+        batches = [
+            s
+            for s in found["basal_batch_requests"].samples
+            if s.name.endswith("_count") and "replica" in s.labels and s.value > 0
+        ]
+        if batches or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert batches, text
+    replicas = {s.labels["replica"] for s in found["basal_build_info"].samples if "replica" in s.labels}
+    assert len(replicas) == 2
+    for name in ("basal_queue_duration_seconds", "basal_batch_duration_seconds", "basal_batch_requests"):
+        assert any(s.labels.get("replica") in replicas for s in found[name].samples), name
+    assert any(s.labels.get("replica") in replicas for s in found["process_resident_memory_bytes"].samples)
+    front = [s for s in found["basal_http_requests"].samples if "replica" not in s.labels]
+    assert front  # the front's own HTTP series beside them
+    types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types))  # each family once, as the text format requires

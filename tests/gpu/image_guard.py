@@ -13,7 +13,17 @@ import sys
 
 # import names of basal's dependencies (pyproject.toml) by whether the GPU machine's image has them
 IMAGE_HAS = {"numpy", "tokenizers", "safetensors", "yaml", "tqdm", "uvloop", "torch", "triton"}
-IMAGE_LACKS = {"msgspec", "litestar", "uvicorn", "httptools", "zstandard", "mlx", "ray"}
+IMAGE_LACKS = {
+    "msgspec",
+    "litestar",
+    "uvicorn",
+    "httptools",
+    "zstandard",
+    "mlx",
+    "ray",
+    "prometheus_client",
+    "opentelemetry",
+}
 REFUSED = IMAGE_LACKS | {"tests"}  # the test suite is not part of what the GPU path may need
 
 

@@ -14,7 +14,7 @@ from tests.gpu.image_guard import IMAGE_HAS, IMAGE_LACKS
 
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = ROOT / "tests" / "gpu" / "image_guard.py"
-IMPORT_NAME = {"pyyaml": "yaml"}
+IMPORT_NAME = {"pyyaml": "yaml", "prometheus-client": "prometheus_client"}
 LOCK = ROOT / "lock" / "linux-cpu.txt"  # the exact versions make venv installs (pyproject.toml has ranges)
 
 

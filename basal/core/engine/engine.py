@@ -16,6 +16,7 @@ while tokenizing, so a request over them costs little.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -164,6 +165,8 @@ class Lane:
             return "stopped", None
         except Exception as e:  # a bug or a device failure: fail this batch, keep serving
             log.exception("batch of %d requests failed", len(batch))
+            for job in batch:
+                job.log(log, logging.ERROR, "its batch of %d requests failed: %s: %s", len(batch), type(e).__name__, e)
             return "error", e
         return ("ok", logits) if done else ("pending", None)
 
@@ -206,7 +209,7 @@ class Lane:
             except (EngineClosed, RequestError) as e:
                 job.finish(e)
             except Exception as e:
-                log.exception("answer failed")
+                job.log(log, logging.ERROR, "answer failed", exc_info=e)
                 job.finish(e)
         if stats.prompt_tokens * 4 > TRIM_AFTER_CHARS:
             del logits, rows
@@ -312,7 +315,10 @@ class Engine:
         prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
         cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
         check_cost(request, cost, limits)
-        return Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+        self.metrics.tokenization_duration.observe(self.name, value=time.perf_counter() - arrival)
+        job = Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+        job.context = contextvars.copy_context()  # the request's id for the lines a lane logs about it
+        return job
 
     def submit(self, job: Job) -> None:
         """Queue a planned job; one that needs no model (every question has one option) is answered at once."""

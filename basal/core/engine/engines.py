@@ -6,6 +6,7 @@ The HTTP layer depends on `EnginesFront` only; `Engines` implements it in one pr
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -144,6 +145,8 @@ class Engines(InflightLimit):
     ):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
+        for name, engine in engines.items():
+            metrics.model_served(name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
         self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
 
     @property
@@ -192,7 +195,8 @@ class Engines(InflightLimit):
                 job = prepare()
             else:
                 try:
-                    job = await loop.run_in_executor(self._pool, prepare)
+                    # in the request's context (its id on the planning thread's log lines and in the job)
+                    job = await loop.run_in_executor(self._pool, contextvars.copy_context().run, prepare)
                 except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
                     task = asyncio.current_task()
                     if self.closed and task is not None and not task.cancelling():

@@ -1,126 +1,199 @@
-"""A small Prometheus registry (text exposition format 0.0.4): counters, gauges, histograms with labels.
+"""basal's Prometheus series on `prometheus_client`: one registry per `Metrics` (docs/http-api.md §8).
 
-Series of docs/http-api.md §8. Thread-safe: lanes record from their threads, HTTP handlers from the loop.
+The series names, labels and meanings are basal-rs's (its `metrics.rs`), so one dashboard serves both engines, and
+the duration buckets are its 30 `SECONDS`, so a mixed fleet's histograms aggregate. `prometheus_client` brings the
+text format with escaped label values and full-precision numbers, and the process / Python collectors. Each
+`Metrics` has its own registry (tests and benchmarks build several in one process); the thin wrappers keep the
+call sites short: `inc(*labels, by=)`, `set(*labels, value=)`, `observe(*labels, value=)`. Thread-safe: lanes
+record from their threads, HTTP handlers from the loop.
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import defaultdict
+import platform
+from collections.abc import Callable, Iterable
+from typing import Any
 
-TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+import prometheus_client as prom
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from basal import __version__
+
+# basal-rs's `SECONDS` (30 buckets, 1 ms .. 10 min): the same `le` set on both engines
+TIME_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+)  # fmt: skip
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = prom.CONTENT_TYPE_LATEST  # text format 0.0.4
+Sample = tuple[tuple[str, ...], float]  # label values, value
+
+prom.disable_created_metrics()  # no `_created` samples: the series are the ones basal-rs exports
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    parts = [f'{n}="{v}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+class _Series:
+    """One metric; its children by label values are cached (`labels()` validates and locks on every call)."""
+
+    kind: type = prom.Counter
+
+    def __init__(self, registry: CollectorRegistry, name: str, help_: str, labels: tuple[str, ...] = (), **options):
+        self._m = self.kind(name, help_, labels, registry=registry, **options)
+        self._labelled = bool(labels)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, labels: tuple[str, ...]) -> Any:
+        if not self._labelled:
+            return self._m
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._m.labels(*labels)
+        return child
 
 
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help_: str, labels: tuple[str, ...] = ()):
-        self.name, self.help, self.labels = name, help_, labels
-        self._lock = threading.Lock()
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-
-class Counter(_Metric):
-    kind = "counter"
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.values: dict[tuple[str, ...], float] = defaultdict(float)
+class Counter(_Series):
+    kind = prom.Counter
 
     def inc(self, *labels: str, by: float = 1.0) -> None:
-        with self._lock:
-            self.values[labels] += by
-
-    def render(self) -> list[str]:
-        with self._lock:
-            return self.header() + [f"{self.name}{_labels(self.labels, k)} {v:g}" for k, v in self.values.items()]
+        self._child(labels).inc(by)
 
 
-class Gauge(Counter):
-    kind = "gauge"
+class Gauge(_Series):
+    kind = prom.Gauge
+
+    def inc(self, *labels: str, by: float = 1.0) -> None:
+        self._child(labels).inc(by)
 
     def set(self, *labels: str, value: float) -> None:
-        with self._lock:
-            self.values[labels] = value
+        self._child(labels).set(value)
 
 
-class Histogram(_Metric):
-    kind = "histogram"
+class Histogram(_Series):
+    kind = prom.Histogram
 
-    def __init__(self, name: str, help_: str, labels: tuple[str, ...] = (), buckets: tuple[float, ...] = TIME_BUCKETS):
-        super().__init__(name, help_, labels)
-        self.buckets = buckets
-        self.counts: dict[tuple[str, ...], list[int]] = {}
-        self.sums: dict[tuple[str, ...], float] = defaultdict(float)
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        name: str,
+        help_: str,
+        labels: tuple[str, ...] = (),
+        buckets: tuple[float, ...] = TIME_BUCKETS,
+    ):
+        super().__init__(registry, name, help_, labels, buckets=buckets)
 
     def observe(self, *labels: str, value: float) -> None:
-        with self._lock:
-            counts = self.counts.setdefault(labels, [0] * (len(self.buckets) + 1))
-            counts[bisect.bisect_left(self.buckets, value)] += 1
-            self.sums[labels] += value
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        with self._lock:
-            for key, counts in self.counts.items():
-                total = 0
-                for bound, n in zip((*self.buckets, float("inf")), counts, strict=True):
-                    total += n
-                    le = 'le="' + ("+Inf" if bound == float("inf") else f"{bound:g}") + '"'
-                    lines.append(f"{self.name}_bucket{_labels(self.labels, key, le)} {total}")
-                lines.append(f"{self.name}_sum{_labels(self.labels, key)} {self.sums[key]:g}")
-                lines.append(f"{self.name}_count{_labels(self.labels, key)} {total}")
-        return lines
+        self._child(labels).observe(value)
 
 
 class Metrics:
-    """basal's series; one instance per process."""
+    """basal's series; one instance per process (the Ray front has its own, and each replica one)."""
 
-    def __init__(self, max_inflight: int = 1024):
+    def __init__(self, max_inflight: int = 1024, process: bool = True):
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        if process:  # process_* (RSS, CPU, open fds) and python_* (GC, version), as every Python exporter has
+            prom.ProcessCollector(registry=r)
+            prom.PlatformCollector(registry=r)
+            prom.GCCollector(registry=r)
+        # the series basal-rs exports (names, labels and meanings pinned by tests/api/test_metrics.py)
         self.http_requests = Counter(
-            "basal_http_requests_total", "HTTP requests by endpoint, model and status", ("endpoint", "model", "status")
+            r,
+            "basal_http_requests_total",
+            "HTTP requests by endpoint, model and status (499: the client hung up)",
+            ("endpoint", "model", "status"),
         )
         self.http_duration = Histogram(
-            "basal_http_request_duration_seconds", "HTTP request wall time", ("endpoint", "model", "status")
+            r, "basal_http_request_duration_seconds", "HTTP request wall time", ("endpoint", "model", "status")
         )
-        self.http_inflight = Gauge("basal_http_inflight_requests", "HTTP requests being served", ("endpoint",))
-        self.model_inflight = Gauge("basal_model_inflight_requests", "requests waiting or running", ("model",))
-        self.max_inflight = Gauge("basal_max_inflight_requests", "in-flight limit before HTTP 529")
-        self.input_tokens = Counter("basal_input_tokens_total", "tokens of every option-order prompt", ("model",))
-        self.output_tokens = Counter("basal_output_tokens_total", "generated tokens (always 0)", ("model",))
-        self.questions = Counter("basal_questions_total", "questions answered", ("model",))
+        self.http_inflight = Gauge(r, "basal_http_inflight_requests", "HTTP requests being served", ("endpoint",))
+        self.model_inflight = Gauge(r, "basal_model_inflight_requests", "requests waiting or running", ("model",))
+        self.max_inflight = Gauge(r, "basal_max_inflight_requests", "in-flight limit before HTTP 529")
+        self.input_tokens = Counter(r, "basal_input_tokens_total", "tokens of every option-order prompt", ("model",))
+        self.output_tokens = Counter(r, "basal_output_tokens_total", "generated tokens (always 0)", ("model",))
+        self.questions = Counter(r, "basal_questions_total", "questions answered", ("model",))
         self.queue_duration = Histogram(
-            "basal_queue_duration_seconds", "arrival to start of its batch", ("model", "lane")
+            r, "basal_queue_duration_seconds", "arrival to start of its batch", ("model", "lane")
         )
         self.batch_duration = Histogram(
-            "basal_batch_duration_seconds", "one batch on the device", ("model", "lane", "outcome")
+            r, "basal_batch_duration_seconds", "one batch on the device", ("model", "lane", "outcome")
         )
-        self.batch_requests = Histogram("basal_batch_requests", "requests per batch", ("model", "lane"), SIZE_BUCKETS)
+        self.batch_requests = Histogram(
+            r, "basal_batch_requests", "requests per batch", ("model", "lane"), SIZE_BUCKETS
+        )
+        # basal's own additions
+        self.build_info = Gauge(
+            r, "basal_build_info", "always 1: the basal version and the Python it runs on", ("version", "python")
+        )
+        self.model_info = Gauge(
+            r,
+            "basal_model_info",
+            "always 1 per served model: its backend, device, dtype and revision",
+            ("model", "backend", "device", "dtype", "revision"),
+        )
+        self.model_load = Gauge(
+            r, "basal_model_load_seconds", "seconds to load a model (weights, template prefixes, warm-up)", ("model",)
+        )
+        self.parse_duration = Histogram(
+            r,
+            "basal_request_parse_duration_seconds",
+            "reading, decoding and validating a request body (before the model is involved)",
+            ("endpoint",),
+        )
+        self.tokenization_duration = Histogram(
+            r,
+            "basal_tokenization_duration_seconds",
+            "planning one request: its limits, tokenizing its prompts and costing its packed tokens",
+            ("model",),
+        )
         self.max_inflight.set(value=max_inflight)
+        for endpoint in ("/v1/systemone", "/v1/basal"):
+            self.http_inflight.inc(endpoint, by=0)
+        self.build_info.set(__version__, platform.python_version(), value=1)
+
+    def model_served(self, model: str, describe: dict[str, object], revision: str) -> None:
+        """A served model: its info series, and its per-model series at 0 (as basal-rs creates them), so a rate
+        or a dashboard panel has a series before the first request."""
+        labels = (str(describe.get(k, "")) for k in ("backend", "device", "dtype"))
+        self.model_info.set(model, *labels, revision, value=1)
+        for counter in (self.input_tokens, self.output_tokens, self.questions):
+            counter.inc(model, by=0)
+        self.model_inflight.inc(model, by=0)
+
+    def add_collector(self, collector: Collector) -> None:
+        """Series computed at scrape time (device memory, the Ray replicas' engine series)."""
+        self.registry.register(collector)
 
     def render(self) -> str:
-        series = [
-            self.http_requests,
-            self.http_duration,
-            self.http_inflight,
-            self.model_inflight,
-            self.max_inflight,
-            self.input_tokens,
-            self.output_tokens,
-            self.questions,
-            self.queue_duration,
-            self.batch_duration,
-            self.batch_requests,
-        ]
-        return "\n".join(line for m in series for line in m.render()) + "\n"
+        """The text format. Families of one name from several collectors (a Ray front's own process series and
+        its replicas') are merged into one, as the format allows each name once."""
+        merged: dict[str, Metric] = {}
+        for family in self.registry.collect():
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+        return prom.generate_latest(_Families(list(merged.values()))).decode("utf-8")
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class CallbackCollector(Collector):
+    """Gauge samples read at scrape time from `read()`: (label values, value) pairs."""
+
+    def __init__(self, name: str, help_: str, labels: tuple[str, ...], read: Callable[[], Iterable[Sample]]):
+        self.name, self.help, self.labels, self.read = name, help_, labels, read
+
+    def collect(self):
+        family = GaugeMetricFamily(self.name, self.help, labels=self.labels)
+        for values, value in self.read():
+            family.add_metric(list(values), value)
+        yield family
+
+    def describe(self):
+        yield GaugeMetricFamily(self.name, self.help, labels=self.labels)

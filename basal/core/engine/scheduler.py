@@ -10,8 +10,10 @@ grows while it waits, so it is never starved. FIFO keeps arrival order.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +48,14 @@ class Job:
     compute_ms: float = 0.0
     batch_requests: int = 0
     rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
+    context: contextvars.Context | None = None  # the HTTP task's context vars: a lane's log lines carry its id
+
+    def log(self, logger: logging.Logger, level: int, message: str, *args: Any, **kwargs: Any) -> None:
+        """Log a line about this job from a lane thread, as if from its request's task (its request id)."""
+        if self.context is None:
+            logger.log(level, message, *args, **kwargs)
+        else:
+            self.context.run(logger.log, level, message, *args, **kwargs)
 
 
 class JobQueue:

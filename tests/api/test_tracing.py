@@ -1,0 +1,93 @@
+"""OpenTelemetry (the otel extra): the span tree of a decision request under the client's `traceparent`, seen by an
+in-memory exporter; and nothing of OpenTelemetry is imported when tracing is not configured."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from litestar.testing import TestClient
+
+from basal.api.app import create_app
+from basal.api.decisions import ApiSettings
+from basal.api.tracing import Tracer
+from tests.api.test_http import REQUEST, post
+from tests.servers import make_engines
+
+pytest.importorskip("opentelemetry.sdk")
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+def test_the_span_tree_joins_the_incoming_trace(demo_model):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = ApiSettings(tracer=Tracer(provider.get_tracer("basal")))
+    with TestClient(create_app(make_engines(demo_model), settings)) as c:
+        r = post(c, REQUEST, traceparent=f"00-{TRACE_ID}-{PARENT_ID}-01", **{"x-request-id": "traced-1"})
+    assert r.status_code == 200
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"POST /v1/systemone", "basal.parse", "basal.engine", "basal.queue", "basal.batch"}
+    assert {f"{s.context.trace_id:032x}" for s in spans.values()} == {TRACE_ID}
+    server = spans["POST /v1/systemone"]
+    assert f"{server.parent.span_id:016x}" == PARENT_ID and server.parent.is_remote
+    assert server.attributes["http.response.status_code"] == 200
+    parent_of = {name: s.parent.span_id for name, s in spans.items()}
+    assert parent_of["basal.parse"] == parent_of["basal.engine"] == server.context.span_id
+    assert parent_of["basal.queue"] == parent_of["basal.batch"] == spans["basal.engine"].context.span_id
+    engine = spans["basal.engine"]
+    assert engine.attributes["basal.request_id"] == "traced-1" and engine.attributes["basal.questions"] == 3
+    for child in ("basal.queue", "basal.batch"):  # inside their parent, in order
+        assert engine.start_time <= spans[child].start_time <= spans[child].end_time <= engine.end_time
+    assert spans["basal.queue"].end_time <= spans["basal.batch"].start_time
+    assert server.start_time <= spans["basal.parse"].start_time and engine.end_time <= server.end_time
+
+
+def test_spans_are_exported_over_otlp_to_the_configured_endpoint(demo_model, monkeypatch):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from basal.api.tracing import otlp_tracer
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # ms between batch exports
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    try:
+        tracer = otlp_tracer(f"http://127.0.0.1:{sink.server_address[1]}/v1/traces")
+        with TestClient(create_app(make_engines(demo_model), ApiSettings(tracer=tracer))) as c:
+            assert post(c, REQUEST, traceparent=f"00-{TRACE_ID}-{PARENT_ID}-01").status_code == 200
+        deadline = time.monotonic() + 30
+        while not any(bytes.fromhex(TRACE_ID) in body for _, body in received):
+            assert time.monotonic() < deadline, received
+            time.sleep(0.05)
+    finally:
+        sink.shutdown()
+    assert {path for path, _ in received} == {"/v1/traces"}
+
+
+def test_without_tracing_opentelemetry_is_never_imported():
+    code = (
+        "import sys, basal.api.app, basal.serve.server, basal.cli\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
