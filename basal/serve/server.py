@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -68,27 +69,54 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
     Every directory is read (and every name checked) before any weights load; with `progress`, each model's
     steps are shown on standard error (`basal.progress`: a bar on a terminal, a line per step otherwise).
     """
-    metrics = Metrics(config.max_inflight)
-    gate = Gate(config.long_slice_ms, config.long_share)
-    if config.threads is not None:
-        from basal.backends.cuda.cpu.threads import configure_threads
+    engines, sources = pending_engines(config, models)
+    load_models(engines, sources, config, progress)
+    return engines
 
-        configure_threads(config.threads)
+
+def pending_engines(
+    config: ServeConfig, models: list[ModelDir] | None = None
+) -> tuple[Engines, list[tuple[ModelConfig, ModelDir]]]:
+    """The front of every configured model before any weights load: names are known (and checked), so the listener
+    can open and answer probes (`/health/ready` says "loading") while `load_models` fills it in."""
+    metrics = Metrics(config.max_inflight)
     specs = config.models or [ModelConfig(path=DEMO_PATH)]
     dirs = models if models is not None else [model_directory(spec) for spec in specs]
     _check_names(specs, dirs)
-    engines: dict[str, Engine] = {}
+    default = config.default_model or dirs[0].name
+    if default not in [d.name for d in dirs]:
+        raise ConfigError(
+            f"default_model {default!r} is not among the served models: {', '.join(d.name for d in dirs)}"
+        )
     for spec, model in zip(specs, dirs, strict=True):  # said before the bar, which would tear them
         if spec.is_demo:
             log.warning(DEMO_WARNING.format(name=model.name))
         elif model.synthetic:
             log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
-    with Progress("loading", 2 * len(specs), emit=log.info, enabled=progress) as shown:
-        for spec, model in zip(specs, dirs, strict=True):
+    engines = Engines({}, default, metrics, config.max_inflight, pending=[d.name for d in dirs])
+    return engines, list(zip(specs, dirs, strict=True))
+
+
+def load_models(
+    engines: Engines, sources: list[tuple[ModelConfig, ModelDir]], config: ServeConfig, progress: bool = False
+) -> None:
+    """Load the weights of every model of `sources`, warm it up and add it to `engines` (it serves from then on).
+    Stops between models once the front is closed (a SIGTERM during the load)."""
+    gate = Gate(config.long_slice_ms, config.long_share)
+    if config.threads is not None:
+        from basal.backends.cuda.cpu.threads import configure_threads
+
+        configure_threads(config.threads)
+    with Progress("loading", 2 * len(sources), emit=log.info, enabled=progress) as shown:
+        for spec, model in sources:
+            if engines.closed:
+                return
             started = time.perf_counter()
+            engines.progress[model.name] = "loading weights"
             with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
                 backend = load_backend(model, spec.backend, spec.dtype)
             graphs = " and CUDA graphs" if backend.device.startswith("cuda") else ""  # the GPU path warms up
+            engines.progress[model.name] = f"warming up: template prefix{graphs}"
             with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
                 pipeline = Pipeline(
                     model,
@@ -101,11 +129,7 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
-            engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
-    default = config.default_model or next(iter(engines))
-    if default not in engines:
-        raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
-    return Engines(engines, default, metrics, config.max_inflight)
+            engines.add(Engine(model.name, pipeline, gate, engines.metrics, settings))
 
 
 def _size_on_disk(model: ModelDir) -> str:
@@ -142,12 +166,37 @@ def api_settings(config: ServeConfig) -> ApiSettings:
 
 
 def serve(config: ServeConfig) -> None:
+    """Listen first, then load: probes get answers during a long load (`/health/live` 200, `/health/ready` 503 with
+    each model's step) instead of "connection refused". A load that fails stops the server and raises here."""
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
-    listen(build_engines(config, progress=True), config)
+    engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
+    failed: list[BaseException] = []
+    server = _server(engines, config)
+
+    def load() -> None:
+        try:
+            load_models(engines, sources, config, progress=True)
+        except BaseException as e:  # the server stops; `serve` raises it once uvicorn has shut down
+            failed.append(e)
+            server.should_exit = True
+            return
+        log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
+
+    loader = threading.Thread(target=load, name="basal-load", daemon=True)
+    loader.start()
+    server.run()
+    if failed:
+        raise failed[0]
 
 
 def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
+    server = _server(engines, config, where)
+    log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
+    server.run()
+
+
+def _server(engines: EnginesFront, config: ServeConfig, where: str = "") -> DrainingServer:
     app = create_app(engines, api_settings(config))
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s",
@@ -160,6 +209,4 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     uvicorn_config = server_config(
         app, config.host, config.port, config.limits, access_log=config.access_log, log_level="info"
     )
-    server = DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)
-    log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
-    server.run()
+    return DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)
