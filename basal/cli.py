@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve models over HTTP (System One and basal dialects)",
         description="Serve models over HTTP. Each setting comes from, first to last: a flag given here, the "
-        "--config file, the environment (BASAL_ADDR), the default shown below.",
+        "--config file, the environment (BASAL_<KEY>, e.g. BASAL_MAX_INFLIGHT, BASAL_LIMITS__MAX_QUESTIONS; "
+        "docs/configuration.md), the default shown below.",
     )
     from basal.serve.flags import add_serve_flags
 

@@ -154,7 +154,7 @@ def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
 def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
     if env := os.environ.get("BASAL_API_KEYS"):
-        keys += [k.strip() for k in env.split(",") if k.strip()]
+        keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
     return ApiSettings(
         tuple(keys),
         int(config.max_body_mb * (1 << 20)),
