@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
@@ -20,11 +19,11 @@ from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
-from basal.core.errors import ModelDirError
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
 from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
+from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
 log = logging.getLogger("basal")
@@ -46,21 +45,8 @@ def _source_directory(cfg: ModelConfig) -> ModelDir:
         return demo_model()
     if cfg.path is not None:
         return ModelDir.load(cfg.path)
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise ModelDirError(
-            f"{cfg.repo}: downloading from the Hugging Face hub needs `pip install huggingface_hub`; "
-            "or download the model yourself and give its directory as `path`"
-        ) from e
-    try:
-        local = snapshot_download(cfg.repo, revision=cfg.revision, token=os.environ.get("HF_TOKEN"))
-    except Exception as e:
-        raise ModelDirError(
-            f"{cfg.repo}: download failed ({type(e).__name__}: {e}); check the network and HF_TOKEN, "
-            "or give a local directory as `path`"
-        ) from e
-    return ModelDir.load(Path(local))
+    assert cfg.repo is not None  # ModelConfig has exactly one of path and repo
+    return ModelDir.load(snapshot(cfg.repo, cfg.revision))
 
 
 def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, progress: bool = False) -> Engines:
