@@ -23,7 +23,8 @@ RUN python3 -m venv /tmp/build \
     && /tmp/build/bin/pip install $PIP_ARGS --no-cache-dir -q --upgrade pip \
     && /tmp/build/bin/pip wheel $PIP_ARGS --no-cache-dir -q --no-deps -w /wheel .
 
-# ---------------------------------------------------------------- each target's system (its base, its packages)
+# ---------------------------------------------------------------- the cpu target
+# (stages stay in target order: Docker's classic builder builds every stage above the target it is asked for)
 FROM ${BASE} AS cpu-os
 ARG DEBIAN_FRONTEND=noninteractive
 COPY deploy/docker/image.sh /usr/local/lib/basal/image.sh
@@ -35,18 +36,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && /usr/local/lib/basal/image.sh user
 
-FROM ${CUDA_BASE} AS cuda-os
-ARG DEBIAN_FRONTEND=noninteractive
-COPY deploy/docker/image.sh /usr/local/lib/basal/image.sh
-# the CUDA libraries come with PyPI's torch (nvidia-* wheels); the driver comes from the host (NVIDIA's container
-# toolkit). python3-dev + gcc: Triton compiles its kernel launcher at run time; tini: the init process
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev tini ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
-    && /usr/local/lib/basal/image.sh user
-
-# ---------------------------------------------------------------- each target's venv, by the shared steps (image.sh)
+# the venv by the steps both targets share (deploy/docker/image.sh)
 FROM cpu-os AS cpu-venv
 ARG PIP_ARGS=""
 ARG TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu"
@@ -61,18 +51,6 @@ COPY --from=wheel /wheel/ /tmp/wheel/
 # hadolint ignore=SC2086
 RUN /usr/local/lib/basal/image.sh basal "$EXTRAS" $PIP_ARGS
 
-FROM cuda-os AS cuda-venv
-ARG PIP_ARGS=""
-ARG EXTRAS="hub"
-COPY lock/linux-cuda.txt /tmp/lock.txt
-# PyPI's CUDA torch (with its nvidia-* wheels and Triton)
-# hadolint ignore=SC2086
-RUN /usr/local/lib/basal/image.sh torch $PIP_ARGS
-COPY --from=wheel /wheel/ /tmp/wheel/
-# hadolint ignore=SC2086
-RUN /usr/local/lib/basal/image.sh basal "cuda${EXTRAS:+,$EXTRAS}" $PIP_ARGS
-
-# ---------------------------------------------------------------- the cpu target
 FROM cpu-os AS cpu
 COPY --from=cpu-venv /opt/venv /opt/venv
 # /data: basal's cache (demo model, compiled kernels, probe tables), Hugging Face downloads, Triton's cache
@@ -96,6 +74,29 @@ STOPSIGNAL SIGTERM
 ENTRYPOINT ["tini", "--", "basal", "serve"]
 
 # ---------------------------------------------------------------- the cuda target
+FROM ${CUDA_BASE} AS cuda-os
+ARG DEBIAN_FRONTEND=noninteractive
+COPY deploy/docker/image.sh /usr/local/lib/basal/image.sh
+# the CUDA libraries come with PyPI's torch (nvidia-* wheels); the driver comes from the host (NVIDIA's container
+# toolkit). python3-dev + gcc: Triton compiles its kernel launcher at run time; tini: the init process
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev tini ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && /usr/local/lib/basal/image.sh user
+
+# the venv by the steps both targets share (deploy/docker/image.sh)
+FROM cuda-os AS cuda-venv
+ARG PIP_ARGS=""
+ARG EXTRAS="hub"
+COPY lock/linux-cuda.txt /tmp/lock.txt
+# PyPI's CUDA torch (with its nvidia-* wheels and Triton)
+# hadolint ignore=SC2086
+RUN /usr/local/lib/basal/image.sh torch $PIP_ARGS
+COPY --from=wheel /wheel/ /tmp/wheel/
+# hadolint ignore=SC2086
+RUN /usr/local/lib/basal/image.sh basal "cuda${EXTRAS:+,$EXTRAS}" $PIP_ARGS
+
 FROM cuda-os AS cuda
 COPY --from=cuda-venv /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
