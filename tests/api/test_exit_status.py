@@ -1,58 +1,59 @@
-"""The exit status after SIGTERM: 0 when the drain finished every request in flight (a clean stop, what
-`docker stop` and Kubernetes expect), the signal's own (-15 here, 143 in a shell) when the grace period ran out and
-requests were abandoned. Each run is a fresh interpreter serving on its main thread, where uvicorn takes signals."""
+"""The exit status after SIGTERM: uvicorn raises the signal again once it has shut down, which ends the process with
+143; basal keeps that only when the grace period ran out and requests were abandoned. A drain that finished every
+request in flight is a clean stop: no signal raised again, `basal serve` returns and the process exits 0 (what
+`docker stop` and Kubernetes expect). The server runs on this (the main) thread, where uvicorn takes signals; a
+handler of the test's own stands in for the default one, so the signal raised again is recorded, not fatal."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
+import threading
+import time
 
+import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVE_AND_STOP = """
-import os, signal, sys, threading, time
-import httpx
 from basal.api.app import create_app
 from basal.api.listener import DrainingServer, server_config
-from basal.core.model.synth import demo_model
 from tests.servers import free_port, make_engines
 
-grace_s = float(sys.argv[1])
-engines = make_engines(demo_model(), slow_s=0.5, yields_per_layer=5)  # a request computes for a second or more
-port = free_port()
-server = DrainingServer(server_config(create_app(engines), "127.0.0.1", port, log_level="warning"), engines, grace_s)
-body = {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
-
-def client():
-    while not server.started:
-        time.sleep(0.02)
-    threading.Thread(target=lambda: print(httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=body,
-                                                     timeout=60).status_code, flush=True)).start()
-    while not engines.engines["basal-synthetic-demo"].pipeline.backend.yields:  # computing
-        time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-threading.Thread(target=client, daemon=True).start()
-server.run()
-print("after run", flush=True)
-"""
+BODY = {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
 
 
 @pytest.mark.parametrize(
-    ("grace_s", "status", "answered"), [(30.0, 0, "200"), (0.2, -signal.SIGTERM, "503")], ids=["drained", "abandoned"]
+    ("grace_s", "raised_again", "answered"),
+    [(30.0, [], 200), (0.2, [signal.SIGTERM], 503)],
+    ids=["drained: exit 0", "abandoned: exit 143"],
 )
-def test_sigterm_exit_status_says_whether_the_drain_was_complete(grace_s, status, answered):
-    done = subprocess.run(
-        [sys.executable, "-c", SERVE_AND_STOP, str(grace_s)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        timeout=90,
+def test_sigterm_is_raised_again_only_when_the_drain_abandoned_requests(demo_model, grace_s, raised_again, answered):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("uvicorn takes signals on the main thread only")
+    engines = make_engines(demo_model, slow_s=0.5, yields_per_layer=5)  # a request computes for a second or more
+    backend = engines.engines["basal-synthetic-demo"].pipeline.backend
+    port = free_port()
+    config = server_config(create_app(engines), "127.0.0.1", port, log_level="warning")
+    server = DrainingServer(config, engines, grace_s)
+    replies: list[httpx.Response] = []
+    post = threading.Thread(
+        target=lambda: replies.append(httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=BODY, timeout=60))
     )
-    assert done.returncode == status, done.stderr[-3000:]
-    assert done.stdout.split()[0] == answered
+
+    def client() -> None:
+        while not server.started:
+            time.sleep(0.02)
+        post.start()
+        while not backend.yields:  # the request is computing
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        threading.Thread(target=client, daemon=True).start()
+        server.run()
+        post.join(60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == raised_again
+    assert replies[0].status_code == answered
