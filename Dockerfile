@@ -23,35 +23,33 @@ RUN python3 -m venv /tmp/build \
     && /tmp/build/bin/pip install $PIP_ARGS --no-cache-dir -q --upgrade pip \
     && /tmp/build/bin/pip wheel $PIP_ARGS --no-cache-dir -q --no-deps -w /wheel .
 
-# ---------------------------------------------------------------- CPU target
+# ---------------------------------------------------------------- the cpu target
+# (stages stay in target order: Docker's classic builder builds every stage above the target it is asked for)
 FROM ${BASE} AS cpu-os
 ARG DEBIAN_FRONTEND=noninteractive
+COPY deploy/docker/image.sh /usr/local/lib/basal/image.sh
 # gcc + libc6-dev: basal compiles its CPU kernels (at build time, and again at run time on another CPU model);
 # tini: the init process (signals, zombies)
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev tini ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --user-group --home-dir /data --no-create-home --shell /usr/sbin/nologin basal \
-    && mkdir -p /data \
-    && chown basal:basal /data
+    && /usr/local/lib/basal/image.sh user
 
+# the venv by the steps both targets share (deploy/docker/image.sh)
 FROM cpu-os AS cpu-venv
 ARG PIP_ARGS=""
 ARG TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu"
 ARG EXTRAS="hub"
 COPY lock/linux-cpu.txt /tmp/lock.txt
 COPY deploy/docker/wheels/ /tmp/wheels/
-# torch first (the largest layer, cached apart from basal's code), at the lock's version: its CPU build
+# torch's CPU build: from the wheels given to the build, else its index
 # hadolint ignore=SC2086
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install $PIP_ARGS --no-cache-dir -q --find-links /tmp/wheels \
-       ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -c /tmp/lock.txt torch
+RUN /usr/local/lib/basal/image.sh torch $PIP_ARGS --find-links /tmp/wheels \
+       ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"}
 COPY --from=wheel /wheel/ /tmp/wheel/
 # hadolint ignore=SC2086
-RUN /opt/venv/bin/pip install $PIP_ARGS --no-cache-dir -q -c /tmp/lock.txt \
-       "$(ls /tmp/wheel/basal_engine-*.whl)${EXTRAS:+[$EXTRAS]}" \
-    && /opt/venv/bin/pip check
+RUN /usr/local/lib/basal/image.sh basal "$EXTRAS" $PIP_ARGS
 
 FROM cpu-os AS cpu
 COPY --from=cpu-venv /opt/venv /opt/venv
@@ -75,31 +73,29 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=10m --retries=3 CMD ["pyt
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tini", "--", "basal", "serve"]
 
-# ---------------------------------------------------------------- CUDA target
+# ---------------------------------------------------------------- the cuda target
 FROM ${CUDA_BASE} AS cuda-os
 ARG DEBIAN_FRONTEND=noninteractive
+COPY deploy/docker/image.sh /usr/local/lib/basal/image.sh
 # the CUDA libraries come with PyPI's torch (nvidia-* wheels); the driver comes from the host (NVIDIA's container
 # toolkit). python3-dev + gcc: Triton compiles its kernel launcher at run time; tini: the init process
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev tini ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --user-group --home-dir /data --no-create-home --shell /usr/sbin/nologin basal \
-    && mkdir -p /data \
-    && chown basal:basal /data
+    && /usr/local/lib/basal/image.sh user
 
+# the venv by the steps both targets share (deploy/docker/image.sh)
 FROM cuda-os AS cuda-venv
 ARG PIP_ARGS=""
 ARG EXTRAS="hub"
 COPY lock/linux-cuda.txt /tmp/lock.txt
+# PyPI's CUDA torch (with its nvidia-* wheels and Triton)
 # hadolint ignore=SC2086
-RUN python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install $PIP_ARGS --no-cache-dir -q -c /tmp/lock.txt torch
+RUN /usr/local/lib/basal/image.sh torch $PIP_ARGS
 COPY --from=wheel /wheel/ /tmp/wheel/
 # hadolint ignore=SC2086
-RUN /opt/venv/bin/pip install $PIP_ARGS --no-cache-dir -q -c /tmp/lock.txt \
-       "$(ls /tmp/wheel/basal_engine-*.whl)[cuda${EXTRAS:+,$EXTRAS}]" \
-    && /opt/venv/bin/pip check
+RUN /usr/local/lib/basal/image.sh basal "cuda${EXTRAS:+,$EXTRAS}" $PIP_ARGS
 
 FROM cuda-os AS cuda
 COPY --from=cuda-venv /opt/venv /opt/venv

@@ -217,6 +217,21 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def _download(a: argparse.Namespace) -> int:
+    from basal.core.model.model_dir import ModelDir
+    from basal.serve.config import HUB_ID
+    from basal.serve.hub import download
+
+    if not HUB_ID.fullmatch(a.repo):
+        raise ValueError(f"{a.repo!r} is not a Hugging Face model id: give owner/name or owner/name@revision")
+    repo, _, revision = a.repo.partition("@")
+    path = download(repo, revision or None)
+    model = ModelDir.load(path)  # a Basal model, complete: the server would refuse anything else at its start
+    print(f"{a.repo}: {model.name} in {path}; serve it with basal serve --model {a.repo}", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def _doctor(a: argparse.Namespace) -> int:
     from basal.doctor import report
 
@@ -414,12 +429,23 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve models over HTTP (System One and basal dialects)",
         description="Serve models over HTTP. Each setting comes from, first to last: a flag given here, the "
-        "--config file, the environment (BASAL_ADDR), the default shown below.",
+        "--config file, the environment (BASAL_<KEY>, e.g. BASAL_MAX_INFLIGHT, BASAL_LIMITS__MAX_QUESTIONS; "
+        "docs/configuration.md), the default shown below.",
     )
     from basal.serve.flags import add_serve_flags
 
     add_serve_flags(v)
     v.set_defaults(run=_serve)
+
+    w = sub.add_parser(
+        "download",
+        help="fetch a model from the Hugging Face hub into its cache (HF_HOME), for images and init containers",
+        description="Fetch a Basal model into the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub) and print "
+        "its folder; `basal serve --model OWNER/NAME[@REV]` then serves it offline. Needs the hub extra: "
+        "pip install 'basal-engine[hub]'. HF_TOKEN authenticates (gated or private models).",
+    )
+    w.add_argument("repo", metavar="OWNER/NAME[@REV]", help="model id, optionally @ a branch, tag or commit")
+    w.set_defaults(run=_download)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from basal import __version__
-from basal.backends.load import DTYPES, load_backend_class
+from basal.backends.load import DTYPES, load_backend_class, torch_installed
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import option_orders, render_prompt
@@ -36,12 +36,14 @@ def versions() -> dict[str, str]:
 
 
 def paths() -> list[tuple[str, str]]:
-    """(backend, device) pairs available here."""
-    import torch
+    """(backend, device) pairs available here (none of torch's where only MLX is installed, as on a Mac)."""
+    found = []
+    if torch_installed():
+        import torch
 
-    found = [("torch", "cpu")]
-    if torch.cuda.is_available():
-        found.insert(0, ("torch", "cuda"))
+        found = [("torch", "cpu")]
+        if torch.cuda.is_available():
+            found.insert(0, ("torch", "cuda"))
     mlx = load_backend_class("mlx")
     if mlx is not None:
         found += [("mlx", d) for d in mlx.devices()]
@@ -104,6 +106,8 @@ def chunk_lines(facts: dict) -> list[str]:
 
 def gpu_engine_tables() -> list[str]:
     """The GEMM engine tables the GPU path probed on this machine, and whether they match the running versions."""
+    if not torch_installed():
+        return []
     import torch
 
     from basal.backends.cuda.gpu import engine_table as et
@@ -120,6 +124,8 @@ def gpu_engine_tables() -> list[str]:
 
 def cuda_line() -> str:
     """The CUDA device, and which torch path would serve on it: the GPU path needs Triton (Linux)."""
+    if not torch_installed():
+        return "CUDA: torch is not installed (pip install 'basal-engine[cuda]' on NVIDIA)"
     import torch
 
     from basal.backends.cuda.backend import NO_TRITON, gpu_path_installed
@@ -146,9 +152,10 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
         lines.append("Metal: MLX is not installed")
     lines.append(cuda_line())
     lines += gpu_engine_tables()
-    from basal.backends.cuda.cpu import cpu_kernels
+    if torch_installed():
+        from basal.backends.cuda.cpu import cpu_kernels
 
-    lines.append(f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}")
+        lines.append(f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}")
     if run_checks and model is not None:
         lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
         checks = [(backend, device, dtype) for backend, device in paths() for dtype in DTYPES]

@@ -29,7 +29,9 @@ def stages(dockerfile: str) -> dict[str, list[str]]:
     return out
 
 
-def target_problems(dockerfile: str, target: str, lock: str) -> list[str]:
+def target_problems(dockerfile: str, target: str, lock: str, script: str | None = None) -> list[str]:
+    """What `target` lacks; `script`: the shared steps (deploy/docker/image.sh), both targets' venvs run them."""
+    script = IMAGE_SH if script is None else script
     found = stages(dockerfile)
     if target not in found:
         return [f"no stage {target}"]
@@ -39,7 +41,7 @@ def target_problems(dockerfile: str, target: str, lock: str) -> list[str]:
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     if not users or users[-1] in ("root", "0"):
         problems.append(f"{target}: does not end as a non-root USER")
-    if f"--uid {UID}" not in dockerfile:
+    if f"--uid {UID}" not in script or "image.sh user" not in "\n".join(found.get(f"{target}-os", [])):
         problems.append(f"the basal user is not uid {UID}")
     if not re.search(r'^ENTRYPOINT \["tini", "--", "basal", "serve"\]', text, re.MULTILINE):
         problems.append(f"{target}: the entrypoint is not tini -- basal serve")
@@ -48,8 +50,9 @@ def target_problems(dockerfile: str, target: str, lock: str) -> list[str]:
     if "VOLUME /data" not in text:
         problems.append(f"{target}: no /data volume")
     venv = "\n".join(found.get(f"{target}-venv", []))
-    if f"COPY {lock} " not in venv or "-c /tmp/lock.txt" not in venv:
-        problems.append(f"{target}: its venv does not install from {lock}")
+    steps = re.findall(r"^RUN /usr/local/lib/basal/image\.sh (torch|basal)\b", venv, re.MULTILINE)
+    if f"COPY {lock} /tmp/lock.txt" not in venv or steps != ["torch", "basal"] or "-c /tmp/lock.txt" not in script:
+        problems.append(f"{target}: its venv does not install from {lock} by the shared steps (image.sh)")
     if not (ROOT / lock).exists():
         problems.append(f"{lock} does not exist")
     return problems
@@ -72,6 +75,7 @@ def compose_problems(compose: dict, drain_s: float) -> list[str]:
 
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
+IMAGE_SH = (ROOT / "deploy" / "docker" / "image.sh").read_text()
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 DRAIN_S = float(yaml.safe_load((ROOT / "deploy" / "compose" / "basal.yml").read_text())["shutdown_grace_s"])
 TARGETS = {"cpu": "lock/linux-cpu.txt", "cuda": "lock/linux-cuda.txt"}
@@ -98,13 +102,20 @@ def test_compose():
         ('ENTRYPOINT ["tini", "--", "basal", "serve"]', 'ENTRYPOINT ["basal", "serve"]'),
         ("HEALTHCHECK ", "# HEALTHCHECK "),
         ("VOLUME /data", "VOLUME /cache"),
-        ("-c /tmp/lock.txt", "-c /tmp/other.txt"),
+        ("txt /tmp/lock.txt", "txt /tmp/other.txt"),
+        ("image.sh torch", "image.sh basal"),
     ],
 )
 def test_the_dockerfile_checks_fail_on_a_broken_copy(broken):
     old, new = broken
     for target, lock in TARGETS.items():
         assert target_problems(DOCKERFILE.replace(old, new), target, lock), f"{target}: not seen: {new}"
+
+
+def test_the_shared_steps_install_from_the_lock():
+    broken = IMAGE_SH.replace("-c /tmp/lock.txt", "")
+    for target, lock in TARGETS.items():
+        assert target_problems(DOCKERFILE, target, lock, broken), target
 
 
 @pytest.mark.parametrize("key", ["deploy", "volumes", "environment", "stop_grace_period"])

@@ -20,6 +20,7 @@ from basal import __version__
 from basal.api.capabilities import capabilities
 from basal.api.decisions import ApiSettings, check_auth, handle_decision, key_verdict
 from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
+from basal.api.health import health_routes
 from basal.api.observe import RequestContext
 from basal.api.openapi import (
     BEARER,
@@ -33,7 +34,6 @@ from basal.api.playground import playground_routes
 from basal.api.schema_pages import SCHEMA_PATH, schema_pages
 from basal.api.schema_types import (
     BasalRequest,
-    HealthResponse,
     ModelsResponse,
     SystemOneError,
     SystemOneRequest,
@@ -120,7 +120,10 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
             lambda raw: parse_basal(raw, resolve, limits=limits, serves_evidence=serves_evidence),
         )
 
-    models_responses = {"200": {"description": "served models", "content": _json_content(ModelsResponse)}}
+    models_responses = {
+        "200": {"description": "served models", "content": _json_content(ModelsResponse)},
+        "503": {"description": "the models are still loading", "content": _json_content(SystemOneError)},
+    }
     if keys:
         for status, what in (("401", "wrong API key"), ("403", "no API key")):
             models_responses[status] = {"description": what, "content": _json_content(SystemOneError)}
@@ -137,6 +140,9 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
             check_auth(request, settings, "systemone")
         except RequestError as e:
             return Response(e.body, status_code=e.status)
+        if engines.progress:  # what a model computes with is known once its backend has loaded
+            detail = "The models are still loading. Retry after a short delay (GET /health/ready says when)."
+            return Response({"detail": detail}, status_code=503, headers=OVERLOADED_HEADERS)
         return Response(
             {
                 "models": [
@@ -152,34 +158,6 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
                     for info in map(engines.model_info, names)
                 ]
             }
-        )
-
-    health_content = _json_content(HealthResponse)
-
-    @route(
-        "/health",
-        http_method=["GET", "HEAD"],
-        operation_class=documented(
-            {
-                "200": {"description": "serving", "content": health_content},
-                "503": {"description": "draining or shut down (retry elsewhere)", "content": health_content},
-            }
-        ),
-        summary="Liveness and the served models",
-        tags=["service"],
-    )
-    async def health() -> Response:
-        ready = not engines.closed and engines.ready()
-        if engines.closed:
-            status = "shutting down"
-        elif engines.draining:
-            status = "draining"
-        else:
-            status = "ok" if ready else "not ready"
-        return Response(
-            {"status": status, "models": names, "default_model": engines.default},
-            status_code=200 if status == "ok" else 503,
-            headers=OVERLOADED_HEADERS if status != "ok" else None,
         )
 
     if settings.metrics:
@@ -218,7 +196,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
 
     app = Litestar(
-        route_handlers=[systemone, basal, models, health, metrics, *playground_routes()],
+        route_handlers=[systemone, basal, models, *health_routes(engines), metrics, *playground_routes()],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,

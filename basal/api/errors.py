@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
+from basal.core.errors import Cancelled, EngineClosed, Loading, Overloaded, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, st
         )
     if isinstance(exc, EngineClosed):
         message = "The server is shutting down. Retry on another instance."
+        if isinstance(exc, Loading):
+            message = "The models are still loading. Retry after a short delay (GET /health/ready says when)."
         return 503, ({"error": message} if dialect == "basal" else {"detail": message}), OVERLOADED_HEADERS
     if isinstance(exc, HTTPException):  # raised by Litestar while reading the body (over the size limit)
         detail = "Request body too large." if exc.status_code == 413 else str(exc.detail)

@@ -10,8 +10,11 @@ then is abandoned: its pass stops at the next checkpoint and its client gets the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
+from collections.abc import Iterator
 
 import uvicorn
 from litestar import Litestar
@@ -38,6 +41,17 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, engines: EnginesFront, grace_s: float = 30.0):
         super().__init__(config)
         self.engines, self.grace_s = engines, grace_s
+        self.abandoned = 0  # requests still running when the grace period ended
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """A SIGTERM whose drain finished every request is a clean stop: exit status 0, as an orchestrator's stop
+        expects (uvicorn raises the signal again after shutdown, which made it 143). A drain that abandoned requests
+        keeps the signal's status; SIGINT stays KeyboardInterrupt."""
+        with super().capture_signals():
+            yield
+            if not self.abandoned:  # uvicorn's list of the signals it raises again once its handlers are restored
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
     async def shutdown(self, sockets=None) -> None:
         engines = self.engines
@@ -48,6 +62,7 @@ class DrainingServer(uvicorn.Server):
         while engines.inflight and time.monotonic() < deadline and not self.force_exit:
             await asyncio.sleep(0.05)
         if engines.inflight:
+            self.abandoned = engines.inflight
             log.warning("shutdown: abandoning %d requests still in flight (503 + Retry-After)", engines.inflight)
             await asyncio.to_thread(engines.close, drain=False, timeout=5.0, abandon=True)
             deadline = time.monotonic() + 5.0

@@ -101,7 +101,7 @@ class ModelsResponse(msgspec.Struct):
 
 
 class HealthResponse(msgspec.Struct):
-    status: Literal["ok", "not ready", "draining", "shutting down"]
+    status: Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]  # as /health/ready
     models: list[str]
     default_model: str
 

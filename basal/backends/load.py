@@ -14,7 +14,7 @@ import platform
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.backend import Backend
 
-__all__ = ["BACKENDS", "DTYPES", "Backend", "load_backend", "pick_backend"]
+__all__ = ["BACKENDS", "DTYPES", "Backend", "load_backend", "pick_backend", "torch_installed"]
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +27,31 @@ def _apple_silicon() -> bool:
 
 
 def pick_backend(name: str = "auto") -> str:
-    """``auto``: CUDA -> torch, Apple Silicon with MLX -> mlx, else torch on the CPU."""
+    """``auto``: CUDA -> torch, Apple Silicon with MLX -> mlx, else torch on the CPU.
+
+    MLX is asked first: a Mac has no CUDA, and torch is an extra there, so importing it first would fail on the
+    default Mac install (and cost a second where it is installed)."""
     if name != "auto":
         if name not in BACKENDS:
             raise ValueError(f"unknown backend {name!r}; choose auto, {', '.join(BACKENDS)}")
         return name
-    import torch
-
-    if torch.cuda.is_available():
-        return "torch"
     if _apple_silicon() and load_backend_class("mlx") is not None:
         return "mlx"
+    if not torch_installed():
+        raise ValueError(
+            "no backend is installed: torch is missing (pip install 'basal-engine[torch]', or 'basal-engine[cuda]' "
+            "on NVIDIA); MLX serves only on Apple Silicon"
+        )
     return "torch"
+
+
+def torch_installed() -> bool:
+    """Whether torch can be imported here (without importing it: that takes a second or more). A finder that
+    refuses torch (an import hook, a broken install) counts as not installed."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ImportError:
+        return False
 
 
 def load_backend_class(name: str):

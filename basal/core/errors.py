@@ -41,6 +41,10 @@ class EngineClosed(Exception):
     """The server is shutting down (HTTP 503)."""
 
 
+class Loading(EngineClosed):
+    """The models are still loading: the listener opens first (HTTP 503 with Retry-After, as a drain)."""
+
+
 class Cancelled(Exception):
     """The client went away; its request was not computed (or its pass stopped at the next checkpoint)."""
 

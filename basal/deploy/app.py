@@ -97,15 +97,20 @@ def start(config: ServeConfig) -> RayEngines:
 
 
 def _ready_check(names: list[str], every_s: float = 1.0):
-    """/health's readiness: every model's application is RUNNING (asked of the Serve controller at most once a s)."""
-    state = {"at": 0.0, "ready": False}
+    """/health/ready's readiness on Ray: every model has a RUNNING replica (asked of the Serve controller at most once
+    a second). Not the application's status: it leaves RUNNING while one of two replicas is replaced, although the
+    other answers every request (the front retries a call that hit the dead one)."""
+    state = {"at": float("-inf"), "ready": False}
+
+    def serving(app: Any) -> bool:
+        return all(d.replica_states.get("RUNNING", 0) > 0 for d in app.deployments.values())
 
     def ready() -> bool:
         from ray import serve
 
-        if time.monotonic() - state["at"] > every_s:
+        if time.monotonic() - state["at"] >= every_s:
             apps = serve.status().applications
-            state["ready"] = all(app_name(n) in apps and apps[app_name(n)].status == "RUNNING" for n in names)
+            state["ready"] = all(app_name(n) in apps and serving(apps[app_name(n)]) for n in names)
             state["at"] = time.monotonic()
         return bool(state["ready"])
 

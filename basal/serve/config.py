@@ -1,15 +1,17 @@
-"""Server configuration: one YAML file (`basal serve --config FILE`), flags, or both.
+"""Server configuration: one YAML file (`basal serve --config FILE`), flags, the environment, or all of them.
 
-Precedence, key by key (docs/configuration.md): explicit flags > the configuration file > environment (`BASAL_ADDR`)
-> the defaults declared below. Every unknown key and bad enum value is reported at once, each with the nearest
-valid one (`config_keys.problems`). Validated once here, at the edge; nothing deeper reads the environment or a
-raw dict.
-"""
+Precedence, key by key (docs/configuration.md): explicit flags > the configuration file > the environment (every
+key as `BASAL_<KEY>`, `config_keys.environment_tree`) > the defaults declared below. Every unknown key and bad enum
+value is reported at once, each with the nearest valid one (`config_keys.problems`). Validated once here, at the
+edge; nothing deeper reads the environment or a raw dict."""
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +20,17 @@ import yaml
 
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
 from basal.core.request.limits import Limits
-from basal.serve.config_keys import problems
+from basal.serve.config_keys import environment_tree, problems
+
+log = logging.getLogger("basal")
 
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
+# BASAL_ variables that are not configuration keys: read elsewhere (basal.core.home, the CPU kernels), by the
+# CLI (BASAL_CONFIG, BASAL_MODEL), by compose (BASAL_TARGET) or by the tests
+NOT_KEYS = frozenset(
+    {"BASAL_HOME", "BASAL_CPU_KERNELS", "BASAL_CONFIG", "BASAL_MODEL", "BASAL_TARGET", "BASAL_BACKGROUND_PROBE"}
+)
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -176,13 +186,56 @@ def load_config(path: str | Path) -> ServeConfig:
     return parse_config(read_config_file(path), str(path))
 
 
+def model_entry(text: str) -> dict[str, str]:
+    """A `models:` entry from `--model` / BASAL_MODEL: a directory (or `demo`), else `owner/name[@revision]` of
+    the Hugging Face hub (a directory of that name wins); anything else stays a path, whose error says it is
+    missing."""
+    if text == DEMO_PATH or Path(text).is_dir() or not HUB_ID.fullmatch(text):
+        return {"path": text}
+    repo, _, revision = text.partition("@")
+    return {"repo": repo, "revision": revision} if revision else {"repo": repo}
+
+
+def environment(environ: Mapping[str, str] | None = None) -> tuple[dict, list[str], list[str]]:
+    """The configuration the BASAL_* variables give (`config_keys.environment_tree`), with BASAL_MODEL (a model
+    as `--model` takes it) as `models` unless BASAL_MODELS__... are set."""
+    environ = dict(os.environ if environ is None else environ)
+    tree, bad, unknown = environment_tree(ServeConfig, environ, NOT_KEYS)
+    if (model := environ.get("BASAL_MODEL", "").strip()) and "models" not in tree:
+        tree["models"] = [model_entry(model)]
+    return tree, bad, unknown
+
+
+def with_environment(data: dict, where: str = "configuration", environ: Mapping[str, str] | None = None) -> dict:
+    """`data` (the file with the flags laid over it) with the environment under it: a BASAL_* key applies only
+    where `data` does not set that key; sections merge key by key, lists are replaced whole. A value that does
+    not fit its key is an error; a BASAL_ variable that names no key is a warning (with the nearest names)."""
+    tree, bad, unknown = environment(environ)
+    for problem in unknown:
+        log.warning("%s (ignored; every key: docs/configuration.md)", problem)
+    if bad:
+        listed = bad[0] if len(bad) == 1 else f"{len(bad)} problems:" + "".join(f"\n  - {p}" for p in bad)
+        raise ConfigError(f"the environment: {listed}\n(every key: docs/configuration.md)")
+    return _under(data, tree)
+
+
+def _under(data: dict, env: dict) -> dict:
+    out = dict(data)
+    for key, value in env.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = _under(out[key], value)
+    return out
+
+
 def parse_config(data: object, where: str = "configuration") -> ServeConfig:
-    """Validate a raw tree; `BASAL_ADDR` applies only where neither the file nor a flag gave `addr`."""
+    """Validate a raw tree; the environment (BASAL_*) fills only the keys it does not set."""
     if found := problems(data, ServeConfig):
         listed = found[0] if len(found) == 1 else f"{len(found)} problems:" + "".join(f"\n  - {p}" for p in found)
         raise ConfigError(f"{where}: {listed}\n(every key: docs/configuration.md)")
-    if isinstance(data, dict) and "addr" not in data and (env_addr := os.environ.get("BASAL_ADDR")):
-        data = {**data, "addr": env_addr}
+    if isinstance(data, dict):
+        data = with_environment(data, where)
     if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # YAML reads 2026-10-05 so
         data = {**data, "release_date": data["release_date"].isoformat()}
     try:

@@ -8,6 +8,8 @@ is walked against the schema first (`problems`), and only a clean tree goes on t
 from __future__ import annotations
 
 import difflib
+import functools
+import typing
 
 import msgspec
 import msgspec.inspect as mi
@@ -31,6 +33,7 @@ def _literal_of(t: mi.Type) -> tuple[object, ...] | None:
     return None
 
 
+@functools.cache  # msgspec.inspect walks the whole type each time: 5 ms, asked hundreds of times by the flags
 def fields(struct: type[msgspec.Struct]) -> dict[str, mi.Field]:
     info = mi.type_info(struct)
     assert isinstance(info, mi.StructType)
@@ -85,3 +88,70 @@ def problems(data: object, struct: type[msgspec.Struct], where: str = "") -> lis
         elif inner := _struct_of(f.type):
             out += problems(value, inner.cls, at)
     return out
+
+
+ENV_PREFIX = "BASAL_"
+ENV_SEP = "__"  # a key inside a section: BASAL_LIMITS__MAX_QUESTIONS, BASAL_MODELS__0__PATH
+
+
+def env_name(path: tuple[str | int, ...]) -> str:
+    """The environment variable of one key: ("limits", "max_questions") -> BASAL_LIMITS__MAX_QUESTIONS."""
+    return ENV_PREFIX + ENV_SEP.join(str(p).upper() for p in path)
+
+
+def environment_tree(
+    struct: type[msgspec.Struct], environ: dict[str, str], ignore: frozenset[str] = frozenset()
+) -> tuple[dict, list[str], list[str]]:
+    """The keys the `BASAL_*` variables of `environ` set, as the YAML file's tree with typed values; every value
+    that does not fit its key; every variable that names no key (with the nearest valid ones) — all at once.
+
+    A list of plain values is comma-separated (`BASAL_API_KEYS=a,b`); a list of sections takes an index
+    (`BASAL_MODELS__0__PATH=...`); booleans are true/false/1/0. `ignore`: other BASAL_ variables of the process
+    (`BASAL_HOME`, ...), which are not configuration keys.
+    """
+    tree: dict = {}
+    bad: list[str] = []
+    unknown: list[str] = []
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in ignore:
+            continue
+        path = [p.lower() for p in var[len(ENV_PREFIX) :].split(ENV_SEP)]
+        problem = _env_key(struct, path, environ[var], var, tree)
+        if problem is not None:
+            (unknown if problem.startswith("unknown") else bad).append(problem)
+    return tree, bad, unknown
+
+
+def _env_key(struct: type[msgspec.Struct], path: list[str], raw: str, var: str, tree: dict) -> str | None:
+    """Put one variable's value at its place in `tree`; a problem as text (unknown ones start "unknown"), or None."""
+    known = fields(struct)
+    key, rest = path[0], path[1:]
+    f = known.get(key)
+    if f is None:
+        near = difflib.get_close_matches(key, list(known), n=2, cutoff=0.6)
+        section = var[len(ENV_PREFIX) :].split(ENV_SEP)[: -len(path)] if len(path) > 1 else []
+        names = [env_name((*section, n)) for n in near]
+        return f"unknown variable {var}" + (f"; did you mean {' or '.join(names)}?" if near else "")
+    t = f.type.item_type if isinstance(f.type, mi.ListType) else f.type
+    inner = _struct_of(t)
+    if inner is not None:
+        if isinstance(f.type, mi.ListType):
+            if len(rest) < 2 or not rest[0].isdigit():
+                return f"{var}: `{key}` is a list of sections; name one by its index: {var}{ENV_SEP}0{ENV_SEP}KEY"
+            items = tree.setdefault(key, [])
+            while len(items) <= int(rest[0]):
+                items.append({})
+            return _env_key(inner.cls, rest[1:], raw, var, items[int(rest[0])])
+        if not rest:
+            first = next(iter(fields(inner.cls))).upper()
+            return f"{var}: `{key}` is a section; set its keys, e.g. {var}{ENV_SEP}{first}"
+        return _env_key(inner.cls, rest, raw, var, tree.setdefault(key, {}))
+    if rest:
+        return f"unknown variable {var}: `{key}` has no keys inside it"
+    value: object = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(f.type, mi.ListType) else raw
+    try:
+        tree[key] = msgspec.convert(value, typing.get_type_hints(struct)[key], strict=False)
+    except msgspec.ValidationError as e:
+        choices = _literal_of(f.type)
+        return f"{var}={raw!r}: " + (f"choose one of {', '.join(map(str, choices))}" if choices else str(e))
+    return None

@@ -1,7 +1,7 @@
 """`basal serve`'s flags and how they combine with `--config FILE`.
 
-Precedence, key by key (README "Serving"): a flag given on the command line > the key in the configuration file >
-the environment (`BASAL_ADDR`) > the default the schema declares (`basal.serve.config`). So every flag defaults to None
+Precedence, key by key (docs/configuration.md): a flag given on the command line > the key in the configuration file >
+the environment (`BASAL_<KEY>`) > the default the schema declares (`basal.serve.config`). So every flag defaults to None
 here ("not given"), and its help shows the schema's default, read from the schema so the two cannot drift.
 Model flags (`--dtype`, `--schedule`, ...) apply to every model of the file; `--model` replaces the file's models.
 """
@@ -9,14 +9,23 @@ Model flags (`--dtype`, `--schedule`, ...) apply to every model of the file; `--
 from __future__ import annotations
 
 import argparse
+import os
 
 from basal.core.request.limits import Limits
-from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, parse_config, read_config_file
+from basal.serve.config import (
+    DEMO_PATH,
+    ModelConfig,
+    ServeConfig,
+    environment,
+    model_entry,
+    parse_config,
+    read_config_file,
+)
 from basal.serve.config_keys import default_of, enum_values
 
 # key -> (value type, help); the default is appended from the schema
 SERVER_FLAGS: dict[str, tuple[type, str]] = {
-    "addr": (str, "HOST:PORT to listen on; env BASAL_ADDR applies where neither this flag nor the file sets addr"),
+    "addr": (str, "HOST:PORT to listen on"),
     "max_inflight": (int, "waiting + running requests over all models before HTTP 529"),
     "long_slice_ms": (float, "ms the long lane may hold the device while a main lane waits, then it steps aside"),
     "long_share": (float, "least share of device time the long lane gets while short requests keep coming; 0: none"),
@@ -81,14 +90,15 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="YAML configuration (several models, every key); flags given beside it override its keys "
-        "(default: none, the flags alone)",
+        "(default: $BASAL_CONFIG, else none)",
     )
     v.add_argument(
         "--model",
         default=None,
-        metavar="DIR",
-        help=f"model directory, or {DEMO_PATH}: the built-in demo model; replaces the models of --config "
-        "(default: the file's models, else the demo model)",
+        metavar="DIR|OWNER/NAME[@REV]",
+        help=f"model directory, {DEMO_PATH} (the built-in demo model), or a Hugging Face repo id (from the hub "
+        "cache, else downloaded); replaces the models of --config (default: the file's models, else $BASAL_MODEL, "
+        "else the demo model)",
     )
     for key, (kind, text) in SERVER_FLAGS.items():
         v.add_argument(_flag(key), type=kind, default=None, help=_with_default(text, ServeConfig, key))
@@ -153,7 +163,8 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
 
 def serve_config(a: argparse.Namespace) -> ServeConfig:
     """The file's keys with the flags given laid over them, validated once (errors name the key and its source)."""
-    data = read_config_file(a.config) if a.config else {}
+    config_file = a.config or os.environ.get("BASAL_CONFIG") or None
+    data = read_config_file(config_file) if config_file else {}
     server = {k: getattr(a, k) for k in (*SERVER_FLAGS, *SWITCHES, *CHOICE_FLAGS) if getattr(a, k) is not None}
     if a.api_key is not None:
         server["api_keys"] = a.api_key
@@ -164,7 +175,9 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         model["no_prefix_cache"] = True
     limits = {k: getattr(a, k) for k in LIMIT_HELP if getattr(a, k) is not None}
     if a.model is not None:
-        data["models"] = [{"path": a.model}]
+        data["models"] = [model_entry(a.model)]
+    elif "models" not in data and (env_models := environment()[0].get("models")):
+        data["models"] = env_models  # before the model flags, which apply to every model wherever it comes from
     if model:
         entries = data.get("models") or [{"path": DEMO_PATH}]
         if isinstance(entries, list):  # any other shape is the schema's to report
@@ -173,7 +186,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
     if limits:
         data["limits"] = {**(data.get("limits") or {}), **limits}
     flags_given = bool(server or model or limits or a.model is not None)
-    where = a.config or "flags"
-    if a.config and flags_given:
-        where = f"{a.config} with the flags given"
+    where = config_file or "flags"
+    if config_file and flags_given:
+        where = f"{config_file} with the flags given"
     return parse_config(data, where)

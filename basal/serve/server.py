@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
-from pathlib import Path
 
 from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
@@ -19,11 +19,11 @@ from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
-from basal.core.errors import ModelDirError
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
 from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
+from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
 log = logging.getLogger("basal")
@@ -45,21 +45,8 @@ def _source_directory(cfg: ModelConfig) -> ModelDir:
         return demo_model()
     if cfg.path is not None:
         return ModelDir.load(cfg.path)
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise ModelDirError(
-            f"{cfg.repo}: downloading from the Hugging Face hub needs `pip install huggingface_hub`; "
-            "or download the model yourself and give its directory as `path`"
-        ) from e
-    try:
-        local = snapshot_download(cfg.repo, revision=cfg.revision, token=os.environ.get("HF_TOKEN"))
-    except Exception as e:
-        raise ModelDirError(
-            f"{cfg.repo}: download failed ({type(e).__name__}: {e}); check the network and HF_TOKEN, "
-            "or give a local directory as `path`"
-        ) from e
-    return ModelDir.load(Path(local))
+    assert cfg.repo is not None  # ModelConfig has exactly one of path and repo
+    return ModelDir.load(snapshot(cfg.repo, cfg.revision))
 
 
 def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, progress: bool = False) -> Engines:
@@ -68,27 +55,55 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
     Every directory is read (and every name checked) before any weights load; with `progress`, each model's
     steps are shown on standard error (`basal.progress`: a bar on a terminal, a line per step otherwise).
     """
-    metrics = Metrics(config.max_inflight)
-    gate = Gate(config.long_slice_ms, config.long_share)
-    if config.threads is not None:
-        from basal.backends.cuda.cpu.threads import configure_threads
+    engines, sources = pending_engines(config, models)
+    load_models(engines, sources, config, progress)
+    return engines
 
-        configure_threads(config.threads)
+
+def pending_engines(
+    config: ServeConfig, models: list[ModelDir] | None = None
+) -> tuple[Engines, list[tuple[ModelConfig, ModelDir]]]:
+    """The front of every configured model before any weights load: names are known (and checked), so the listener
+    can open and answer probes (`/health/ready` says "loading") while `load_models` fills it in."""
+    metrics = Metrics(config.max_inflight)
     specs = config.models or [ModelConfig(path=DEMO_PATH)]
     dirs = models if models is not None else [model_directory(spec) for spec in specs]
     _check_names(specs, dirs)
-    engines: dict[str, Engine] = {}
+    default = config.default_model or dirs[0].name
+    if default not in [d.name for d in dirs]:
+        raise ConfigError(
+            f"default_model {default!r} is not among the served models: {', '.join(d.name for d in dirs)}"
+        )
     for spec, model in zip(specs, dirs, strict=True):  # said before the bar, which would tear them
         if spec.is_demo:
             log.warning(DEMO_WARNING.format(name=model.name))
         elif model.synthetic:
             log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
-    with Progress("loading", 2 * len(specs), emit=log.info, enabled=progress) as shown:
-        for spec, model in zip(specs, dirs, strict=True):
+    engines = Engines({}, default, metrics, config.max_inflight, pending=[d.name for d in dirs])
+    metrics.add_collector(device_memory(engines))
+    return engines, list(zip(specs, dirs, strict=True))
+
+
+def load_models(
+    engines: Engines, sources: list[tuple[ModelConfig, ModelDir]], config: ServeConfig, progress: bool = False
+) -> None:
+    """Load the weights of every model of `sources`, warm it up and add it to `engines` (it serves from then on).
+    Stops between models once the front is closed (a SIGTERM during the load)."""
+    gate = Gate(config.long_slice_ms, config.long_share)
+    if config.threads is not None:
+        from basal.backends.cuda.cpu.threads import configure_threads
+
+        configure_threads(config.threads)
+    with Progress("loading", 2 * len(sources), emit=log.info, enabled=progress) as shown:
+        for spec, model in sources:
+            if engines.closed:
+                return
             started = time.perf_counter()
+            engines.progress[model.name] = "loading weights"
             with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
                 backend = load_backend(model, spec.backend, spec.dtype)
             graphs = " and CUDA graphs" if backend.device.startswith("cuda") else ""  # the GPU path warms up
+            engines.progress[model.name] = f"warming up: template prefix{graphs}"
             with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
                 pipeline = Pipeline(
                     model,
@@ -100,21 +115,17 @@ def build_engines(config: ServeConfig, models: list[ModelDir] | None = None, pro
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
             shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
-            metrics.model_load.set(model.name, value=seconds)
+            engines.metrics.model_load.set(model.name, value=seconds)
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
-            engines[model.name] = Engine(model.name, pipeline, gate, metrics, settings)
-    metrics.add_collector(device_memory({name: e.pipeline.backend.device for name, e in engines.items()}))
-    default = config.default_model or next(iter(engines))
-    if default not in engines:
-        raise ConfigError(f"default_model {default!r} is not among the served models: {', '.join(engines)}")
-    return Engines(engines, default, metrics, config.max_inflight)
+            engines.add(Engine(model.name, pipeline, gate, engines.metrics, settings))
 
 
-def device_memory(devices: dict[str, str]) -> CallbackCollector:
-    """`basal_device_memory_bytes{model, device}`: what torch has allocated on each model's CUDA device, read at
-    scrape time (no samples on the CPU, whose memory is the process's `process_resident_memory_bytes`)."""
+def device_memory(engines: Engines) -> CallbackCollector:
+    """`basal_device_memory_bytes{model, device}`: what torch has allocated on each loaded model's CUDA device, read
+    at scrape time (no samples on the CPU, whose memory is the process's `process_resident_memory_bytes`)."""
 
     def read():
+        devices = {name: e.pipeline.backend.device for name, e in list(engines.engines.items())}
         cuda = [(name, device) for name, device in devices.items() if device.startswith("cuda")]
         if cuda:
             import torch
@@ -149,7 +160,7 @@ def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
 def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
     if env := os.environ.get("BASAL_API_KEYS"):
-        keys += [k.strip() for k in env.split(",") if k.strip()]
+        keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
     tracer = None
     if config.otlp_endpoint:
         from basal.api.tracing import otlp_tracer
@@ -181,15 +192,40 @@ def metrics_listener(engines: EnginesFront, addr: str):
 
 
 def serve(config: ServeConfig) -> None:
+    """Listen first, then load: probes get answers during a long load (`/health/live` 200, `/health/ready` 503 with
+    each model's step) instead of "connection refused". A load that fails stops the server and raises here."""
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
     if config.metrics_addr:
         host, _, port = config.metrics_addr.rpartition(":")
         check_port(host.strip("[]"), int(port))
-    listen(build_engines(config, progress=True), config)
+    engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
+    failed: list[BaseException] = []
+    server = _server(engines, config)
+
+    def load() -> None:
+        try:
+            load_models(engines, sources, config, progress=True)
+        except BaseException as e:  # the server stops; `serve` raises it once uvicorn has shut down
+            failed.append(e)
+            server.should_exit = True
+            return
+        log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
+
+    loader = threading.Thread(target=load, name="basal-load", daemon=True)
+    loader.start()
+    server.run()
+    if failed:
+        raise failed[0]
 
 
 def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
+    server = _server(engines, config, where)
+    log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
+    server.run()
+
+
+def _server(engines: EnginesFront, config: ServeConfig, where: str = "") -> DrainingServer:
     app = create_app(engines, api_settings(config))
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
@@ -208,6 +244,4 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
     uvicorn_config = server_config(
         app, config.host, config.port, config.limits, access_log=False, log_level="info", log_config=None
     )
-    server = DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)
-    log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
-    server.run()
+    return DrainingServer(uvicorn_config, engines, config.shutdown_grace_s)

@@ -105,4 +105,5 @@ def test_on_cuda_load_hands_over_to_the_gpu_path_and_says_when_it_cannot(demo_mo
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
     with pytest.raises((AssertionError, RuntimeError)):  # this CPU build of torch has no CUDA to load onto
         TorchBackend.load(demo_model, device="cuda")
-    assert handed == ["cuda"] and "CUDA without Triton" in caplog.text and "pip install triton" in caplog.text
+    assert handed == ["cuda"] and "CUDA without Triton" in caplog.text
+    assert "pip install 'basal-engine[cuda]'" in caplog.text

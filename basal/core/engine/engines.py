@@ -21,7 +21,7 @@ from basal.core.engine.engine import TRIM_AFTER_CHARS, Engine
 from basal.core.engine.memory import release_free_memory
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.scheduler import Job
-from basal.core.errors import EngineClosed, Overloaded
+from basal.core.errors import EngineClosed, Loading, Overloaded
 from basal.core.model.model_dir import Calibration
 from basal.core.request.plan import DecisionRequest
 
@@ -59,6 +59,7 @@ class EnginesFront(Protocol):
     max_inflight: int
     closed: bool
     draining: bool
+    progress: dict[str, str]  # models still loading -> their step; empty once every model serves
 
     @property
     def names(self) -> list[str]:
@@ -111,6 +112,7 @@ class InflightLimit:
         self._lock = threading.Lock()
         self.closed = False
         self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
+        self.progress: dict[str, str] = {}  # model still loading -> its step (/health/ready); empty once all serve
 
     @property
     def inflight(self) -> int:
@@ -127,6 +129,8 @@ class InflightLimit:
         with self._lock:
             if self.closed or self.draining:
                 raise EngineClosed("the server is shutting down")
+            if self.progress:
+                raise Loading(f"still loading: {', '.join(self.progress)}")
             if self._inflight >= self.max_inflight:
                 raise Overloaded()
             self._inflight += 1
@@ -138,32 +142,58 @@ class InflightLimit:
 
 
 class Engines(InflightLimit):
-    """Every model the process serves: one gate, one in-flight limit, one planning pool."""
+    """Every model the process serves: one gate, one in-flight limit, one planning pool. `pending`: names of models
+    still loading (`basal serve` listens first); each serves once `add`ed, and requests get 503 until all are."""
 
     def __init__(
-        self, engines: dict[str, Engine], default: str, metrics: Metrics, max_inflight: int = 1024, planners: int = 2
+        self,
+        engines: dict[str, Engine],
+        default: str,
+        metrics: Metrics,
+        max_inflight: int = 1024,
+        planners: int = 2,
+        pending: list[str] | tuple[str, ...] = (),
     ):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
         for name, engine in engines.items():
             metrics.model_served(name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+        self._names = [*engines, *pending]
+        self.progress = {name: "waiting" for name in pending}
+        self._started = False
+        self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
 
     @property
     def names(self) -> list[str]:
-        return list(self.engines)
+        return list(self._names)
+
+    def add(self, engine: Engine) -> None:
+        """A pending model has loaded: its lanes start (if the app has started) and it serves."""
+        self.metrics.model_served(engine.name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+        with self._start_lock:
+            self.engines[engine.name] = engine
+            if self.closed:
+                engine.close(drain=False, timeout=0.0)
+                return
+            if self._started:
+                engine.start()
+        self.progress.pop(engine.name, None)
 
     def model_info(self, name: str) -> ModelInfo:
         pipeline = self.engines[name].pipeline
         return ModelInfo(name, pipeline.model.calibration, pipeline.serves_evidence, pipeline.backend.describe())
 
     def start(self) -> None:
-        for engine in self.engines.values():
-            engine.start()
+        with self._start_lock:
+            self._started = True
+            for engine in self.engines.values():
+                engine.start()
 
     def ready(self) -> bool:
-        """Every model can answer (its lanes run); /health reports it."""
-        return all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
+        """Every model is loaded and can answer (its lanes run); /health/ready reports it."""
+        loaded = not self.progress and len(self.engines) == len(self._names)
+        return loaded and all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     async def run(
         self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
@@ -213,8 +243,10 @@ class Engines(InflightLimit):
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
         """Stop taking requests; finish (drain) or fail what is queued; stop the lanes. `abandon`: running
         passes stop at their next checkpoint too and their requests get EngineClosed (503)."""
-        self.closed = True
-        for engine in self.engines.values():
+        with self._start_lock:
+            self.closed = True
+            engines = list(self.engines.values())
+        for engine in engines:
             engine.close(drain, timeout, abandon)
         self._pool.shutdown(wait=False, cancel_futures=True)
 

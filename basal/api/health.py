@@ -1,0 +1,116 @@
+"""The probes: `/health/live` (the process serves HTTP), `/health/ready` (a decision request would be served), and
+`/health`, the original endpoint, which means ready (same status code) and keeps its body for existing clients.
+
+Ready means "can serve", not "everything is perfect": 503 while the models load (with each model's step), while
+draining or shut down, when a model cannot answer (a lane died; on Ray, a model with no running replica), and
+when every in-flight place is taken (every decision request would get 529). Live stays 200 through all of these,
+so an orchestrator does not restart a process that is loading, draining or busy (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from litestar import Response, route
+
+from basal.api.errors import OVERLOADED_HEADERS
+from basal.api.openapi import documented
+from basal.api.schema_types import HealthResponse, json_schema
+from basal.core.engine.engines import EnginesFront
+
+Readiness = Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]
+
+
+class LiveResponse(msgspec.Struct):
+    status: Literal["alive"]
+
+
+class ReadyResponse(msgspec.Struct):
+    status: Readiness
+    models: dict[str, str]  # each served model: "loaded", or its load step ("waiting", "loading weights", ...)
+    inflight: int
+    max_inflight: int
+
+
+def readiness(engines: EnginesFront) -> Readiness:
+    """Why the server would refuse a decision request now ("ok": it would not)."""
+    if engines.closed:
+        return "shutting down"
+    if engines.draining:
+        return "draining"
+    if engines.progress:
+        return "loading"
+    if not engines.ready():
+        return "not ready"
+    if engines.inflight >= engines.max_inflight:
+        return "overloaded"
+    return "ok"
+
+
+def _content(tp: type) -> dict:
+    return {"application/json": {"schema": json_schema(tp)}}
+
+
+def health_routes(engines: EnginesFront) -> list:
+    def answer(body: dict, status: str) -> Response:
+        ok = status == "ok"
+        return Response(body, status_code=200 if ok else 503, headers=None if ok else OVERLOADED_HEADERS)
+
+    @route(
+        "/health",
+        http_method=["GET", "HEAD"],
+        operation_class=documented(
+            {
+                "200": {"description": "ready (as /health/ready)", "content": _content(HealthResponse)},
+                "503": {
+                    "description": "loading, overloaded, draining or shut down (retry elsewhere)",
+                    "content": _content(HealthResponse),
+                },
+            }
+        ),
+        summary="Readiness and the served models (the original probe; same status as /health/ready)",
+        tags=["service"],
+    )
+    async def health() -> Response:
+        status = readiness(engines)
+        return answer({"status": status, "models": engines.names, "default_model": engines.default}, status)
+
+    @route(
+        "/health/live",
+        http_method=["GET", "HEAD"],
+        operation_class=documented(
+            {"200": {"description": "the process serves HTTP", "content": _content(LiveResponse)}}
+        ),
+        summary="Liveness: 200 while the process answers HTTP (also while loading, draining or busy)",
+        tags=["service"],
+    )
+    async def live() -> Response:
+        return Response({"status": "alive"})
+
+    @route(
+        "/health/ready",
+        http_method=["GET", "HEAD"],
+        operation_class=documented(
+            {
+                "200": {
+                    "description": "every model is loaded and a decision request would be served",
+                    "content": _content(ReadyResponse),
+                },
+                "503": {
+                    "description": "loading (each model's step), overloaded, a model cannot answer, draining",
+                    "content": _content(ReadyResponse),
+                },
+            }
+        ),
+        summary="Readiness: 200 when a decision request would be served, 503 (and why) when not",
+        tags=["service"],
+    )
+    async def ready() -> Response:
+        status = readiness(engines)
+        loading = dict(engines.progress)
+        models = {name: loading.get(name, "loaded") for name in engines.names}
+        body = {"status": status, "models": models, "inflight": engines.inflight, "max_inflight": engines.max_inflight}
+        return answer(body, status)
+
+    return [health, live, ready]
