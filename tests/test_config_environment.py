@@ -21,6 +21,7 @@ from basal.serve.server import api_settings
 # keys whose values are constrained beyond their type: three valid values (environment, file, flag)
 CONSTRAINED = {
     "addr": ("127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"),
+    "metrics_addr": ("127.0.0.1:9101", "127.0.0.1:9102", "127.0.0.1:9103"),
     "long_share": (0.1, 0.2, 0.3),
     "gemm_table": ("none", "auto", "none"),
 }

@@ -64,8 +64,14 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     hub = _hub_module()
     if hub is not None and not offline():
         try:
-            return Path(hub.snapshot_download(repo, revision=revision, token=os.environ.get("HF_TOKEN")))
-        except Exception as e:  # a wrong name, a gated repo, no network and nothing cached (else it serves that)
+            # the cache named explicitly: huggingface_hub reads HF_HOME once, at its import
+            folder = hub.snapshot_download(
+                repo, revision=revision, cache_dir=hub_cache(), token=os.environ.get("HF_TOKEN")
+            )
+            return Path(folder)
+        except Exception as e:  # a wrong name, a gated repo, or no network: a cached snapshot still serves
+            if (cached := cached_snapshot(repo, revision)) is not None:
+                return cached
             raise ModelDirError(
                 f"{where}: download failed ({type(e).__name__}: {e}); check the network, the name and HF_TOKEN, "
                 "or give a local directory"
