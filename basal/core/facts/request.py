@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from basal.core.errors import native_refusal
+from basal.core.errors import ErrorList, native_refusal
 from basal.core.facts.inject import FactsError, inject
 from basal.core.model.render import text_of
 
@@ -45,7 +45,7 @@ def basal_state_text(raw: dict[str, Any]) -> str:
         raise native_refusal(str(e), e.kind) from e
 
 
-def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[str, Any]]) -> str:
+def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: ErrorList) -> str:
     """The state text of a ``/v1/systemone`` request; facts errors are appended to the collected `errors`.
 
     `state_ok`: the body has a state of a valid shape (otherwise its own error is already collected, and the
@@ -53,7 +53,7 @@ def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[
     """
     wants = _wants_facts(raw, null_is_off=True)
     if wants is None:
-        errors.append({"type": "literal_error", "loc": ["body", "facts"], "msg": FACTS_VALUE_ERROR})
+        errors.add("literal_error", ["facts"], FACTS_VALUE_ERROR)
     if not state_ok:
         return ""
     text = text_of(raw["state"])
@@ -62,5 +62,5 @@ def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[
     try:
         return inject(text)
     except FactsError as e:
-        errors.append({"type": "value_error", "loc": ["body", "state"], "msg": str(e)})
+        errors.add("value_error", ["state"], str(e))
         return text

@@ -22,11 +22,11 @@ from typing import Any
 import msgspec
 
 from basal.core.errors import (
+    ErrorList,
     RequestError,
     native_refusal,
     systemone_invalid,
     systemone_shape,
-    systemone_unsupported,
     systemone_usage,
 )
 from basal.core.facts.request import basal_state_text, systemone_state_text
@@ -112,38 +112,12 @@ def _served_hint(resolve_model: Callable[..., str | None]) -> str:
     return f" ({resolve_model.hint()})" if isinstance(resolve_model, ServedModels) else ""
 
 
-class _ShapeErrors:
-    """FastAPI/pydantic-style 422 error list, collected over the whole body, at most `limits.max_errors` listed."""
+class _ShapeErrors(ErrorList):
+    """FastAPI/pydantic-style 422 error list, collected over the whole body (bounded by `ErrorList`), with the
+    checks the dialect repeats: a missing field, an unknown one, a content value."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
-        self.items: list[dict[str, Any]] = []
-        self.limits = limits
-        self.unlisted = 0
-        self.stopped = False  # checking stopped once the list was full
-
-    @property
-    def full(self) -> bool:
-        return len(self.items) >= self.limits.max_errors
-
-    def refusal(self) -> RequestError:
-        """The 422 of the errors collected, with a last entry that says how many were not listed."""
-        items = self.items
-        if self.unlisted or self.stopped:
-            more = f"more errors are not listed (at most {self.limits.max_errors} are)"
-            items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
-        return systemone_shape(items)
-
-    def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
-        if self.full:
-            self.unlisted += 1
-            return
-        loc = [echo(part, self.limits) if isinstance(part, str) else part for part in loc]
-        err: dict[str, Any] = {"type": type_, "loc": ["body", *loc], "msg": msg}
-        if type_ != "missing":
-            err["input"] = _preview(value, self.limits.max_echo_chars)
-        if ctx:
-            err["ctx"] = ctx
-        self.items.append(err)
+        super().__init__(limits.max_errors, limits.max_echo_chars)
 
     def missing(self, loc: list[Any], hint: str = "") -> None:
         self.add("missing", loc, "Field required" + hint)
@@ -176,34 +150,6 @@ def _misspelled_as(field: str, raw: dict[str, Any]) -> str:
     unknown = [k[:MAX_KEY_CHARS] for k in itertools.islice(raw, MAX_KEYS_COMPARED) if k not in SYSTEMONE_BODY_KEYS]
     match = nearest(field, unknown)
     return f" (the body has {echo(match)!r}; did you mean {field!r}?)" if match else ""
-
-
-def _preview(value: Any, max_chars: int = DEFAULT_LIMITS.max_echo_chars) -> Any:
-    """Input echoed in a 422 error, cut so an error body never grows with the request."""
-    if isinstance(value, str) and len(value) > max_chars:
-        return value[:max_chars] + "…"
-    if isinstance(value, dict | list) and not _fits(value, max_chars):
-        return "…"
-    return value
-
-
-def _fits(value: Any, budget: int) -> bool:
-    """Whether a JSON value encodes to about `budget` bytes or fewer; stops counting once past it."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            budget -= 2 + len(v)
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            budget -= 2 + len(v)
-            stack.extend(v)
-        else:
-            budget -= len(v) + 2 if isinstance(v, str) else 8
-        if budget < 0:
-            return False
-    return True
 
 
 def _lang(state_text: str, question_text: str) -> str:
@@ -272,9 +218,9 @@ def parse_systemone(
                 min_length=1,
                 actual_length=0,
             )
-    state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
+    state_text = systemone_state_text(raw, state_ok, errors)  # facts: "off" / "auto"
     if isinstance(questions, dict):
-        ext.check_multi_evidence(questions, ext.Errors(errors.items))
+        ext.check_multi_evidence(questions, errors)
         for qid, q in questions.items():
             if errors.full:
                 errors.stopped = True
@@ -286,7 +232,7 @@ def parse_systemone(
     model = resolve_model(raw["model"])
     if model is None:
         raise systemone_usage(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
-    unsupported: list[dict[str, Any]] = []
+    unsupported = ErrorList(limits.max_errors, limits.max_echo_chars)
     planned = []
     has_head = serves_evidence(model)
     for qid, q in questions.items():
@@ -294,17 +240,13 @@ def parse_systemone(
         if question is not None:
             planned.append(question)
     if unsupported:
-        raise systemone_unsupported(unsupported)
+        raise unsupported.unsupported()
     return DecisionRequest("systemone", model, tuple(planned), facts_limit=_facts_limit(raw))
 
 
 def _facts_limit(raw: dict[str, Any]) -> int | None:
     """With facts "auto": the length of the state before the facts block (evidence spans are clipped to it)."""
     return len(text_of(raw["state"])) if raw.get("facts") == "auto" else None
-
-
-def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
-    return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
 
 
 _COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
@@ -338,9 +280,9 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
         errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
     criteria = q.get("criteria")
     if qtype == "multi":
-        ext.check_multi_shape(qid, q, ext.Errors(errors.items), errors.entry)
+        ext.check_multi_shape(qid, q, errors, errors.entry)
     elif qtype == "act":
-        ext.check_act_shape(qid, q, ext.Errors(errors.items), errors.entry)
+        ext.check_act_shape(qid, q, errors, errors.entry)
     elif qtype == "noul":
         if criteria is None:
             return
@@ -389,12 +331,12 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
 
 
 def _plan_systemone(
-    qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]], has_head: bool = False
+    qid: str, q: dict[str, Any], state_text: str, unsupported: ErrorList, has_head: bool = False
 ) -> Question | None:
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
     if qtype == "box":
-        unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
+        unsupported.add("unsupported", ["questions", qid, "type"], '"box" questions need a vision model')
         return None
     if qtype not in _ALLOWED_KEYS:
         raise systemone_usage(
@@ -405,9 +347,9 @@ def _plan_systemone(
     question_text = "" if instructions is None else text_of(instructions)
     evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
     if evidence and not has_head:
-        unsupported.append(ext.evidence_unsupported(qid))
+        ext.evidence_unsupported(qid, unsupported)
     elif evidence and not ext.evidence_option_count_ok(q):
-        unsupported.append(ext.evidence_unsupported(qid, ext.EVIDENCE_OPTIONS))
+        ext.evidence_unsupported(qid, unsupported, ext.EVIDENCE_OPTIONS)
     if qtype == "multi":
         planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
         return None if planned is None else _from_planned(planned, False)
