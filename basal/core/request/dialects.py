@@ -34,7 +34,7 @@ from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, I
 from basal.core.model.render import MAX_DEPTH, depth_of, text_of
 from basal.core.request import extensions as ext
 from basal.core.request.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
-from basal.core.request.limits import DEFAULT_LIMITS, Limits, echo
+from basal.core.request.limits import DEFAULT_LIMITS, Limits, check_size_floor, echo
 from basal.core.request.model_names import ServedModels
 from basal.core.request.plan import DecisionRequest, Dialect, Kind, Question
 
@@ -173,6 +173,22 @@ def _has_polish(text: str) -> bool:
     return found
 
 
+def _size_check(dialect: Dialect, questions: Any, limits: Limits) -> Callable[[str], None]:
+    """The request's character limits checked from sizes, given the state text before facts: every question
+    asks at least two prompts over the whole state, a multi two per label, each with its branch line."""
+
+    def check(state_text: str) -> None:
+        prompts = fixed = 0
+        for q in questions.values() if isinstance(questions, dict) else ():
+            labels = q.get("criteria") if isinstance(q, dict) and q.get("type") == "multi" else None
+            n = len(labels) if isinstance(labels, dict | list) and labels else 1
+            prompts += 2 * n
+            fixed += 2 * n * ext.MIN_BRANCH_CHARS if n > 1 else 0
+        check_size_floor(dialect, len(state_text), prompts, fixed, limits)
+
+    return check
+
+
 def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestError:
     if dialect == "basal":
         return native_refusal(f"{n} questions; a request may ask at most {limits.max_questions}")
@@ -218,7 +234,8 @@ def parse_systemone(
                 min_length=1,
                 actual_length=0,
             )
-    state_text = systemone_state_text(raw, state_ok, errors)  # facts: "off" / "auto"
+    sized = _size_check("systemone", questions, limits)
+    state_text = systemone_state_text(raw, state_ok, errors, sized)  # facts: "off" / "auto"
     if isinstance(questions, dict):
         ext.check_multi_evidence(questions, errors)
         for qid, q in questions.items():
@@ -432,7 +449,7 @@ def parse_basal(
         raise _too_many_questions("basal", len(questions), limits)
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise native_refusal(f"state is nested deeper than {MAX_DEPTH} levels")
-    state_text = basal_state_text(raw)  # facts: "off" / "auto"
+    state_text = basal_state_text(raw, _size_check("basal", questions, limits))  # facts: "off" / "auto"
     planned = tuple(_plan_basal(name, q, state_text, warnings) for name, q in questions.items())
     if check_evidence:
         _fail_before_the_run(planned, serves_evidence(model))

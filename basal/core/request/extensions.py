@@ -417,6 +417,7 @@ def full_form_defer(actions: list[Any], defer_action: Any) -> Any:
 
 
 BRANCH_LINE = {"pl": "Czy dotyczy: \u201e{label}\u201d?", "en": 'Does this apply: "{label}"?'}
+MIN_BRANCH_CHARS = 1 + min(len(line.format(label="")) for line in BRANCH_LINE.values())  # newline + the line
 
 
 @dataclass(frozen=True, slots=True)

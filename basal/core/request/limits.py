@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from basal.core.errors import over_limit
+
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # work of one request
@@ -41,3 +43,18 @@ def echo(text: object, limits: Limits = DEFAULT_LIMITS) -> str:
     """A piece of the request quoted in an error message, cut so an error never grows with the request."""
     s = text if isinstance(text, str) else str(text)
     return s if len(s) <= limits.max_echo_chars else s[: limits.max_echo_chars] + "…"
+
+
+def check_size_floor(dialect: str, state_chars: int, prompts: int, fixed_chars: int, limits: Limits) -> None:
+    """Refuse, from sizes alone, a request whose prompts cannot fit its limits: `prompts` prompts (at least) each
+    repeat the `state_chars` characters of the state, plus `fixed_chars` that no prompt shares. Checked before
+    facts are injected (they only append) and before a multi's branches are built (labels x questions)."""
+    if limits.max_prompt_chars and state_chars > limits.max_prompt_chars:
+        raise over_limit(dialect, f"a prompt has over {limits.max_prompt_chars} characters (limits.max_prompt_chars)")
+    floor = prompts * state_chars + fixed_chars
+    if floor > limits.max_request_chars:
+        raise over_limit(
+            dialect,
+            f"the prompts of this request hold at least {floor} characters; a request may hold at most "
+            f"{limits.max_request_chars} (send fewer questions, labels or a shorter state)",
+        )
