@@ -27,6 +27,7 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_header_bytes: int = 65_536  # request line + headers of one request (431 beyond)
     header_timeout_s: float = 10.0  # from connection (or the previous response) to the end of the headers (408)
     body_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408)
+    max_transit_bytes: int = 256 << 20  # bytes of bodies being received at once, all connections (529 beyond)
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
     def __post_init__(self) -> None:
