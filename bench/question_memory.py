@@ -48,7 +48,8 @@ out["packed_mb"] = peak()
 run_to_end(pipe.forward(rounds.tokenized, forwards, stats))
 out["forward_mb"] = peak()
 out["prompt_tokens"], out["packed_tokens"] = stats.prompt_tokens, stats.packed_tokens
-print(out)
+import json
+print(json.dumps(out))
 """
 
 
@@ -67,7 +68,7 @@ def main() -> None:
             text=True,
             check=True,
         )
-        rows[name] = eval(done.stdout.strip().splitlines()[-1])  # the probe's own dict of numbers
+        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\n{a.questions} noul questions on one 6.5 KB state, demo model; peak RSS (MB) after each step\n")
     print("| tokenizer | warm | tokenized | packed | forward | prompt tokens | packed tokens |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
