@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -183,6 +184,11 @@ def _facts(a: argparse.Namespace) -> int:
     return 0
 
 
+# Ray's switch for a single-node Ray on 127.0.0.1 (its default on macOS and Windows): with it 0, a local Ray's GCS,
+# raylet and worker ports listen on loopback instead of every interface.
+RAY_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def _serve(a: argparse.Namespace) -> int:
     from basal.backends.cuda.cpu.threads import prepare_server_environment
 
@@ -207,6 +213,8 @@ def _serve(a: argparse.Namespace) -> int:
             ray = msgspec.structs.replace(ray, replicas=a.replicas)
         config = msgspec.structs.replace(config, ray=ray)
     if config.ray is not None:
+        if config.ray.address is None:  # a local Ray: every one of its ports on loopback (docs/ray.md, Security)
+            os.environ.setdefault(RAY_LOCAL_ONLY, "0")  # read when ray is imported, so before the import below
         try:
             from basal.deploy.app import serve_ray
         except ImportError as e:

@@ -11,6 +11,7 @@ from typing import Any
 import zstandard
 
 from basal.api.errors import ClientGone, too_large, undecodable, unsupported_media_type
+from basal.core.errors import Overloaded
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -23,26 +24,58 @@ def check_content_type(headers: Mapping[str, str], dialect: str) -> None:
         raise unsupported_media_type(f"Unsupported Content-Type {shown}: send Content-Type: application/json.", dialect)
 
 
+class TransitBytes:
+    """Bytes of request bodies received so far by requests still receiving theirs, over all connections.
+
+    Bodies are read before a request takes a decision slot, so a slow body holds no decision capacity; what it
+    holds is the bytes it has sent, counted here against `limits.max_transit_bytes` (past it: 529). A client that
+    trickles a byte every few seconds holds a few bytes, not a slot; `body_timeout_s` ends it
+    (`connection_guard`). Used on the event loop only (no lock)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def take(self, n: int, limit: int) -> None:
+        if self.bytes + n > limit:
+            raise Overloaded()
+        self.bytes += n
+
+    def give_back(self, n: int) -> None:
+        self.bytes -= n
+
+
 async def read_body(
-    receive: Callable[[], Awaitable[dict[str, Any]]], headers: Mapping[str, str], limit: int, dialect: str
+    receive: Callable[[], Awaitable[dict[str, Any]]],
+    headers: Mapping[str, str],
+    limit: int,
+    dialect: str,
+    transit: TransitBytes | None = None,
+    transit_limit: int = 0,
 ) -> bytes:
     """The request body, refused with 413 as soon as it passes `limit` bytes (before it is read, by
-    Content-Length, where the client sends one); ClientGone if the client hangs up first."""
+    Content-Length, where the client sends one); ClientGone if the client hangs up first. With `transit`, its
+    bytes count against `transit_limit` while it is received (Overloaded past it)."""
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large("Request body too large.", dialect)
     chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large("Request body too large.", dialect)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            if size + len(chunk) > limit:
+                raise too_large("Request body too large.", dialect)
+            if transit is not None:
+                transit.take(len(chunk), transit_limit)
+            size += len(chunk)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+    finally:
+        if transit is not None:
+            transit.give_back(size)
 
 
 def decompress(body: bytes, encoding: str | None, limit: int, dialect: str = "systemone") -> bytes:

@@ -1,7 +1,9 @@
 """The shared path of a decision request in either dialect: slot, auth, body, contract, engine, response headers.
 
-Order (cheapest refusal first): an in-flight slot (529 / 503 before a byte of the body is read, so a retry
-storm costs no parsing), the key (401 / 403), the Content-Type (415), the body (413), then the contract. Large
+Order (cheapest refusal first): shutdown (503) and a full `max_inflight` (529), both before a byte of the body is
+read, so a retry storm costs no parsing; the key (401 / 403), the Content-Type (415), the body (413; its bytes
+count against `max_transit_bytes` while it arrives, 529 past it); then an in-flight slot (529 / 503) and the
+contract. The slot is taken once the body is in: a slow body holds no decision capacity. Large
 or compressed bodies are decompressed, decoded and validated in a worker thread, never on the event loop.
 """
 
@@ -18,13 +20,13 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from basal.api.body import check_content_type, decompress, read_body
+from basal.api.body import TransitBytes, check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response
 from basal.api.observe import current_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, Result
-from basal.core.errors import native_refusal, systemone_usage
+from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
@@ -48,6 +50,7 @@ class ApiSettings:
     public_metrics_and_schema: bool = False  # /metrics and /schema without a key even when keys are set
     access_log: bool = False  # one line per request (basal.access), in the process's log format
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
+    transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
@@ -120,12 +123,19 @@ def warnings_header(messages: tuple[str, ...]) -> str:
     return value if len(value) <= MAX_WARNINGS_HEADER else value[: MAX_WARNINGS_HEADER - 3] + "..."
 
 
-async def _plan(
-    request: Request, dialect: str, settings: ApiSettings, parse: Callable[[Any], DecisionRequest]
-) -> DecisionRequest:
-    """Read, decompress, decode and validate the body; the CPU-bound part off the loop when the body is large."""
+async def _read(request: Request, dialect: str, settings: ApiSettings) -> bytes:
+    """The body, read before a decision slot is taken (a slow body holds bytes in transit, not a slot)."""
     check_content_type(request.headers, dialect)
-    body = await read_body(request.receive, request.headers, settings.max_body_bytes, dialect)
+    limits = settings.limits
+    return await read_body(
+        request.receive, request.headers, settings.max_body_bytes, dialect, settings.transit, limits.max_transit_bytes
+    )
+
+
+async def _plan(
+    request: Request, body: bytes, dialect: str, settings: ApiSettings, parse: Callable[[Any], DecisionRequest]
+) -> DecisionRequest:
+    """Decompress, decode and validate the body; the CPU-bound part off the loop when the body is large."""
     encoding = request.headers.get("content-encoding")
 
     def decode() -> Any:
@@ -153,10 +163,16 @@ async def handle_decision(
     metrics.http_inflight.inc(endpoint)
     watcher = None
     try:
+        if engines.closed or engines.draining:  # refused before a byte of the body is read
+            raise EngineClosed("the server is shutting down")
+        if engines.inflight >= engines.max_inflight:  # a retry storm costs no reading or parsing
+            raise Overloaded()
+        check_auth(request, settings, dialect)
+        diagnostics = wants_diagnostics(request, dialect)
+        body = await _read(request, dialect, settings)
         with engines.slot():
-            check_auth(request, settings, dialect)
-            diagnostics = wants_diagnostics(request, dialect)
-            plan = await _plan(request, dialect, settings, parse)
+            plan = await _plan(request, body, dialect, settings, parse)
+            del body
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
             model = plan.model

@@ -224,3 +224,12 @@ def test_large_choice_bounds():
     keys = tuple(f"o{i}" for i in range(256))
     with pytest.raises(ValueError, match=r"11\.\.255"):
         LargeChoice(Item("q", "choice", keys, keys, "en", "s", "?"))
+
+
+def test_a_client_that_left_stops_the_fits_between_rounds():
+    from basal.core.errors import Cancelled
+
+    rounds = Rounds(parse_systemone(_request(40), lambda _: "m"))
+    logits = [[np.linspace(0, 1, 10, dtype=np.float32)] * len(it.orders) for it in rounds.asked]
+    with pytest.raises(Cancelled):
+        rounds.take(logits, cancelled=lambda: True)

@@ -15,7 +15,7 @@ Prompts per question: 2g · orders + 2.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,6 +30,11 @@ STRATEGIES: tuple[Strategy, ...] = ("luce2-1o", "luce2")
 DEFAULT_STRATEGY: Strategy = "luce2-1o"
 MAX_LARGE_CHOICE = 255  # the TypeSafe SDK's limit (more is a 400)
 FINALISTS = MAX_OPTIONS
+Cancel = Callable[[], bool]  # whether the request's client is gone
+
+
+def _never() -> bool:
+    return False
 
 
 def is_large(item: Item) -> bool:
@@ -121,26 +126,27 @@ class LargeChoice:
         asked = orders_per_group(self.strategy)
         return [sub_item(self.item, g, f"{self.item.name}#{k}", asked) for k, g in enumerate(self.groups)]
 
-    def final_round(self, group_logits: Sequence[Sequence[np.ndarray]]) -> GroupItem:
+    def final_round(self, group_logits: Sequence[Sequence[np.ndarray]], cancelled: Cancel = _never) -> GroupItem:
         """Letter logits of every group (per asked order) -> the final group's item."""
         asked = self.first_round()
         return self.take_first_round(
-            [group_distribution(lg, it.orders) for lg, it in zip(group_logits, asked, strict=True)]
+            [group_distribution(lg, it.orders) for lg, it in zip(group_logits, asked, strict=True)], cancelled
         )
 
-    def take_first_round(self, targets: Sequence[np.ndarray]) -> GroupItem:
-        """Fit the group distributions; the 10 strongest options become the final group (asked in both orders)."""
+    def take_first_round(self, targets: Sequence[np.ndarray], cancelled: Cancel = _never) -> GroupItem:
+        """Fit the group distributions; the 10 strongest options become the final group (asked in both orders).
+        `cancelled()` is asked between the fit's steps (`Cancelled` once the client is gone)."""
         self.targets = [np.asarray(t, dtype=np.float64) for t in targets]
-        self.first_fit = fit(len(self.item.options), self.groups, self.targets)
+        self.first_fit = fit(len(self.item.options), self.groups, self.targets, cancelled)
         self.finalists = finalists(self.first_fit)
         return sub_item(self.item, self.finalists, f"{self.item.name}#final", 2)
 
-    def finish(self, final_logits: Sequence[np.ndarray]) -> np.ndarray:
+    def finish(self, final_logits: Sequence[np.ndarray], cancelled: Cancel = _never) -> np.ndarray:
         """Letter logits of the final group's two orders -> the joint distribution."""
-        return self.take_final_round(group_distribution(final_logits, option_orders(len(self.finalists))))
+        return self.take_final_round(group_distribution(final_logits, option_orders(len(self.finalists))), cancelled)
 
-    def take_final_round(self, final_target: Sequence[float]) -> np.ndarray:
+    def take_final_round(self, final_target: Sequence[float], cancelled: Cancel = _never) -> np.ndarray:
         """Add the final group and refit over all 2g + 1 groups: the joint distribution (before temperature)."""
         targets = [*self.targets, np.asarray(final_target, dtype=np.float64)]
-        self.joint = fit(len(self.item.options), [*self.groups, self.finalists], targets)
+        self.joint = fit(len(self.item.options), [*self.groups, self.finalists], targets, cancelled)
         return self.joint

@@ -195,7 +195,7 @@ class Lane:
             job.compute_ms += seconds * 1000
             results = [next(rows) for _ in job.tokenized]
             try:
-                engine.pipeline.advance(job.rounds, results)
+                engine.pipeline.advance(job.rounds, results, job.cancelled)
                 if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
                     names = [i.name for i in job.rounds.asked]
                     check_length(job.request, job.rounds.tokenized, engine.context, names)
@@ -207,6 +207,9 @@ class Lane:
                 engine.computed_jobs += 1
                 job.finish(engine.pipeline.respond(job.rounds, latency))
             except (EngineClosed, RequestError) as e:
+                job.finish(e)
+            except Cancelled as e:  # the client left while its large choice was fitted
+                engine.cancelled_jobs += 1
                 job.finish(e)
             except Exception as e:
                 job.log(log, logging.ERROR, "answer failed", exc_info=e)

@@ -124,7 +124,7 @@ class InflightLimit:
 
     @contextmanager
     def slot(self) -> Iterator[None]:
-        """One of `max_inflight` places, taken before a request's body is read (so overload costs no parsing).
+        """One of `max_inflight` places, taken once a request's body is in (a slow body holds none).
         Raises Overloaded (529) or EngineClosed (503) at once."""
         with self._lock:
             if self.closed or self.draining:

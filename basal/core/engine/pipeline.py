@@ -7,7 +7,7 @@ The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the pla
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -130,11 +130,14 @@ class Pipeline:
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
-    def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
-        """Hand a round's letter logits back; tokenize the next round, if there is one."""
+    def advance(
+        self, rounds: Rounds, logits: Sequence[list[np.ndarray]], cancelled: Callable[[], bool] = lambda: False
+    ) -> None:
+        """Hand a round's letter logits back; tokenize the next round, if there is one. `cancelled`: the client
+        is gone (a large choice's fit stops between its steps with `Cancelled`)."""
         if rounds.request.diagnostics:
             rounds.packed_tokens += self.cost(rounds.tokenized)
-        rounds.take(logits)
+        rounds.take(logits, cancelled)
         if not rounds.done:
             rounds.tokenized = self.tokenize_items(rounds.asked)
 

@@ -9,7 +9,7 @@ engine run a round, hand its letter logits back with `take`, and run the next un
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,8 +50,9 @@ class Rounds:
     def done(self) -> bool:
         return not self.asked
 
-    def take(self, logits: Sequence[Logits]) -> None:
-        """The letter logits of every item of the round just run (in `asked` order); plans the next round."""
+    def take(self, logits: Sequence[Logits], cancelled: Callable[[], bool] = lambda: False) -> None:
+        """The letter logits of every item of the round just run (in `asked` order); plans the next round.
+        Large choices' fits ask `cancelled()` between their steps and raise `Cancelled` once it says True."""
         if len(logits) != len(self.asked):
             raise ValueError(f"{len(logits)} results for {len(self.asked)} items")
         self.input_tokens += sum(len(p) for t in self.tokenized for p in t.prompts)
@@ -66,10 +67,10 @@ class Rounds:
                     if q.name in self.evidence and states is not None:
                         self.states[q.name] = states
             for lc in self.large.values():
-                following.append(lc.final_round([next(rest) for _ in lc.groups]))
+                following.append(lc.final_round([next(rest) for _ in lc.groups], cancelled))
         else:
             for lc in self.large.values():
-                lc.finish(next(rest))
+                lc.finish(next(rest), cancelled)
         self.round += 1
         self.asked, self.tokenized = following, []
 

@@ -12,9 +12,10 @@ and language detection alike. A failure of the computation is the request's erro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from basal.core.errors import native_refusal
+from basal.core.errors import ErrorList, native_refusal
 from basal.core.facts.inject import FactsError, inject
 from basal.core.model.render import text_of
 
@@ -31,12 +32,15 @@ def _wants_facts(raw: dict[str, Any], null_is_off: bool) -> bool | None:
     return None
 
 
-def basal_state_text(raw: dict[str, Any]) -> str:
-    """The state text of a ``/v1/basal`` request (``raw`` has a ``state``), with facts injected if asked."""
+def basal_state_text(raw: dict[str, Any], check: Callable[[str], None] = lambda _text: None) -> str:
+    """The state text of a ``/v1/basal`` request (``raw`` has a ``state``), with facts injected if asked.
+    `check(text)` sees the state text before facts are injected (facts only append: the request's size limits
+    can refuse it before the scan)."""
     wants = _wants_facts(raw, null_is_off=False)
     if wants is None:
         raise native_refusal(FACTS_VALUE_ERROR)
     text = text_of(raw["state"])
+    check(text)
     if not wants:
         return text
     try:
@@ -45,22 +49,25 @@ def basal_state_text(raw: dict[str, Any]) -> str:
         raise native_refusal(str(e), e.kind) from e
 
 
-def systemone_state_text(raw: dict[str, Any], state_ok: bool, errors: list[dict[str, Any]]) -> str:
+def systemone_state_text(
+    raw: dict[str, Any], state_ok: bool, errors: ErrorList, check: Callable[[str], None] = lambda _text: None
+) -> str:
     """The state text of a ``/v1/systemone`` request; facts errors are appended to the collected `errors`.
 
     `state_ok`: the body has a state of a valid shape (otherwise its own error is already collected, and the
-    returned text is unused).
+    returned text is unused); `check` as for `basal_state_text`.
     """
     wants = _wants_facts(raw, null_is_off=True)
     if wants is None:
-        errors.append({"type": "literal_error", "loc": ["body", "facts"], "msg": FACTS_VALUE_ERROR})
+        errors.add("literal_error", ["facts"], FACTS_VALUE_ERROR)
     if not state_ok:
         return ""
     text = text_of(raw["state"])
+    check(text)
     if not wants:
         return text
     try:
         return inject(text)
     except FactsError as e:
-        errors.append({"type": "value_error", "loc": ["body", "state"], "msg": str(e)})
+        errors.add("value_error", ["state"], str(e))
         return text

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -36,6 +37,9 @@ def load_tokenizer_json(path: Path) -> HFTokenizer:
     return HFTokenizer.from_str(json.dumps(spec))
 
 
+ENCODE_CHARS = 1 << 20  # characters tokenized in one batch call
+
+
 class Tokenizer:
     """Prompt text -> token ids; option-letter ids; the length of the shared template prefix."""
 
@@ -43,6 +47,7 @@ class Tokenizer:
         self.path = path
         self.bos = bos
         self._tk = load_tokenizer_json(path)
+        self._ints = tuple(range(self._tk.get_vocab_size(with_added_tokens=True)))  # shared int objects
         self._letters = self._discover_letters()
         self.prefix_len = {lang: self._template_prefix_len(lang) for lang in ("pl", "en")}
 
@@ -63,8 +68,28 @@ class Tokenizer:
         e = self._tk.encode(text, add_special_tokens=False)
         return e.ids, [tuple(o) for o in e.offsets]
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tk.encode_batch(texts, add_special_tokens=False)]
+    def encode_batch(self, texts: list[str]) -> list[tuple[int, ...]]:
+        """Token ids of many texts, as tuples whose ints are shared (one object per vocabulary id).
+
+        A request of 1,024 questions on one long state tokenizes 2,048 prompts that each repeat the state: as
+        lists of fresh ints they cost ~36 bytes a token, plus the tokenizer's own per-token structures (offsets,
+        token strings) for every prompt at once. Here a token costs 8 bytes of its tuple, and at most
+        `ENCODE_CHARS` characters are encoded at a time, so the tokenizer's structures stay bounded."""
+        out: list[tuple[int, ...]] = []
+        start = 0
+        while start < len(texts):
+            end, chars = start + 1, len(texts[start])
+            while end < len(texts) and chars + len(texts[end]) <= ENCODE_CHARS:
+                chars += len(texts[end])
+                end += 1
+            out += [self._shared(e.ids) for e in self._tk.encode_batch(texts[start:end], add_special_tokens=False)]
+            start = end
+        return out
+
+    def _shared(self, ids: list[int]) -> tuple[int, ...]:
+        if len(ids) < 2:
+            return tuple(ids)
+        return operator.itemgetter(*ids)(self._ints)
 
     def letter_ids(self, k: int) -> list[int]:
         """Token ids of the first `k` option letters at the answer position (same for every prompt)."""

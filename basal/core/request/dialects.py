@@ -22,11 +22,11 @@ from typing import Any
 import msgspec
 
 from basal.core.errors import (
+    ErrorList,
     RequestError,
     native_refusal,
     systemone_invalid,
     systemone_shape,
-    systemone_unsupported,
     systemone_usage,
 )
 from basal.core.facts.request import basal_state_text, systemone_state_text
@@ -34,7 +34,7 @@ from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, I
 from basal.core.model.render import MAX_DEPTH, depth_of, text_of
 from basal.core.request import extensions as ext
 from basal.core.request.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
-from basal.core.request.limits import DEFAULT_LIMITS, Limits, echo
+from basal.core.request.limits import DEFAULT_LIMITS, Limits, check_size_floor, echo
 from basal.core.request.model_names import ServedModels
 from basal.core.request.plan import DecisionRequest, Dialect, Kind, Question
 
@@ -112,38 +112,12 @@ def _served_hint(resolve_model: Callable[..., str | None]) -> str:
     return f" ({resolve_model.hint()})" if isinstance(resolve_model, ServedModels) else ""
 
 
-class _ShapeErrors:
-    """FastAPI/pydantic-style 422 error list, collected over the whole body, at most `limits.max_errors` listed."""
+class _ShapeErrors(ErrorList):
+    """FastAPI/pydantic-style 422 error list, collected over the whole body (bounded by `ErrorList`), with the
+    checks the dialect repeats: a missing field, an unknown one, a content value."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
-        self.items: list[dict[str, Any]] = []
-        self.limits = limits
-        self.unlisted = 0
-        self.stopped = False  # checking stopped once the list was full
-
-    @property
-    def full(self) -> bool:
-        return len(self.items) >= self.limits.max_errors
-
-    def refusal(self) -> RequestError:
-        """The 422 of the errors collected, with a last entry that says how many were not listed."""
-        items = self.items
-        if self.unlisted or self.stopped:
-            more = f"more errors are not listed (at most {self.limits.max_errors} are)"
-            items = [*items, {"type": "too_many_errors", "loc": ["body"], "msg": more}]
-        return systemone_shape(items)
-
-    def add(self, type_: str, loc: list[Any], msg: str, value: Any = None, **ctx: Any) -> None:
-        if self.full:
-            self.unlisted += 1
-            return
-        loc = [echo(part, self.limits) if isinstance(part, str) else part for part in loc]
-        err: dict[str, Any] = {"type": type_, "loc": ["body", *loc], "msg": msg}
-        if type_ != "missing":
-            err["input"] = _preview(value, self.limits.max_echo_chars)
-        if ctx:
-            err["ctx"] = ctx
-        self.items.append(err)
+        super().__init__(limits.max_errors, limits.max_echo_chars)
 
     def missing(self, loc: list[Any], hint: str = "") -> None:
         self.add("missing", loc, "Field required" + hint)
@@ -178,34 +152,6 @@ def _misspelled_as(field: str, raw: dict[str, Any]) -> str:
     return f" (the body has {echo(match)!r}; did you mean {field!r}?)" if match else ""
 
 
-def _preview(value: Any, max_chars: int = DEFAULT_LIMITS.max_echo_chars) -> Any:
-    """Input echoed in a 422 error, cut so an error body never grows with the request."""
-    if isinstance(value, str) and len(value) > max_chars:
-        return value[:max_chars] + "…"
-    if isinstance(value, dict | list) and not _fits(value, max_chars):
-        return "…"
-    return value
-
-
-def _fits(value: Any, budget: int) -> bool:
-    """Whether a JSON value encodes to about `budget` bytes or fewer; stops counting once past it."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            budget -= 2 + len(v)
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            budget -= 2 + len(v)
-            stack.extend(v)
-        else:
-            budget -= len(v) + 2 if isinstance(v, str) else 8
-        if budget < 0:
-            return False
-    return True
-
-
 def _lang(state_text: str, question_text: str) -> str:
     """`lang_of(state_text + question_text)` without copying the state once per question."""
     return "pl" if _has_polish(state_text) or _has_polish(question_text) else "en"
@@ -225,6 +171,22 @@ def _has_polish(text: str) -> bool:
     with _last_long_lock:
         _last_long_text[:] = [(text, found)]
     return found
+
+
+def _size_check(dialect: Dialect, questions: Any, limits: Limits) -> Callable[[str], None]:
+    """The request's character limits checked from sizes, given the state text before facts: every question
+    asks at least two prompts over the whole state, a multi two per label, each with its branch line."""
+
+    def check(state_text: str) -> None:
+        prompts = fixed = 0
+        for q in questions.values() if isinstance(questions, dict) else ():
+            labels = q.get("criteria") if isinstance(q, dict) and q.get("type") == "multi" else None
+            n = len(labels) if isinstance(labels, dict | list) and labels else 1
+            prompts += 2 * n
+            fixed += 2 * n * ext.MIN_BRANCH_CHARS if n > 1 else 0
+        check_size_floor(dialect, len(state_text), prompts, fixed, limits)
+
+    return check
 
 
 def _too_many_questions(dialect: Dialect, n: int, limits: Limits) -> RequestError:
@@ -272,9 +234,10 @@ def parse_systemone(
                 min_length=1,
                 actual_length=0,
             )
-    state_text = systemone_state_text(raw, state_ok, errors.items)  # facts: "off" / "auto"
+    sized = _size_check("systemone", questions, limits)
+    state_text = systemone_state_text(raw, state_ok, errors, sized)  # facts: "off" / "auto"
     if isinstance(questions, dict):
-        ext.check_multi_evidence(questions, ext.Errors(errors.items))
+        ext.check_multi_evidence(questions, errors)
         for qid, q in questions.items():
             if errors.full:
                 errors.stopped = True
@@ -286,7 +249,7 @@ def parse_systemone(
     model = resolve_model(raw["model"])
     if model is None:
         raise systemone_usage(f"Unknown model: {echo(raw['model'], limits)}{_served_hint(resolve_model)}")
-    unsupported: list[dict[str, Any]] = []
+    unsupported = ErrorList(limits.max_errors, limits.max_echo_chars)
     planned = []
     has_head = serves_evidence(model)
     for qid, q in questions.items():
@@ -294,17 +257,13 @@ def parse_systemone(
         if question is not None:
             planned.append(question)
     if unsupported:
-        raise systemone_unsupported(unsupported)
+        raise unsupported.unsupported()
     return DecisionRequest("systemone", model, tuple(planned), facts_limit=_facts_limit(raw))
 
 
 def _facts_limit(raw: dict[str, Any]) -> int | None:
     """With facts "auto": the length of the state before the facts block (evidence spans are clipped to it)."""
     return len(text_of(raw["state"])) if raw.get("facts") == "auto" else None
-
-
-def _unsupported(loc: list[Any], msg: str) -> dict[str, Any]:
-    return {"type": "unsupported", "loc": ["body", *loc], "msg": msg}
 
 
 _COMMON_KEYS = frozenset({"type", "instructions", "criteria", "evidence"})
@@ -338,9 +297,9 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
         errors.entry(q["instructions"], [*loc, "instructions"], nullable=True)
     criteria = q.get("criteria")
     if qtype == "multi":
-        ext.check_multi_shape(qid, q, ext.Errors(errors.items), errors.entry)
+        ext.check_multi_shape(qid, q, errors, errors.entry)
     elif qtype == "act":
-        ext.check_act_shape(qid, q, ext.Errors(errors.items), errors.entry)
+        ext.check_act_shape(qid, q, errors, errors.entry)
     elif qtype == "noul":
         if criteria is None:
             return
@@ -389,12 +348,12 @@ def _check_question_shape(qid: str, q: Any, errors: _ShapeErrors) -> None:
 
 
 def _plan_systemone(
-    qid: str, q: dict[str, Any], state_text: str, unsupported: list[dict[str, Any]], has_head: bool = False
+    qid: str, q: dict[str, Any], state_text: str, unsupported: ErrorList, has_head: bool = False
 ) -> Question | None:
     """One shape-checked question -> its plan; 400 for semantic limits; unsupported features are collected."""
     qtype = q["type"]
     if qtype == "box":
-        unsupported.append(_unsupported(["questions", qid, "type"], '"box" questions need a vision model'))
+        unsupported.add("unsupported", ["questions", qid, "type"], '"box" questions need a vision model')
         return None
     if qtype not in _ALLOWED_KEYS:
         raise systemone_usage(
@@ -405,9 +364,9 @@ def _plan_systemone(
     question_text = "" if instructions is None else text_of(instructions)
     evidence = qtype != "multi" and ext.truthy(q.get("evidence"))
     if evidence and not has_head:
-        unsupported.append(ext.evidence_unsupported(qid))
+        ext.evidence_unsupported(qid, unsupported)
     elif evidence and not ext.evidence_option_count_ok(q):
-        unsupported.append(ext.evidence_unsupported(qid, ext.EVIDENCE_OPTIONS))
+        ext.evidence_unsupported(qid, unsupported, ext.EVIDENCE_OPTIONS)
     if qtype == "multi":
         planned = ext.plan_multi_systemone(qid, q, state_text, question_text, unsupported)
         return None if planned is None else _from_planned(planned, False)
@@ -510,7 +469,7 @@ def parse_basal(
         raise _too_many_questions("basal", len(questions), limits)
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise native_refusal(f"state is nested deeper than {MAX_DEPTH} levels")
-    state_text = basal_state_text(raw)  # facts: "off" / "auto"
+    state_text = basal_state_text(raw, _size_check("basal", questions, limits))  # facts: "off" / "auto"
     planned = tuple(_plan_basal(name, q, state_text, warnings, forced_lang) for name, q in questions.items())
     if check_evidence:
         _fail_before_the_run(planned, serves_evidence(model))

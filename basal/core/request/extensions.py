@@ -13,12 +13,13 @@ live here; their answer math is in `basal.core.decision`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from basal.core.errors import RequestError, native_refusal, systemone_invalid, systemone_shape
+from basal.core.errors import MAX_MESSAGE_CHARS, ErrorList, RequestError, cut, native_refusal, systemone_invalid
 from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, Item, lang_of, named_options
 from basal.core.model.render import text_of
 
@@ -26,6 +27,7 @@ NO_HEAD = "evidence is not available for this model (no evidence_head.pt)"
 NOT_FOR_MULTI = "evidence is not supported for multi"
 EVIDENCE_OPTIONS = "evidence needs 2 to 10 options"
 ACT_BASES = ("choice", "noul", "score")
+NAME_CHARS = 100  # characters of one outcome or action name quoted in a message
 MAX_LABELS = 1000  # basal's own bound (upstream has none): each label is two prompts over the whole state
 MULTI_KEYS = frozenset(
     {"type", "instructions", "criteria", "threshold", "max", "min", "option_keys", "evidence", "objective"}
@@ -52,10 +54,10 @@ def truthy(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A JSON number that fits a float64 (booleans are not numbers)."""
+    """A finite JSON number that fits a float64 (booleans are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
-    return not isinstance(value, int) or abs(value) < 2**1023
+    return math.isfinite(value) if isinstance(value, float) else abs(value) < 2**1023
 
 
 def rust_debug(value: str) -> str:
@@ -65,7 +67,17 @@ def rust_debug(value: str) -> str:
 
 
 def _cost_message(action: str, outcomes: tuple[str, ...], quote: Callable[[str], str]) -> str:
-    return f"costs[{quote(action)}] must give a cost for every outcome [{', '.join(quote(z) for z in outcomes)}]"
+    """Names every outcome while they fit in a message; longer names are cut and the rest counted, so the
+    message stays short however many or long the outcomes are."""
+    shown, size = [], 0
+    for z in outcomes:
+        quoted = quote(cut(z, NAME_CHARS))
+        if size + len(quoted) > MAX_MESSAGE_CHARS // 2:
+            shown.append(f"… {len(outcomes) - len(shown)} more")
+            break
+        shown.append(quoted)
+        size += len(quoted) + 2
+    return f"costs[{quote(cut(str(action), NAME_CHARS))}] must give a cost for every outcome [{', '.join(shown)}]"
 
 
 def _yes_no(lang: str, true_text: Any, false_text: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -82,6 +94,19 @@ def _yes_no(lang: str, true_text: Any, false_text: Any) -> tuple[tuple[str, ...]
 def _python_error(e: Exception) -> RequestError:
     """A Python exception of float()/int()/a missing key, with upstream's own text (str of the exception)."""
     return native_refusal(str(e), type(e).__name__)
+
+
+def _finite_float(name: str, field: str, value: Any) -> float:
+    """Python's ``float(value)`` as upstream reads it, refusing what is not a finite number (``"nan"``, ``"inf"``,
+    a 5,000-digit string): upstream answered those with null probabilities and an arbitrary action."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _python_error(e) from e
+    if not math.isfinite(number):
+        shown = cut(repr(value), NAME_CHARS)
+        raise native_refusal(f"question {cut(name, NAME_CHARS)!r}: {field} must be a finite number, got {shown}")
+    return number
 
 
 def _labels_basal(name: str, criteria: Any) -> tuple[list[str], list[str]]:
@@ -104,10 +129,7 @@ def plan_multi_basal(
     keys, labels = _labels_basal(name, criteria)
     if len(keys) > MAX_LABELS:
         raise native_refusal(f"question {name!r}: {len(keys)} labels (basal asks at most {MAX_LABELS} per multi)")
-    try:
-        threshold = float(q.get("threshold", 0.5))
-    except (TypeError, ValueError, OverflowError) as e:
-        raise _python_error(e) from e
+    threshold = _finite_float(name, "threshold", q.get("threshold", 0.5))
     limits: dict[str, int | None] = {"max": None, "min": None}
     deferred = None
     for bound in ("max", "min"):  # upstream applies int() when it builds the answer: max first, then min
@@ -171,14 +193,14 @@ def _costs_basal(name: str, q: dict[str, Any], outcomes: tuple[str, ...]):
         raise native_refusal(f"question {name!r}: act needs costs")
     try:
         if all(k in ("wrong", "defer") for k in costs) and not isinstance(costs.get("wrong"), dict):
-            wrong = float(costs["wrong"])
-            defer = float(costs["defer"]) if "defer" in costs else None
+            wrong = _finite_float(name, "costs.wrong", costs["wrong"])
+            defer = _finite_float(name, "costs.defer", costs["defer"]) if "defer" in costs else None
             return short_form_rows(outcomes, wrong, defer), "defer" if defer is not None else None
-        rows = []
+        rows, expected = [], set(outcomes)
         for action, row in costs.items():
-            if not isinstance(row, dict) or set(row) != set(outcomes):
+            if not isinstance(row, dict) or row.keys() != expected:
                 raise native_refusal(f"question {name!r}: {_cost_message(action, outcomes, repr)}")
-            rows.append((action, tuple((z, float(c)) for z, c in row.items())))
+            rows.append((action, tuple((z, _finite_float(name, "costs", c)) for z, c in row.items())))
     except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise _python_error(e) from e
     return tuple(rows), full_form_defer(list(costs), q.get("defer_action"))
@@ -202,24 +224,14 @@ def multi_evidence_error_basal(name: str) -> RequestError:
 # /v1/systemone — the TypeSafe dialect of the Rust engine
 
 
-class Errors:
-    """Extension schema errors: ``{"type", "loc", "msg"}`` (no input/ctx), appended to the body's error list."""
-
-    def __init__(self, items: list[dict[str, Any]]):
-        self.items = items
-
-    def add(self, type_: str, loc: list[Any], msg: str) -> None:
-        self.items.append({"type": type_, "loc": ["body", *loc], "msg": msg})
-
-
-def check_multi_evidence(questions: dict[str, Any], errors: Errors) -> None:
+def check_multi_evidence(questions: dict[str, Any], errors: ErrorList) -> None:
     """Collected before any question's own errors (after `facts`)."""
     for qid, q in questions.items():
         if isinstance(q, dict) and q.get("type") == "multi" and truthy(q.get("evidence")):
             errors.add("value_error", ["questions", qid, "evidence"], NOT_FOR_MULTI)
 
 
-def check_multi_shape(qid: str, q: dict[str, Any], errors: Errors, entry: Callable[[Any, list[Any], bool], bool]):
+def check_multi_shape(qid: str, q: dict[str, Any], errors: ErrorList, entry: Callable[[Any, list[Any], bool], bool]):
     loc = ["questions", qid, "multi"]
     criteria = q.get("criteria")
     if not criteria:
@@ -248,7 +260,7 @@ def _act_readout_systemone(q: dict[str, Any]) -> str:
     return base if base in ACT_BASES else "choice"
 
 
-def check_act_shape(qid: str, q: dict[str, Any], errors: Errors, entry: Callable[[Any, list[Any], bool], bool]):
+def check_act_shape(qid: str, q: dict[str, Any], errors: ErrorList, entry: Callable[[Any, list[Any], bool], bool]):
     loc = ["questions", qid, "act"]
     base = q.get("base")
     if base is not None and base not in ACT_BASES:
@@ -282,7 +294,7 @@ def check_act_shape(qid: str, q: dict[str, Any], errors: Errors, entry: Callable
         errors.add("string_type", [*loc, "defer_action"], "defer_action must be a string")
 
 
-def _check_costs_systemone(costs: Any, outcomes: tuple[str, ...] | None, loc: list[Any], errors: Errors) -> None:
+def _check_costs_systemone(costs: Any, outcomes: tuple[str, ...] | None, loc: list[Any], errors: ErrorList) -> None:
     if not isinstance(costs, dict) or not costs:
         errors.add("missing", [*loc, "costs"], "act needs costs")
     elif _is_short_form(costs):
@@ -290,8 +302,9 @@ def _check_costs_systemone(costs: Any, outcomes: tuple[str, ...] | None, loc: li
             if (field == "wrong" or field in costs) and not is_number(costs.get(field)):
                 errors.add("float_type", [*loc, "costs", field], "cost must be a number")
     elif outcomes is not None:
+        expected = set(outcomes)
         for action, row in costs.items():
-            if not isinstance(row, dict) or set(row) != set(outcomes):
+            if not isinstance(row, dict) or row.keys() != expected:
                 errors.add("value_error", [*loc, "costs", action], _cost_message(action, outcomes, rust_debug))
                 continue
             for z, c in row.items():
@@ -312,18 +325,16 @@ def rust_max_error_key(value: float) -> str:
 
 
 def plan_multi_systemone(
-    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: list[dict[str, Any]]
+    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: ErrorList
 ) -> Planned | None:
     criteria = q["criteria"]
     if isinstance(criteria, list):
         criteria = dict.fromkeys(criteria)
     if len(criteria) > MAX_LABELS:
-        unsupported.append(
-            {
-                "type": "unsupported_label_count",
-                "loc": ["body", "questions", qid, "criteria"],
-                "msg": f"{len(criteria)} labels: basal asks at most {MAX_LABELS} labels per multi question",
-            }
+        unsupported.add(
+            "unsupported_label_count",
+            ["questions", qid, "criteria"],
+            f"{len(criteria)} labels: basal asks at most {MAX_LABELS} labels per multi question",
         )
         return None
     keys = list(criteria)
@@ -337,7 +348,7 @@ def plan_multi_systemone(
 
 
 def plan_act_systemone(
-    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: list[dict[str, Any]]
+    qid: str, q: dict[str, Any], state_text: str, question_text: str, unsupported: ErrorList
 ) -> Planned | None:
     """A shape-checked act question; 400 for empty criteria; more than 10 options is a capability error."""
     lang = lang_of(state_text + question_text)
@@ -350,18 +361,16 @@ def plan_act_systemone(
         validated = True
     else:
         if not criteria:
-            raise systemone_invalid(f"Choice question must have at least one choice: {qid}")
+            raise systemone_invalid(f"Choice question must have at least one choice: {cut(qid, NAME_CHARS)}")
         shown = criteria if isinstance(criteria, dict) else dict.fromkeys(criteria)
         keys_list, options_list = named_options(shown, option_keys)
         keys, options, validated = tuple(keys_list), tuple(options_list), option_keys == "hide"
         if len(options) > MAX_OPTIONS:
-            unsupported.append(
-                {
-                    "type": "unsupported_option_count",
-                    "loc": ["body", "questions", qid, "criteria"],
-                    "msg": f"{len(options)} options: the letter readout of the model reads 2..{MAX_OPTIONS}; only "
-                    "choice questions take more (the grouped 11..255 strategy)",
-                }
+            unsupported.add(
+                "unsupported_option_count",
+                ["questions", qid, "criteria"],
+                f"{len(options)} options: the letter readout of the model reads 2..{MAX_OPTIONS}; only "
+                "choice questions take more (the grouped 11..255 strategy)",
             )
             return None
     costs = q["costs"]
@@ -376,10 +385,10 @@ def plan_act_systemone(
     return Planned("act", Item(qid, readout, keys, options, lang, state_text, question_text), spec)
 
 
-def evidence_unsupported(qid: str, msg: str = NO_HEAD) -> dict[str, Any]:
+def evidence_unsupported(qid: str, unsupported: ErrorList, msg: str = NO_HEAD) -> None:
     """Capability error of a question asking for evidence: the model has no head, or the question has options
     outside 2..10 (the Rust engine's rule)."""
-    return {"type": "unsupported_feature", "loc": ["body", "questions", qid, "evidence"], "msg": msg}
+    unsupported.add("unsupported_feature", ["questions", qid, "evidence"], msg)
 
 
 def evidence_option_count_ok(q: dict[str, Any]) -> bool:
@@ -394,7 +403,9 @@ def needs_defer_error(qid: str, dialect: str, message: str) -> RequestError:
     """The after-the-run refusal without a defer action, worded per dialect."""
     if dialect == "basal":
         return native_refusal(message)
-    return systemone_shape([{"type": "value_error", "loc": ["body", "questions", qid], "msg": message}])
+    errors = ErrorList()
+    errors.add("value_error", ["questions", qid], message)
+    return errors.refusal()
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +439,7 @@ def full_form_defer(actions: list[Any], defer_action: Any) -> Any:
 
 
 BRANCH_LINE = {"pl": "Czy dotyczy: \u201e{label}\u201d?", "en": 'Does this apply: "{label}"?'}
+MIN_BRANCH_CHARS = 1 + min(len(line.format(label="")) for line in BRANCH_LINE.values())  # newline + the line
 
 
 @dataclass(frozen=True, slots=True)

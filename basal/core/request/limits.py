@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from basal.core.errors import over_limit
+
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # work of one request
@@ -25,6 +27,7 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_header_bytes: int = 65_536  # request line + headers of one request (431 beyond)
     header_timeout_s: float = 10.0  # from connection (or the previous response) to the end of the headers (408)
     body_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408)
+    max_transit_bytes: int = 256 << 20  # bytes of bodies being received at once, all connections (529 beyond)
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
     def __post_init__(self) -> None:
@@ -41,3 +44,18 @@ def echo(text: object, limits: Limits = DEFAULT_LIMITS) -> str:
     """A piece of the request quoted in an error message, cut so an error never grows with the request."""
     s = text if isinstance(text, str) else str(text)
     return s if len(s) <= limits.max_echo_chars else s[: limits.max_echo_chars] + "…"
+
+
+def check_size_floor(dialect: str, state_chars: int, prompts: int, fixed_chars: int, limits: Limits) -> None:
+    """Refuse, from sizes alone, a request whose prompts cannot fit its limits: `prompts` prompts (at least) each
+    repeat the `state_chars` characters of the state, plus `fixed_chars` that no prompt shares. Checked before
+    facts are injected (they only append) and before a multi's branches are built (labels x questions)."""
+    if limits.max_prompt_chars and state_chars > limits.max_prompt_chars:
+        raise over_limit(dialect, f"a prompt has over {limits.max_prompt_chars} characters (limits.max_prompt_chars)")
+    floor = prompts * state_chars + fixed_chars
+    if floor > limits.max_request_chars:
+        raise over_limit(
+            dialect,
+            f"the prompts of this request hold at least {floor} characters; a request may hold at most "
+            f"{limits.max_request_chars} (send fewer questions, labels or a shorter state)",
+        )

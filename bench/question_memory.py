@@ -1,0 +1,86 @@
+"""Memory of one request of 1,024 noul questions on one 6.5 KB state (the demo model): peak RSS after tokenizing,
+packing and the forward, with the tokenizer as basal had it (one batch call, lists of fresh ints) and as it is now
+(bounded batches, tuples of shared ints). Each runs in a fresh interpreter so their peaks do not mix.
+
+    python -m bench.question_memory
+    python -m bench.question_memory --questions 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import resource, sys, tempfile
+from pathlib import Path
+from basal.backends.cuda.backend import TorchBackend
+from basal.core.engine.pipeline import Pipeline, Stats
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.packing.passes import run_to_end
+from basal.core.request.dialects import parse_systemone
+
+questions, old = int(sys.argv[1]), sys.argv[2] == "old"
+model = ModelDir.load(synth_model(Path(tempfile.mkdtemp()) / "demo", "demo", seed=0))
+if old:  # the tokenizer as basal had it: every prompt at once, lists of fresh ints
+    tk = model.tokenizer
+    tk.encode_batch = lambda texts: [e.ids for e in tk._tk.encode_batch(texts, add_special_tokens=False)]
+pipe = Pipeline(model, TorchBackend.load(model))
+state = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100
+qs = {f"q{i}": {"type": "noul", "instructions": f"Is it case {i}?"} for i in range(questions)}
+raw = {"model": "m", "state": state, "questions": qs}
+pipe.decide(parse_systemone({**raw, "questions": {"q0": qs["q0"]}}, lambda m: m))  # warm up
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out = {"warm_mb": peak()}
+req = parse_systemone(raw, lambda m: m)
+rounds = pipe.first_round(req)
+out["tokenized_mb"] = peak()
+stats = Stats()
+forwards = pipe.pack(rounds.tokenized, stats)
+out["packed_mb"] = peak()
+run_to_end(pipe.forward(rounds.tokenized, forwards, stats))
+out["forward_mb"] = peak()
+out["prompt_tokens"], out["packed_tokens"] = stats.prompt_tokens, stats.packed_tokens
+import json
+print(json.dumps(out))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=1024)
+    ap.add_argument("--out", default="bench/results/question_memory.json")
+    a = ap.parse_args()
+    rows = {}
+    for name in ("old", "new"):
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, str(a.questions), name],
+            cwd=ROOT,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\n{a.questions} noul questions on one 6.5 KB state, demo model; peak RSS (MB) after each step\n")
+    print("| tokenizer | warm | tokenized | packed | forward | prompt tokens | packed tokens |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows.items():
+        label = "before (one batch, lists)" if name == "old" else "after (bounded batches, shared ints)"
+        print(
+            f"| {label} | {r['warm_mb']:.0f} | {r['tokenized_mb']:.0f} | {r['packed_mb']:.0f} | {r['forward_mb']:.0f}"
+            f" | {r['prompt_tokens']} | {r['packed_tokens']} |"
+        )
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"questions": a.questions, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

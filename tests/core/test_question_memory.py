@@ -1,0 +1,57 @@
+"""Memory per question: many questions on one long state cost a few bytes per prompt token once tokenized (shared
+int objects in tuples), and the tokenizer's own per-token structures are built a bounded batch at a time."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from basal.core.model import tokenizer as tokenizer_module
+from basal.core.request.dialects import parse_systemone
+
+STATE = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100  # ~6.5 KB, as the probe's
+
+
+def prompts_of(model, questions: int) -> list[str]:
+    raw = {
+        "model": "m",
+        "state": STATE,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Case {i}?"} for i in range(questions)},
+    }
+    items = [q.item for q in parse_systemone(raw, lambda m: m).questions]
+    return [item.prompt(order, model.bos) for item in items for order in item.orders]
+
+
+def test_tokenized_prompts_cost_a_few_bytes_per_token(demo_model):
+    prompts = prompts_of(demo_model, 128)
+    tokenizer = demo_model.tokenizer
+    tokenizer.encode_batch(prompts[:2])  # warm up whatever the tokenizer builds once
+    tracemalloc.start()
+    try:
+        ids = tokenizer.encode_batch(prompts)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    tokens = sum(map(len, ids))
+    assert tokens > 256 * 1000
+    assert held / tokens < 12  # 8 bytes a token in its tuple; lists of fresh ints held ~36
+
+
+def test_long_batches_are_encoded_in_bounded_pieces(demo_model, monkeypatch):
+    prompts = prompts_of(demo_model, 64)
+    whole = demo_model.tokenizer.encode_batch(prompts)
+    seen = []
+    inner = demo_model.tokenizer._tk
+    real = inner.encode_batch
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def encode_batch(self, texts, **kwargs):
+            seen.append(sum(map(len, texts)))
+            return real(texts, **kwargs)
+
+    monkeypatch.setattr(tokenizer_module, "ENCODE_CHARS", 100_000, raising=False)
+    monkeypatch.setattr(demo_model.tokenizer, "_tk", Counting())
+    assert demo_model.tokenizer.encode_batch(prompts) == whole  # the same ids, however they are batched
+    assert len(seen) > 1 and max(seen) <= 100_000
