@@ -175,10 +175,12 @@ class _RecordingPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         self.rounds_of: dict[int, list[RoundRun]] = {}
 
-    def advance(self, rounds: Rounds, logits: Sequence[list[np.ndarray]]) -> None:
+    def advance(
+        self, rounds: Rounds, logits: Sequence[list[np.ndarray]], cancelled: Callable[[], bool] = lambda: False
+    ) -> None:
         run = RoundRun(rounds.round, list(rounds.asked), list(rounds.tokenized), list(logits))
         self.rounds_of.setdefault(id(rounds.request), []).append(run)
-        super().advance(rounds, logits)
+        super().advance(rounds, logits, cancelled)
 
 
 # ---------------------------------------------------------------------------------------------------------------
