@@ -136,6 +136,7 @@ def documented(
     body: dict[str, Any] | None = None,
     secured: bool = False,
     examples: dict[str, Any] | None = None,
+    media_type: str = "application/json",
 ) -> type[Operation]:
     """An OpenAPI operation with exactly these responses (and request body with examples, and Bearer security)."""
     extra: dict[str, Any] = {"responses": responses}
@@ -143,7 +144,7 @@ def documented(
         media: dict[str, Any] = {"schema": body}
         if examples:
             media["examples"] = examples
-        extra["requestBody"] = {"required": True, "content": {"application/json": media}}
+        extra["requestBody"] = {"required": True, "content": {media_type: media}}
     if secured:
         extra["security"] = [{BEARER: []}]
 

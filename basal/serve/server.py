@@ -12,6 +12,8 @@ from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
+from basal.batch.service import BatchService, BatchSettings
+from basal.batch.store import Store
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
@@ -20,6 +22,7 @@ from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.errors import ModelDirError
+from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
@@ -141,14 +144,38 @@ def api_settings(config: ServeConfig) -> ApiSettings:
     )
 
 
+def batch_settings(config: ServeConfig) -> BatchSettings:
+    """The Batch API's limits and store directory, from `batches:`."""
+    b = config.batches
+    retention = None if b.retention_days == 0 else int(b.retention_days * 86400)
+    return BatchSettings(
+        root=Path(b.dir).expanduser() if b.dir else cache_dir() / "batches",
+        max_upload_bytes=int(b.max_upload_mb * 1_000_000),
+        max_lines=b.max_lines,
+        max_line_bytes=b.max_line_kb << 10,
+        max_active=b.max_in_progress,
+        output_retention_s=retention,
+        batch_retention_s=retention,
+    )
+
+
+def batch_service(config: ServeConfig) -> BatchService | None:
+    """The Files and Batches API's store and runner, when `batches` is on (docs/batches.md)."""
+    if not config.batches_enabled:
+        return None
+    settings = batch_settings(config)
+    log.info("batches: the Files and Batches API is on, its store in %s", settings.root)
+    return BatchService(Store(settings.root), settings)
+
+
 def serve(config: ServeConfig) -> None:
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
-    listen(build_engines(config, progress=True), config)
+    listen(build_engines(config, progress=True), config, batches=batch_service(config))
 
 
-def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
+def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    app = create_app(engines, api_settings(config))
+    app = create_app(engines, api_settings(config), batches=batches)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s",
         config.host,
