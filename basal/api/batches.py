@@ -365,7 +365,9 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         summary="Retrieve a file",
         tags=["batches"],
     )
-    async def get_file(request: Request, file_id: str) -> Response:
+    async def get_file(request: Request) -> Response:
+        file_id = request.path_params["file_id"]
+
         async def work() -> Response:
             return _ok(file_object(_file(file_id)))
 
@@ -378,7 +380,9 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         tags=["batches"],
         status_code=200,
     )
-    async def delete_file(request: Request, file_id: str) -> Response:
+    async def delete_file(request: Request) -> Response:
+        file_id = request.path_params["file_id"]
+
         async def work() -> Response:
             _file(file_id)
             await asyncio.to_thread(store.delete_file, file_id)
@@ -398,7 +402,9 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         summary="Download a file's content",
         tags=["batches"],
     )
-    async def file_content(request: Request, file_id: str) -> Response | File:
+    async def file_content(request: Request) -> Response | File:
+        file_id = request.path_params["file_id"]
+
         async def work() -> Response | File:
             _file(file_id)
             path = store.file_path(file_id)
@@ -515,7 +521,9 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         summary="Retrieve a batch",
         tags=["batches"],
     )
-    async def get_batch(request: Request, batch_id: str) -> Response:
+    async def get_batch(request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+
         async def work() -> Response:
             return _ok(batch_object(_batch(batch_id)))
 
@@ -531,7 +539,9 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         tags=["batches"],
         status_code=200,
     )
-    async def cancel_batch(request: Request, batch_id: str) -> Response:
+    async def cancel_batch(request: Request) -> Response:
+        batch_id = request.path_params["batch_id"]
+
         async def work() -> Response:
             _batch(batch_id)
             if await asyncio.to_thread(store.set_status, batch_id, "cancelling", ("validating", "in_progress")):
