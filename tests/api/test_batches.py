@@ -181,19 +181,19 @@ def test_malformed_uploads_are_refused(live, content, status, code):
             "/v1/batches",
             {"json": {"input_file_id": "file-x", "endpoint": "/v1/chat", "completion_window": "24h"}},
             400,
-        ),  # noqa: E501
+        ),
         (
             "POST",
             "/v1/batches",
             {"json": {"input_file_id": "file-x", "endpoint": "/v1/basal", "completion_window": "1h"}},
             400,
-        ),  # noqa: E501
+        ),
         (
             "POST",
             "/v1/batches",
             {"json": {"input_file_id": "file-x", "endpoint": "/v1/basal", "completion_window": "24h"}},
             404,
-        ),  # noqa: E501
+        ),
         ("POST", "/v1/batches", {"content": b"{", "headers": {"content-type": "application/json"}}, 400),
         ("POST", "/v1/batches", {"json": {}, "headers": {"idempotency-key": "bad key"}}, 400),
         ("GET", "/v1/files?limit=0", {}, 400),
