@@ -266,3 +266,25 @@ def test_a_batch_expires_after_its_window_with_partial_results(slow):
         records = list(client.batches.results(batch["id"]))
     assert done["status"] == "expired" and done["expired_at"] == int(clock.t)
     assert 1 <= len(records) == done["request_counts"]["completed"] < 60
+
+
+def test_the_openapi_document_has_the_batch_routes(live):
+    from tests.api.test_openapi_docs import references
+
+    document = httpx.get(f"{live}/schema/openapi.json").json()
+    paths = document["paths"]
+    assert {
+        "/v1/files",
+        "/v1/files/{file_id}",
+        "/v1/files/{file_id}/content",
+        "/v1/batches",
+        "/v1/batches/{batch_id}",
+        "/v1/batches/{batch_id}/cancel",
+    } <= set(paths)
+    upload = paths["/v1/files"]["post"]
+    assert list(upload["requestBody"]["content"]) == ["multipart/form-data"]
+    assert {"200", "400", "413", "415"} <= set(upload["responses"])
+    assert {"200", "404", "409", "429"} <= set(paths["/v1/batches"]["post"]["responses"])
+    batch = paths["/v1/batches/{batch_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert "request_counts" in batch["properties"]
+    assert not [r for r in references(document) if not r.startswith("#/")]

@@ -24,7 +24,7 @@ def _job(prompts, background=False) -> Job:
 @pytest.mark.parametrize("policy", [Policy.HRRN, Policy.FIFO])
 def test_online_jobs_go_first_and_never_share_a_batch_with_lines(policy):
     q = JobQueue(policy)
-    lines = [_job([tuple(range(100)) + (i,)], background=True) for i in range(3)]
+    lines = [_job([(*range(100), i)], background=True) for i in range(3)]
     online = _job([tuple(range(5000, 5400))])  # costlier than the lines: HRRN alone would put it last
     for j in (*lines, online):
         q.push(j)
