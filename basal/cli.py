@@ -453,7 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("input", help="input JSONL: {custom_id, method, url, body} per line")
     r.add_argument("-o", "--output", required=True, help="output JSONL of records (appended to; resumes)")
     r.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
-    r.add_argument("--config", default=None, help="a basal serve configuration file (its models and limits)")
+    r.add_argument(
+        "--config", default=None, help="a basal serve configuration file: its models and limits (default: none)"
+    )
     r.set_defaults(run=_run_batch)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")

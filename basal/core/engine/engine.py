@@ -187,6 +187,8 @@ class Lane:
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
         engine.prompt_tokens += stats.prompt_tokens
+        metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
+        metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
         rows = iter(logits)
         for job in batch:
             job.compute_ms += seconds * 1000

@@ -107,6 +107,12 @@ class Metrics:
             "basal_batch_duration_seconds", "one batch on the device", ("model", "lane", "outcome")
         )
         self.batch_requests = Histogram("basal_batch_requests", "requests per batch", ("model", "lane"), SIZE_BUCKETS)
+        self.packed_tokens = Counter(
+            "basal_packed_tokens_total", "tokens computed by forward passes (shared prefixes once)", ("model", "lane")
+        )
+        self.prompt_tokens = Counter(
+            "basal_prompt_tokens_total", "tokens of the option-order prompts those passes answered", ("model", "lane")
+        )
         self.max_inflight.set(value=max_inflight)
 
     def render(self) -> str:
@@ -122,5 +128,7 @@ class Metrics:
             self.queue_duration,
             self.batch_duration,
             self.batch_requests,
+            self.packed_tokens,
+            self.prompt_tokens,
         ]
         return "\n".join(line for m in series for line in m.render()) + "\n"
