@@ -181,11 +181,7 @@ def body_decider(engines: EnginesFront, settings: ApiSettings):
         try:
             if len(body) > settings.max_body_bytes:
                 raise too_large("Request body too large.", "basal")
-            raw = decode_body(body, "basal")
-            if len(body) > INLINE_BODY_BYTES or (isinstance(raw, dict) and raw.get("facts") == "auto"):
-                plan = await asyncio.to_thread(parse, raw)
-            else:
-                plan = parse(raw)
+            plan = await asyncio.to_thread(lambda: parse(decode_body(body, "basal")))  # off the online requests' loop
             result = await engines.run(plan, cancelled, has_slot=True, background=True)
             return 200, msgspec.json.encode(result.response), rid
         except Exception as exc:

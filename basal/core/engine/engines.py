@@ -198,7 +198,8 @@ class Engines(InflightLimit):
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
-            if chars <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
+            if chars <= INLINE_PLAN_CHARS and not background:  # a few short prompts cost less than a hop; batch
+                # lines are always planned in the pool, so that the event loop stays with online requests
                 job = prepare()
             else:
                 try:
