@@ -66,11 +66,14 @@ class BasalReplica:
         self.name = serve.get_replica_context().replica_id.unique_id
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
-    async def answer(self, request: DecisionRequest, affinity: str | None = None) -> ReplicaAnswer:
-        """Answer one planned request. `affinity` is read by the router, not here."""
+    async def answer(
+        self, request: DecisionRequest, affinity: str | None = None, background: bool = False
+    ) -> ReplicaAnswer:
+        """Answer one planned request. `affinity` is read by the router, not here; `background`: a batch line, run
+        behind this replica's online requests."""
         gone = False
         try:
-            result = await self.engines.run(request, lambda: gone)
+            result = await self.engines.run(request, lambda: gone, background=background)
         except asyncio.CancelledError:  # the ingress cancelled the call (its client went away)
             gone = True
             raise

@@ -31,6 +31,8 @@ from basal.serve.port_check import check_port
 
 log = logging.getLogger("basal")
 
+RAY_WINDOW = 64  # batch lines in flight behind the Ray front (of replicas x max_ongoing_requests places)
+
 DEMO_WARNING = (
     "serving the built-in demo model {name}: a tiny synthetic model with random weights — its answers "
     "carry no meaning. Pass --model DIR (or --config FILE) to serve a real Basal model."
@@ -159,11 +161,15 @@ def batch_settings(config: ServeConfig) -> BatchSettings:
     )
 
 
-def batch_service(config: ServeConfig) -> BatchService | None:
-    """The Files and Batches API's store and runner, when `batches` is on (docs/batches.md)."""
+def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None:
+    """The Files and Batches API's store and runner, when `batches` is on (docs/batches.md). Behind the Ray front
+    (`ray`) fewer lines are in flight at once: each holds one of a replica's `max_ongoing_requests` places, and
+    online requests must find places free."""
     if not config.batches_enabled:
         return None
     settings = batch_settings(config)
+    if ray:
+        settings = dataclasses.replace(settings, window=RAY_WINDOW)
     log.info("batches: the Files and Batches API is on, its store in %s", settings.root)
     return BatchService(Store(settings.root), settings)
 
