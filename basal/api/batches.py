@@ -545,7 +545,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         async def work() -> Response:
             _batch(batch_id)
             if await asyncio.to_thread(store.set_status, batch_id, "cancelling", ("validating", "in_progress")):
-                service.cancel(batch_id)
+                await service.cancel(batch_id)
             return _ok(batch_object(_batch(batch_id)))
 
         return await guarded(request, work)

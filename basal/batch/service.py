@@ -45,6 +45,7 @@ class BatchService:
         self.decide: Decide | None = None
         self._wake = asyncio.Event()
         self._cancel: set[str] = set()
+        self._running: str | None = None  # the batch whose lines are in the engine now
         self._closed = False
         self._task: asyncio.Task | None = None
 
@@ -70,9 +71,12 @@ class BatchService:
     def wake(self) -> None:
         self._wake.set()
 
-    def cancel(self, batch_id: str) -> None:
-        """The batch was set `cancelling`: its lines stop at their next checkpoint."""
-        self._cancel.add(batch_id)
+    async def cancel(self, batch_id: str) -> None:
+        """The batch was set `cancelling`: if it runs, its lines stop at their next checkpoint and the runner
+        finalizes it; if it waits behind another batch, it is finalized here at once."""
+        self._cancel.add(batch_id)  # kept: a stale look at the batch can never run its lines again
+        if self._running != batch_id:
+            await self._finalize(batch_id, "cancelled")
         self._wake.set()
 
     async def _loop(self) -> None:
@@ -94,8 +98,18 @@ class BatchService:
     def _expired(self, batch: dict) -> bool:
         return self.store.now() >= batch["expires_at"]
 
-    async def _advance(self, batch: dict) -> None:
-        store, batch_id = self.store, batch["id"]
+    async def _advance(self, listed: dict) -> None:
+        self._running = listed["id"]  # from here on, a cancel of this batch is the runner's to finish
+        try:
+            await self._advance_one(listed["id"])
+        finally:
+            self._running = None
+
+    async def _advance_one(self, batch_id: str) -> None:
+        store = self.store
+        batch = await asyncio.to_thread(store.get_batch, batch_id)  # as it is now, not as it was listed
+        if batch is None:
+            return
         status = batch["status"]
         if status in ("validating", "in_progress") and self._expired(batch):
             await self._finalize(batch_id, "expired")
@@ -154,7 +168,6 @@ class BatchService:
 
     async def _finalize(self, batch_id: str, status: str) -> None:
         await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
-        self._cancel.discard(batch_id)
 
 
 def lines_of(data: bytes, settings: BatchSettings) -> list:

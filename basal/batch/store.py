@@ -307,9 +307,12 @@ class Store:
 
     def add_results(self, batch_id: str, records: list[tuple[int, bool, bytes]]) -> int:
         """Record finished lines and count them, in one transaction; a line already recorded keeps its first
-        record (never counted twice). -> lines newly recorded."""
+        record (never counted twice), and a batch that has ended takes no more. -> lines newly recorded."""
 
         def add(db: sqlite3.Connection) -> int:
+            row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None or row["status"] in TERMINAL:
+                return 0
             ok = failed = 0
             for line, good, record in records:
                 inserted = db.execute(

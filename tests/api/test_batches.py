@@ -288,3 +288,16 @@ def test_the_openapi_document_has_the_batch_routes(live):
     batch = paths["/v1/batches/{batch_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert "request_counts" in batch["properties"]
     assert not [r for r in references(document) if not r.startswith("#/")]
+
+
+def test_a_batch_waiting_behind_another_is_cancelled_at_once(demo_model, tmp_path):
+    engines = make_engines(demo_model, slow_s=0.02)
+    with live_server(engines, batches=service(tmp_path, window=4)) as url, BasalClient(url) as client:
+        running = client.batches.create(requests=requests_(20, 3, "r"))
+        waiting = client.batches.create(requests=requests_(2, 2, "w"))
+        _wait_for(lambda: client.batches.retrieve(running["id"])["request_counts"]["completed"] >= 1)
+        cancelled = client.batches.cancel(waiting["id"])
+        assert cancelled["status"] == "cancelled" and cancelled["request_counts"]["completed"] == 0
+        assert client.batches.retrieve(running["id"])["status"] == "in_progress"
+        client.batches.cancel(running["id"])
+        assert client.batches.wait(running["id"], timeout=60, poll_interval=0.05)["status"] == "cancelled"

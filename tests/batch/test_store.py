@@ -113,3 +113,12 @@ def test_reopened_store_keeps_records_and_sweeps_orphans(tmp_path):
     assert list(again.records(b["id"], True)) == [b"kept"]
     assert not orphan.exists() and [p.name for p in again.files_dir.iterdir() if p.name.startswith(".")] == []
     assert json.loads(json.dumps(again.active_batches()))[0]["id"] == b["id"]
+
+
+def test_an_ended_batch_takes_no_more_records(tmp_path):
+    store = Store(tmp_path)
+    b, _ = batch(store, upload(store)["id"])
+    store.add_results(b["id"], [(1, True, b"r")])
+    store.finalize(b["id"], "cancelled", None)
+    assert store.add_results(b["id"], [(2, True, b"late")]) == 0
+    assert store.get_batch(b["id"])["completed"] == 1 and store.done_lines(b["id"]) == {1}
