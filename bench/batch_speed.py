@@ -64,7 +64,7 @@ def workload(model: ModelDir, states: int, per_state: int, state_tokens: int) ->
 
 
 def probe(url: str, body: dict, stop: threading.Event, out: list[float], limit: int | None = None) -> None:
-    with httpx.Client(base_url=url) as client:
+    with httpx.Client(base_url=url, timeout=600) as client:
         while not stop.is_set() and (limit is None or len(out) < limit):
             started = time.perf_counter()
             assert client.post("/v1/basal", json=body).status_code == 200

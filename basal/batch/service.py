@@ -40,6 +40,8 @@ class BatchSettings:
 
 
 class BatchService:
+    """The store, the limits, and the task that does the batches' work on the server's event loop."""
+
     def __init__(self, store: Store, settings: BatchSettings):
         self.store, self.settings = store, settings
         self.decide: Decide | None = None
