@@ -8,8 +8,10 @@ For each model a `basal serve` child (loopback, --metrics, its own batch store) 
 1. a probe of short online requests, one after another, with nothing else running: p50 / p99;
 2. every body of the batch sent one by one over HTTP (one keep-alive client): lines/s;
 3. the same bodies as one batch through basal-client's `batches.create(requests=)` and `wait`: lines/s from create
-   to the terminal status, with the probe running beside it (online p50 / p99 while a batch runs);
-4. packed / prompt tokens of the batch's passes, from `basal_packed_tokens_total` / `basal_prompt_tokens_total`.
+   to the terminal status, and packed / prompt tokens of its passes (`basal_packed_tokens_total` /
+   `basal_prompt_tokens_total`);
+4. the same batch again with the probe running beside it: online p50 / p99 while a batch runs (and the batch's
+   rate while online requests take the device first).
 Each line is one question on a state; every state has `--per-state` questions (10), as the issue's workload.
 Numbers are ratios within one run; the machine's load is printed with them.
 """
@@ -71,6 +73,18 @@ def probe(url: str, body: dict, stop: threading.Event, out: list[float], limit: 
             out.append(time.perf_counter() - started)
 
 
+def run_batch(url: str, lines: list[dict], started_hook=lambda: None) -> tuple[float, dict]:
+    """One batch of `lines` through basal-client, create to terminal status: -> (seconds, the batch)."""
+    with BasalClient(url, timeout=600) as client:
+        started = time.perf_counter()
+        batch = client.batches.create(requests=lines)
+        started_hook()
+        done = client.batches.wait(batch["id"], timeout=3600, poll_interval=0.05)
+        seconds = time.perf_counter() - started
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == len(lines), done
+    return seconds, done
+
+
 def run_model(name: str, path: Path, a: argparse.Namespace, tmp: Path) -> dict:
     model = ModelDir.load(path)
     states = a.states if name == "demo" else a.mini_states
@@ -84,28 +98,26 @@ def run_model(name: str, path: Path, a: argparse.Namespace, tmp: Path) -> dict:
         idle: list[float] = []
         probe(url, short, threading.Event(), idle, limit=a.probes)
 
+        single0 = counter(url, "basal_packed_tokens_total"), counter(url, "basal_prompt_tokens_total")
         started = time.perf_counter()
         with httpx.Client(base_url=url, timeout=600) as client:
             for line in lines:
                 assert client.post("/v1/basal", json=line["body"]).status_code == 200
         one_by_one = len(lines) / (time.perf_counter() - started)
+        single_packed = counter(url, "basal_packed_tokens_total") - single0[0]
+        single_prompt = counter(url, "basal_prompt_tokens_total") - single0[1]
 
         packed0, prompt0 = counter(url, "basal_packed_tokens_total"), counter(url, "basal_prompt_tokens_total")
-        busy: list[float] = []
-        stop = threading.Event()
-        prober = threading.Thread(target=probe, args=(url, short, stop, busy))
-        with BasalClient(url, timeout=600) as client:
-            started = time.perf_counter()
-            batch = client.batches.create(requests=lines)
-            prober.start()
-            done = client.batches.wait(batch["id"], timeout=3600, poll_interval=0.05)
-            batch_s = time.perf_counter() - started
-            stop.set()
-            prober.join()
-            assert done["status"] == "completed" and done["request_counts"]["completed"] == len(lines), done
-        # the probe's own requests are in the counters too: take them out at the idle run's rate
+        alone_s, _ = run_batch(url, lines)
         packed = counter(url, "basal_packed_tokens_total") - packed0
         prompt = counter(url, "basal_prompt_tokens_total") - prompt0
+
+        busy: list[float] = []  # the same batch again, with the online probe beside it
+        stop = threading.Event()
+        prober = threading.Thread(target=probe, args=(url, short, stop, busy))
+        beside_s, _ = run_batch(url, lines, prober.start)
+        stop.set()
+        prober.join()
     finally:
         proc.terminate()
         proc.wait(60)
@@ -116,9 +128,11 @@ def run_model(name: str, path: Path, a: argparse.Namespace, tmp: Path) -> dict:
         "per_state": a.per_state,
         "state_tokens": a.state_tokens,
         "one_by_one_lines_per_s": one_by_one,
-        "batch_lines_per_s": len(lines) / batch_s,
-        "speedup": len(lines) / batch_s / one_by_one,
+        "batch_lines_per_s": len(lines) / alone_s,
+        "speedup": len(lines) / alone_s / one_by_one,
+        "batch_lines_per_s_beside_probe": len(lines) / beside_s,
         "packed_over_prompt_tokens": packed / prompt if prompt else None,
+        "one_by_one_packed_over_prompt_tokens": single_packed / single_prompt if single_prompt else None,
         "probe_requests_during_batch": len(busy),
         "online_idle_p50_ms": percentile(idle, 50) * 1000,
         "online_idle_p99_ms": percentile(idle, 99) * 1000,
