@@ -301,3 +301,14 @@ def test_a_batch_waiting_behind_another_is_cancelled_at_once(demo_model, tmp_pat
         assert client.batches.retrieve(running["id"])["status"] == "in_progress"
         client.batches.cancel(running["id"])
         assert client.batches.wait(running["id"], timeout=60, poll_interval=0.05)["status"] == "cancelled"
+
+
+def test_a_batch_whose_input_file_is_gone_fails_with_its_reason(slow):
+    url, _, svc = slow
+    row, _ = svc.store.create_batch("file-gone", "/v1/basal", 86400, "24h", None, None, None, 1)  # picked up within 1 s
+    with BasalClient(url) as client:
+        done = client.batches.wait(row["id"], timeout=60, poll_interval=0.05)
+        assert list(client.batches.results(row["id"])) == []
+    assert done["status"] == "failed" and done["failed_at"] is not None
+    assert done["errors"]["data"][0]["code"] == "invalid_input_file"
+    assert done["errors"]["data"][0]["param"] == "input_file_id"
