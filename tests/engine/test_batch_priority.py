@@ -9,9 +9,15 @@ import asyncio
 
 import pytest
 
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Job, JobQueue, Policy
 from basal.core.packing.tree import TokenizedQuestion
 from tests.engine.test_scheduling import arrive_at_a_pause, request
+from tests.engine.test_share_floor import TimedStub
 from tests.servers import make_engines
 
 
@@ -65,3 +71,34 @@ def test_an_online_request_waits_at_most_one_pause_behind_a_batch_pass(demo_mode
     )
     assert line_result.response == alone  # and its answer keeps its bits
     engines.close()
+
+
+def test_a_line_finishes_under_a_stream_of_online_requests_by_the_floor(demo_model):
+    """Online requests that arrive faster than the device answers them do not starve a batch line: its lane has the
+    long lane's floor (`long_share`), so it runs to the end with a bounded number of online batches overtaking it
+    (with `long_share` 0 the same stream overtook it 154 times)."""
+    line = request(400, 1, tag="line")
+    backend = TimedStub(demo_model, short_s=0.25, step_s=0.002, long_steps=200)
+    metrics, gate = Metrics(4096), Gate(slice_ms=1, long_share=0.25)
+    engine = Engine(demo_model.name, Pipeline(demo_model, backend), gate, metrics, EngineSettings(long_tokens=0))
+    engines = Engines({demo_model.name: engine}, demo_model.name, metrics, 4096)
+    engines.start()
+    alone = asyncio.run(engines.run(line, background=True)).response
+    backend.shorts_during_long = 0
+
+    async def main():
+        online = [asyncio.create_task(engines.run(request(2, 1, tag="first")))]
+        await asyncio.sleep(0.02)
+        line_task = asyncio.create_task(engines.run(line, background=True))
+        i = 0
+        while not line_task.done():
+            online.append(asyncio.create_task(engines.run(request(2, 1, tag=f"s{i}"))))
+            i += 1
+            await asyncio.sleep(0.02)
+            assert i < 5_000, "the batch line did not finish under the online stream"
+        await asyncio.gather(*online)
+        return (await line_task).response
+
+    assert asyncio.run(main()) == alone
+    engines.close()
+    assert 1 <= backend.shorts_during_long < 20 and gate.preemptions >= 1  # overtaken, but a bounded number of times
