@@ -240,6 +240,56 @@ def _download(a: argparse.Namespace) -> int:
     return 0
 
 
+def _run_batch(a: argparse.Namespace) -> int:
+    """A Batch API input file through the same decision path as `basal serve`, without a server."""
+    import asyncio
+    import time
+
+    from basal.api.decisions import body_decider
+    from basal.batch.offline import run_file
+    from basal.progress import Progress
+    from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
+    from basal.serve.server import api_settings, batch_settings, build_engines
+
+    source, output = Path(a.input), Path(a.output)
+    if not source.is_file():
+        raise ValueError(f"{source}: no such input file")
+    if a.config is not None:
+        config = load_config(a.config)
+    else:
+        config = ServeConfig(models=[ModelConfig(path=a.model or DEMO_PATH)])
+    engines = build_engines(config, progress=True)
+    engines.start()
+    decide = body_decider(engines, api_settings(config))
+    shown: list[Progress] = []
+
+    def before(todo: int, skipped: int) -> None:
+        if skipped:
+            print(f"basal run-batch: {skipped} line(s) already in {output}: skipped", file=sys.stderr)
+        shown.append(Progress("run-batch", todo, min_interval_s=5.0))
+
+    def on_record(custom_id: str, ok: bool) -> None:
+        with shown[0].step(custom_id):
+            pass
+
+    started = time.perf_counter()
+    try:
+        summary = asyncio.run(
+            run_file(source, output, decide, batch_settings(config).max_line_bytes, on_record, before)
+        )
+    finally:
+        for bar in shown:
+            bar.close()
+        engines.close(drain=False)
+    seconds = time.perf_counter() - started
+    print(
+        f"basal run-batch: {summary.ran} line(s) in {seconds:.1f} s ({summary.ran / max(seconds, 1e-9):.1f} lines/s), "
+        f"{summary.failed} failed, {summary.skipped} skipped; records in {output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _doctor(a: argparse.Namespace) -> int:
     from basal.doctor import report
 
@@ -454,6 +504,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("repo", metavar="OWNER/NAME[@REV]", help="model id, optionally @ a branch, tag or commit")
     w.set_defaults(run=_download)
+
+    r = sub.add_parser(
+        "run-batch",
+        help="run a Batch API input file (JSONL) without a server; resumable",
+        description="Run a Batch API input file through the same decision path as basal serve and append one "
+        "record per line to OUTPUT (docs/batches.md). Run it again with the same OUTPUT to resume: custom_ids "
+        "already there are skipped.",
+    )
+    r.add_argument("input", help="input JSONL: {custom_id, method, url, body} per line")
+    r.add_argument("-o", "--output", required=True, help="output JSONL of records (appended to; resumes)")
+    r.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    r.add_argument(
+        "--config", default=None, help="a basal serve configuration file: its models and limits (default: none)"
+    )
+    r.set_defaults(run=_run_batch)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")

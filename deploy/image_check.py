@@ -6,8 +6,9 @@
 
 The container runs with --network host (no bridge on this machine class) on a loopback port, a read-only root
 file system and a fresh named volume for /data. Checks: the processes are not root; /health, /health/live and
-/health/ready answer 200; a setting from the environment applies; one decision; /v1/models reports compiled CPU kernels (built into the image); Docker's HEALTHCHECK turns healthy;
-`docker stop` while a long decision is in flight lets it finish (200) and the process exits cleanly.
+/health/ready answer 200; a setting from the environment applies; one decision; /v1/models reports compiled CPU
+kernels (built into the image); Docker's HEALTHCHECK turns healthy; `docker stop` while a long decision is in
+flight lets it finish (200) and the process exits cleanly.
 Standard library only.
 """
 

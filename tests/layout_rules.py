@@ -25,6 +25,7 @@ CORE_ROOT = frozenset({"errors", "home"})  # core's own base modules: every core
 OUTSIDE_CORE = (
     "basal.api",
     "basal.backends",
+    "basal.batch",
     "basal.serve",
     "basal.export",
     "basal.deploy",

@@ -95,21 +95,24 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(engines: Engines, settings: ApiSettings | None = None, grace_s: float = 5.0) -> Iterator[str]:
-    """uvicorn serving the app on a free loopback port, in a thread, as `basal serve` runs it; yields the URL."""
+def live_server(
+    engines: Engines, settings: ApiSettings | None = None, grace_s: float = 5.0, batches=None
+) -> Iterator[str]:
+    """uvicorn serving the app on a free loopback port, in a thread, as `basal serve` runs it; yields the URL.
+    `batches`: a `BatchService` (the Files and Batches API)."""
     settings = settings or ApiSettings()
-    with running_server(engines, settings, grace_s) as (url, _):
+    with running_server(engines, settings, grace_s, batches) as (url, _):
         yield url
 
 
 @contextmanager
 def running_server(
-    engines: Engines, settings: ApiSettings, grace_s: float = 5.0
+    engines: Engines, settings: ApiSettings, grace_s: float = 5.0, batches=None
 ) -> Iterator[tuple[str, DrainingServer]]:
     """`live_server` that also yields the server (tests that stop it themselves)."""
     port = free_port()
     config = server_config(
-        create_app(engines, settings),
+        create_app(engines, settings, batches=batches),
         "127.0.0.1",
         port,
         settings.limits,

@@ -17,8 +17,9 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
+from basal.api.batches import batch_routes
 from basal.api.capabilities import capabilities
-from basal.api.decisions import ApiSettings, check_auth, handle_decision, key_verdict
+from basal.api.decisions import ApiSettings, basal_parser, body_decider, check_auth, handle_decision, key_verdict
 from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.health import health_routes
 from basal.api.observe import RequestContext
@@ -39,11 +40,12 @@ from basal.api.schema_types import (
     SystemOneRequest,
     json_schema,
 )
+from basal.batch.service import BatchService
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.engine.engines import EnginesFront
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
-from basal.core.request.dialects import parse_basal, parse_systemone
+from basal.core.request.dialects import parse_systemone
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,10 @@ METRICS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAML: metrics: true)."
 
 
-def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_shutdown=()) -> Litestar:
+def create_app(
+    engines: EnginesFront, settings: ApiSettings | None = None, on_shutdown=(), batches: BatchService | None = None
+) -> Litestar:
+    """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store."""
     settings = settings or ApiSettings()
     names = engines.names
     resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
@@ -69,6 +74,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
                 raise NotAuthorizedException(AUTH_WRONG)
 
     evidence: dict[str, bool] = {}
+    parse_basal_body = basal_parser(engines, settings)  # the batch lines' parser too (`decisions.body_decider`)
 
     def serves_evidence(name: str) -> bool:
         """Whether the model serves `evidence: true` (asked of the front once per model)."""
@@ -112,13 +118,7 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         tags=["decisions"],
     )
     async def basal(request: Request) -> Response[BasalResponse]:
-        return await handle_decision(
-            request,
-            "basal",
-            engines,
-            settings,
-            lambda raw: parse_basal(raw, resolve, limits=limits, serves_evidence=serves_evidence),
-        )
+        return await handle_decision(request, "basal", engines, settings, parse_basal_body)
 
     models_responses = {
         "200": {"description": "served models", "content": _json_content(ModelsResponse)},
@@ -195,8 +195,21 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
         """Finish what is queued, then stop the lanes (uvicorn has already stopped accepting connections)."""
         await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
 
+    extra_routes, starts, stops = [], [], []
+    if batches is not None:
+        batches.attach(body_decider(engines, settings))
+        extra_routes, starts, stops = batch_routes(batches, settings), [batches.start], [batches.stop]
+
     app = Litestar(
-        route_handlers=[systemone, basal, models, *health_routes(engines), metrics, *playground_routes()],
+        route_handlers=[
+            systemone,
+            basal,
+            models,
+            *health_routes(engines),
+            metrics,
+            *playground_routes(),
+            *extra_routes,
+        ],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
@@ -211,8 +224,8 @@ def create_app(engines: EnginesFront, settings: ApiSettings | None = None, on_sh
                 else None
             ),
         ),
-        on_startup=[engines.start],
-        on_shutdown=[*on_shutdown, shutdown],
+        on_startup=[engines.start, *starts],
+        on_shutdown=[*on_shutdown, *stops, shutdown],  # batch lines stop first (they run again at the next start)
         debug=False,
         logging_config=None,  # basal's own logging (the CLI's): one format, no queue thread of Litestar's
     )

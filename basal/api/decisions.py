@@ -21,13 +21,14 @@ import msgspec
 from litestar import Request, Response
 
 from basal.api.body import TransitBytes, check_content_type, decompress, read_body
-from basal.api.errors import auth_error, error_response
-from basal.api.observe import current_request_id, note
+from basal.api.errors import auth_error, error_response, too_large
+from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, Result
+from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
-from basal.core.request.dialects import decode_body
+from basal.core.request.dialects import decode_body, parse_basal
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
 
@@ -210,3 +211,40 @@ async def handle_decision(
     metrics.http_requests.inc(endpoint, model, str(status))  # 499: the client hung up (docs/http-api.md §8)
     metrics.http_duration.observe(endpoint, model, str(status), value=seconds)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def basal_parser(engines: EnginesFront, settings: ApiSettings) -> Callable[[Any], DecisionRequest]:
+    """The `/v1/basal` dialect's parser for these engines: served names, the default model, the limits, and
+    which models serve evidence (asked of the front once per model)."""
+    resolve = model_resolver(engines.names, engines.default)
+    evidence: dict[str, bool] = {}
+
+    def serves_evidence(name: str) -> bool:
+        if name not in evidence:
+            evidence[name] = engines.model_info(name).serves_evidence
+        return evidence[name]
+
+    return lambda raw: parse_basal(raw, resolve, limits=settings.limits, serves_evidence=serves_evidence)
+
+
+def body_decider(engines: EnginesFront, settings: ApiSettings):
+    """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
+    -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
+    the online route answers (its contract checks, the same parser and limits, the same encoder)."""
+    parse = basal_parser(engines, settings)
+
+    async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
+        rid = new_request_id()
+        while engines.progress and not engines.closed:  # `basal serve` listens (and resumes batches) before loading
+            await asyncio.sleep(0.2)
+        try:
+            if len(body) > settings.max_body_bytes:
+                raise too_large("Request body too large.", "basal")
+            plan = await asyncio.to_thread(lambda: parse(decode_body(body, "basal")))  # off the online requests' loop
+            result = await engines.run(plan, cancelled, has_slot=True, background=True)
+            return 200, msgspec.json.encode(result.response), rid
+        except Exception as exc:
+            status, error_body, _ = error_response(exc, "basal")
+            return status, msgspec.json.encode(error_body), rid
+
+    return decide

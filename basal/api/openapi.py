@@ -148,6 +148,7 @@ def documented(
     secured: bool = False,
     examples: dict[str, Any] | None = None,
     parameters: list[dict[str, Any]] | None = None,
+    media_type: str = "application/json",
 ) -> type[Operation]:
     """An OpenAPI operation with exactly these responses (and request body with examples, header parameters, and
     Bearer security)."""
@@ -158,7 +159,7 @@ def documented(
         media: dict[str, Any] = {"schema": body}
         if examples:
             media["examples"] = examples
-        extra["requestBody"] = {"required": True, "content": {"application/json": media}}
+        extra["requestBody"] = {"required": True, "content": {media_type: media}}
     if secured:
         extra["security"] = [{BEARER: []}]
 

@@ -122,12 +122,13 @@ def serve_ray(config: ServeConfig) -> None:
     from ray import serve
 
     from basal.serve.port_check import check_port
-    from basal.serve.server import listen
+    from basal.serve.server import batch_service, listen
 
     check_port(config.host, config.port)  # before Ray starts and the replicas load
     engines = start(config)
     try:
-        listen(engines, config, "; replicas on Ray Serve")
+        # the front owns the batch store; lines go to the replicas through the router, as online requests do
+        listen(engines, config, "; replicas on Ray Serve", batches=batch_service(config, ray=True))
     finally:
         if (config.ray or RayConfig()).address is None:
             serve.shutdown()

@@ -70,18 +70,26 @@ class RayEngines(InflightLimit):
         self.closed = True
 
     async def run(
-        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+        self,
+        request: DecisionRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        has_slot: bool = False,
+        background: bool = False,
     ) -> Result:
+        """As `Engines.run`; a `background` request (a batch line) goes through the same router, with the same
+        affinity key (the lines of a state land on its replica), and runs there behind its online requests."""
         if not has_slot:
             with self.slot():
-                return await self.run(request, cancelled, has_slot=True)
+                return await self.run(request, cancelled, has_slot=True, background=background)
         if self.closed:
             raise EngineClosed("the server is shutting down")
         key = affinity_key(request, self.affinity_min_chars)
         handle = self.handles[request.model]
 
         async def call() -> Result:
-            answer: ReplicaAnswer = await _cancellable(handle.answer.remote(request, affinity=key), cancelled)
+            call = handle.answer.remote(request, affinity=key, background=background)
+            answer: ReplicaAnswer = await _cancellable(call, cancelled)
             return answer.result()
 
         try:

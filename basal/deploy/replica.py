@@ -77,11 +77,14 @@ class BasalReplica:
         self._stop_pushing = start_pushing(self.name, self.engines.metrics.render)  # to the front's /metrics
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
-    async def answer(self, request: DecisionRequest, affinity: str | None = None) -> ReplicaAnswer:
-        """Answer one planned request. `affinity` is read by the router, not here."""
+    async def answer(
+        self, request: DecisionRequest, affinity: str | None = None, background: bool = False
+    ) -> ReplicaAnswer:
+        """Answer one planned request. `affinity` is read by the router, not here; `background`: a batch line, run
+        behind this replica's online requests."""
         gone = False
         try:
-            result = await self.engines.run(request, lambda: gone)
+            result = await self.engines.run(request, lambda: gone, background=background)
         except asyncio.CancelledError:  # the ingress cancelled the call (its client went away)
             gone = True
             raise

@@ -8,6 +8,7 @@ edge; nothing deeper reads the environment or a raw dict."""
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import os
 import re
@@ -101,6 +102,25 @@ class RayConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`ray`: replicas, max_ongoing_requests and router_max_queue must be positive")
 
 
+class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The Files and Batches API (docs/batches.md): where its store lives and what it accepts."""
+
+    enabled: bool | None = None  # None: on when `addr` is a loopback address, off otherwise
+    dir: str | None = None  # the store's directory (default: $BASAL_HOME/batches)
+    max_upload_mb: float = 200.0  # one uploaded file (413 beyond)
+    max_lines: int = 50_000  # lines of one input file (400 beyond)
+    max_line_kb: int = 1024  # one input line; a longer line becomes an error record
+    max_in_progress: int = 8  # batches not yet finished; one more is refused with 429
+    retention_days: float = 30.0  # finished batches, and output files without their own expiry (0: forever)
+
+    def __post_init__(self) -> None:
+        for key in ("max_upload_mb", "max_lines", "max_line_kb", "max_in_progress"):
+            if getattr(self, key) <= 0:
+                raise msgspec.ValidationError(f"`batches.{key}` must be positive")
+        if self.retention_days < 0:
+            raise msgspec.ValidationError("`batches.retention_days` must be 0 (keep forever) or positive")
+
+
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
     addr: str = "127.0.0.1:8000"
@@ -125,6 +145,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     otlp_endpoint: str | None = (
         None  # OpenTelemetry traces over OTLP/HTTP (the otel extra), e.g. http://h:4318/v1/traces
     )
+    batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")
@@ -151,6 +172,16 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     @property
     def port(self) -> int:
         return int(self.addr.rpartition(":")[2])
+
+    @property
+    def batches_enabled(self) -> bool:
+        """`batches.enabled`, or by default: on when only this machine can reach the server."""
+        if self.batches.enabled is not None:
+            return self.batches.enabled
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
 
 
 class ConfigError(ValueError):

@@ -7,11 +7,14 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
+from basal.batch.service import BatchService, BatchSettings
+from basal.batch.store import Store
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
@@ -19,6 +22,7 @@ from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
+from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
@@ -27,6 +31,8 @@ from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
 log = logging.getLogger("basal")
+
+RAY_WINDOW = 64  # batch lines in flight behind the Ray front (of replicas x max_ongoing_requests places)
 
 DEMO_WARNING = (
     "serving the built-in demo model {name}: a tiny synthetic model with random weights — its answers "
@@ -191,6 +197,34 @@ def metrics_listener(engines: EnginesFront, addr: str):
     return server  # `shutdown()` stops it (tests); `basal serve` lets it end with the process
 
 
+def batch_settings(config: ServeConfig) -> BatchSettings:
+    """The Batch API's limits and store directory, from `batches:`."""
+    b = config.batches
+    retention = None if b.retention_days == 0 else int(b.retention_days * 86400)
+    return BatchSettings(
+        root=Path(b.dir).expanduser() if b.dir else cache_dir() / "batches",
+        max_upload_bytes=int(b.max_upload_mb * 1_000_000),
+        max_lines=b.max_lines,
+        max_line_bytes=b.max_line_kb << 10,
+        max_active=b.max_in_progress,
+        output_retention_s=retention,
+        batch_retention_s=retention,
+    )
+
+
+def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None:
+    """The Files and Batches API's store and runner, when `batches` is on (docs/batches.md). Behind the Ray front
+    (`ray`) fewer lines are in flight at once: each holds one of a replica's `max_ongoing_requests` places, and
+    online requests must find places free."""
+    if not config.batches_enabled:
+        return None
+    settings = batch_settings(config)
+    if ray:
+        settings = dataclasses.replace(settings, window=RAY_WINDOW)
+    log.info("batches: the Files and Batches API is on, its store in %s", settings.root)
+    return BatchService(Store(settings.root), settings)
+
+
 def serve(config: ServeConfig) -> None:
     """Listen first, then load: probes get answers during a long load (`/health/live` 200, `/health/ready` 503 with
     each model's step) instead of "connection refused". A load that fails stops the server and raises here."""
@@ -200,7 +234,7 @@ def serve(config: ServeConfig) -> None:
         check_port(host.strip("[]"), int(port))
     engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
     failed: list[BaseException] = []
-    server = _server(engines, config)
+    server = _server(engines, config, batches=batch_service(config))
 
     def load() -> None:
         try:
@@ -218,15 +252,17 @@ def serve(config: ServeConfig) -> None:
         raise failed[0]
 
 
-def listen(engines: EnginesFront, config: ServeConfig, where: str = "") -> None:
+def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    server = _server(engines, config, where)
+    server = _server(engines, config, where, batches)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
     server.run()
 
 
-def _server(engines: EnginesFront, config: ServeConfig, where: str = "") -> DrainingServer:
-    app = create_app(engines, api_settings(config))
+def _server(
+    engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
+) -> DrainingServer:
+    app = create_app(engines, api_settings(config), batches=batches)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

@@ -167,6 +167,8 @@ def test_metrics_are_opt_in(client, demo_model):
         "basal_queue_duration_seconds_bucket",
         "basal_batch_requests",
         "basal_input_tokens_total",
+        "basal_packed_tokens_total",
+        "basal_prompt_tokens_total",
         "basal_max_inflight_requests 1024",
     ):
         assert series in text

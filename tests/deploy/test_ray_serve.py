@@ -219,3 +219,29 @@ def test_the_replicas_engine_series_reach_the_fronts_metrics(cluster, ray_url):
     assert front  # the front's own HTTP series beside them
     types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(types) == len(set(types))  # each family once, as the text format requires
+
+
+def test_a_batch_behind_the_ray_front_answers_as_one_process(cluster, demo_model, tmp_path):
+    """The front owns the batch store; lines go to the replicas through the router as background work."""
+    from basal_client import BasalClient
+
+    from basal.batch.service import BatchService, BatchSettings
+    from basal.batch.store import Store
+
+    service = BatchService(Store(tmp_path), BatchSettings(root=tmp_path, window=8))
+    requests = [
+        {"custom_id": f"{path}-{i}", "body": body} for i, (path, body) in enumerate(mix()) if path == "/v1/basal"
+    ]
+    with live_server(cluster, batches=service) as url, BasalClient(url, timeout=120) as client:
+        batch = client.batches.create(requests=requests)
+        done = client.batches.wait(batch["id"], timeout=300, poll_interval=0.1)
+        records = {r["custom_id"]: r["response"] for r in client.batches.results(batch["id"])}
+    assert done["status"] == "completed" and done["request_counts"]["total"] == len(requests)
+    with live_server(make_engines(demo_model)) as local_url:
+        for r in requests:
+            alone = comparable(httpx.post(local_url + "/v1/basal", json=r["body"], timeout=120))
+            response = records[r["custom_id"]]
+            body = response["body"]
+            if response["status_code"] == 200:
+                body["usage"].pop("latency_ms", None)
+            assert (response["status_code"], body) == alone

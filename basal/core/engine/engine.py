@@ -190,6 +190,8 @@ class Lane:
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
         engine.prompt_tokens += stats.prompt_tokens
+        metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
+        metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
         rows = iter(logits)
         for job in batch:
             job.compute_ms += seconds * 1000
@@ -283,6 +285,9 @@ class Engine:
         self.name, self.pipeline, self.gate, self.metrics, self.settings = name, pipeline, gate, metrics, settings
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
+        # batch lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
+        # preemptible lane: either way they step aside for main lanes after a slice and have the long lane's floor
+        self.batch = Lane(self, "batch", urgent=False) if self.long is None else None
         self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
         self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
         self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
@@ -299,9 +304,15 @@ class Engine:
 
     @property
     def lanes(self) -> list[Lane]:
-        return [self.main] + ([self.long] if self.long else [])
+        return [self.main] + [lane for lane in (self.long, self.batch) if lane is not None]
 
-    def admit(self, request: DecisionRequest, finish: Callable[[Any], None], cancelled: Callable[[], bool]) -> Job:
+    def admit(
+        self,
+        request: DecisionRequest,
+        finish: Callable[[Any], None],
+        cancelled: Callable[[], bool],
+        background: bool = False,
+    ) -> Job:
         """Check the request's limits, tokenize and cost it (in the planning pool when large, off the event loop).
 
         Characters are checked before anything is tokenized; packed tokens while tokenizing, a chunk at a time, so
@@ -319,7 +330,9 @@ class Engine:
         cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
         check_cost(request, cost, limits)
         self.metrics.tokenization_duration.observe(self.name, value=time.perf_counter() - arrival)
-        job = Job(request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds)
+        job = Job(
+            request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds, background=background
+        )
         job.context = contextvars.copy_context()  # the request's id for the lines a lane logs about it
         return job
 
@@ -328,7 +341,11 @@ class Engine:
         if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
             job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
             return
-        lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
+        if job.background:
+            lane = self.long or self.batch
+        else:
+            lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
+        assert lane is not None  # the engine has a long lane or else a batch lane
         lane.submit(job)
 
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:

@@ -96,9 +96,15 @@ class EnginesFront(Protocol):
         ...
 
     async def run(
-        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+        self,
+        request: DecisionRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        has_slot: bool = False,
+        background: bool = False,
     ) -> Result:
-        """Answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError."""
+        """Answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError. `background`:
+        a batch line, run behind every online request (docs/batches.md)."""
         ...
 
 
@@ -196,13 +202,19 @@ class Engines(InflightLimit):
         return loaded and all(lane.thread.is_alive() for e in self.engines.values() for lane in e.lanes)
 
     async def run(
-        self, request: DecisionRequest, cancelled: Callable[[], bool] = lambda: False, *, has_slot: bool = False
+        self,
+        request: DecisionRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        has_slot: bool = False,
+        background: bool = False,
     ) -> Result:
         """Plan, queue and answer one validated request. Raises Overloaded, EngineClosed, Cancelled, RequestError.
-        `has_slot`: the caller already holds a `slot()` (the HTTP layer takes it before reading the body)."""
+        `has_slot`: the caller already holds a `slot()` (the HTTP layer takes it before reading the body).
+        `background`: a batch line (behind every online request, on the preemptible lane)."""
         if not has_slot:
             with self.slot():
-                return await self.run(request, cancelled, has_slot=True)
+                return await self.run(request, cancelled, has_slot=True, background=background)
         engine = self.engines[request.model]
         if self.closed:
             raise EngineClosed("the server is shutting down")
@@ -217,11 +229,12 @@ class Engines(InflightLimit):
                     loop.call_soon_threadsafe(_settle, future, result)
 
             def prepare() -> Job:
-                job = engine.admit(request, finish, cancelled)
+                job = engine.admit(request, finish, cancelled, background)
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
-            if chars <= INLINE_PLAN_CHARS:  # tokenizing a few short prompts costs less than a hop
+            if chars <= INLINE_PLAN_CHARS and not background:  # a few short prompts cost less than a hop; batch
+                # lines are always planned in the pool, so that the event loop stays with online requests
                 job = prepare()
             else:
                 try:

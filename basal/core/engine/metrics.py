@@ -145,6 +145,18 @@ class Metrics:
             "planning one request: its limits, tokenizing its prompts and costing its packed tokens",
             ("model",),
         )
+        self.packed_tokens = Counter(
+            r,
+            "basal_packed_tokens_total",
+            "tokens computed by forward passes (shared prefixes once)",
+            ("model", "lane"),
+        )
+        self.prompt_tokens = Counter(
+            r,
+            "basal_prompt_tokens_total",
+            "tokens of the option-order prompts those passes answered",
+            ("model", "lane"),
+        )
         self.max_inflight.set(value=max_inflight)
         for endpoint in ("/v1/systemone", "/v1/basal"):
             self.http_inflight.inc(endpoint, by=0)

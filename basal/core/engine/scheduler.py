@@ -48,6 +48,7 @@ class Job:
     compute_ms: float = 0.0
     batch_requests: int = 0
     rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
+    background: bool = False  # a batch line: runs only when no online job waits in its lane, in arrival order
     context: contextvars.Context | None = None  # the HTTP task's context vars: a lane's log lines carry its id
 
     def log(self, logger: logging.Logger, level: int, message: str, *args: Any, **kwargs: Any) -> None:
@@ -78,12 +79,14 @@ class JobQueue:
         if seconds > 0.001:
             self.rate = 0.8 * self.rate + 0.2 * (packed_tokens / seconds)
 
-    def priority(self, job: Job, now: float) -> tuple[float, int, int]:
-        """Sort key, smallest first: FIFO by arrival; HRRN by response ratio, then cheaper, then older."""
-        if self.policy is Policy.FIFO:
-            return (0.0, 0, job.seq)
+    def priority(self, job: Job, now: float) -> tuple[bool, float, int, int]:
+        """Sort key, smallest first: online jobs before background ones; FIFO by arrival; HRRN by response ratio,
+        then cheaper, then older. Background jobs keep arrival order, so the lines of one state, submitted one
+        after another, are admitted together and the prefix tree computes the state once."""
+        if self.policy is Policy.FIFO or job.background:
+            return (job.background, 0.0, 0, job.seq)
         estimated = max(job.cost, 1) / self.rate
-        return (-(now - job.arrival + estimated) / estimated, job.cost, job.seq)
+        return (False, -(now - job.arrival + estimated) / estimated, job.cost, job.seq)
 
     def drop_cancelled(self) -> list[Job]:
         gone = [j for j in self._jobs if j.cancelled()]
@@ -93,7 +96,8 @@ class JobQueue:
 
     def admit(self, max_tokens: int, now: float | None = None) -> list[Job]:
         """The first job in order always; then every waiting job that keeps the batch within `max_tokens`
-        packed tokens (prompts shared with jobs already admitted count once). No waiting for more work."""
+        packed tokens (prompts shared with jobs already admitted count once). No waiting for more work. Online and
+        background jobs never share a batch: an online job does not wait for batch lines computed beside it."""
         if not self._jobs:
             return []
         now = time.perf_counter() if now is None else now
@@ -101,6 +105,8 @@ class JobQueue:
         sizes: dict[str, TrieSize] = {}
         batch: list[Job] = []
         for job in ordered:
+            if batch and job.background != batch[0].background:
+                break  # sorted: every job after the first background one is background too
             added = []
             for t in job.tokenized:
                 size = sizes.setdefault(t.lang, TrieSize())

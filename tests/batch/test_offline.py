@@ -1,0 +1,77 @@
+"""`basal run-batch`: the server's records without a server, resumable (an interrupted OUTPUT, its last line torn,
+is completed with every custom_id once and its earlier records untouched), and answers equal to online."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from basal.api.decisions import ApiSettings, body_decider
+from basal.batch.offline import recorded_ids, run_file
+from basal.cli import main
+from tests.servers import make_engines
+
+LATENCY = re.compile(rb'"latency_ms":[0-9.eE+-]+')
+
+
+def write_input(path, n_states=6, per_state=5, extra=b""):
+    lines = [
+        json.dumps({"custom_id": f"s{s}-q{q}", "method": "POST", "url": "/v1/basal",
+                    "body": {"state": f"Ticket {s}: refund late.",
+                             "questions": {f"q{q}": {"type": "noul", "instructions": f"Money {q}?"}}}})
+        for s in range(n_states) for q in range(per_state)
+    ]  # fmt: skip
+    path.write_bytes("\n".join(lines).encode() + b"\n" + extra)
+
+
+@pytest.fixture(scope="module")
+def engines(demo_model):
+    engines = make_engines(demo_model)
+    engines.start()
+    yield engines
+    engines.close()
+
+
+def run(engines, source, output):
+    return asyncio.run(run_file(source, output, body_decider(engines, ApiSettings()), 1 << 20))
+
+
+def test_an_interrupted_run_resumes_without_repeating_or_touching_records(engines, tmp_path):
+    source, whole, cut = tmp_path / "in.jsonl", tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    write_input(source, extra=b"{broken\n")
+    summary = run(engines, source, whole)
+    assert (summary.ran, summary.failed, summary.skipped) == (31, 1, 0)
+    records = whole.read_bytes().splitlines(keepends=True)
+    cut.write_bytes(b"".join(records[:12]) + records[12][:40])  # killed while writing line 13
+    again = run(engines, source, cut)
+    assert (again.ran, again.skipped) == (19, 12)
+    resumed = cut.read_bytes().splitlines(keepends=True)
+    assert resumed[:12] == records[:12]  # untouched
+    ids = [json.loads(r)["custom_id"] for r in resumed]
+    assert len(ids) == len(set(ids)) == 31
+    assert run(engines, source, cut).ran == 0  # nothing left
+    by_id = {json.loads(r)["custom_id"]: LATENCY.sub(b"", r.split(b'"body":', 1)[-1]) for r in records}
+    for r in resumed:  # the same answers (request ids and timing aside)
+        assert LATENCY.sub(b"", r.split(b'"body":', 1)[-1]) == by_id[json.loads(r)["custom_id"]]
+
+
+def test_an_output_that_is_not_records_is_refused(tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"hello\n")
+    with pytest.raises(ValueError, match="not a batch record"):
+        recorded_ids(out)
+
+
+def test_the_command(demo_dir, tmp_path, capsys):
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 2, 2)
+    assert main(["run-batch", str(source), "-o", str(output), "--model", str(demo_dir)]) == 0
+    assert "4 line(s)" in capsys.readouterr().err
+    assert len(recorded_ids(output)) == 4
+    assert main(["run-batch", str(tmp_path / "missing.jsonl"), "-o", str(output)]) == 2
+    (tmp_path / "bad.jsonl").write_bytes(b"")
+    assert main(["run-batch", str(tmp_path / "bad.jsonl"), "-o", str(output)]) == 2
+    assert "empty" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""The batch store: one record per line whatever is retried, finalized files from the committed records byte for
+byte, cursor pages newest first, idempotency keys, the in-progress limit, retention with a fake clock, and a
+store reopened after a crash (orphan files swept, records kept)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from basal.batch.store import Conflict, Store, TooMany
+
+
+class Clock:
+    def __init__(self, t: float = 1_800_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def upload(store: Store, text: bytes = b'{"custom_id":"a"}\n', expires: int | None = None) -> dict:
+    tmp = store.upload_path()
+    tmp.write_bytes(text)
+    return store.add_file(tmp, "in.jsonl", "batch", expires, text.count(b"\n"))
+
+
+def batch(store: Store, file_id: str, key: str | None = None, metadata=None, max_active: int = 8) -> tuple:
+    return store.create_batch(file_id, "/v1/basal", 86400, "24h", metadata, None, key, max_active)
+
+
+def test_a_line_is_recorded_once_and_counted_once(tmp_path):
+    store = Store(tmp_path)
+    b, _ = batch(store, upload(store)["id"])
+    assert store.add_results(b["id"], [(1, True, b"one"), (2, False, b"two")]) == 2
+    assert store.add_results(b["id"], [(1, True, b"again"), (3, True, b"three")]) == 1  # line 1 keeps its record
+    row = store.get_batch(b["id"])
+    assert (row["completed"], row["failed"]) == (2, 1)
+    assert list(store.records(b["id"], True)) == [b"one", b"three"]
+    assert store.done_lines(b["id"]) == {1, 2, 3}
+
+
+def test_finalize_writes_the_committed_records_and_moves_once(tmp_path):
+    store = Store(tmp_path)
+    b, _ = batch(store, upload(store)["id"])
+    store.add_results(b["id"], [(2, True, b'{"x":2}'), (1, True, b'{"x":1}'), (3, False, b'{"e":3}')])
+    assert store.finalize(b["id"], "completed", 3600)
+    assert not store.finalize(b["id"], "completed", 3600)  # terminal: nothing moves, no new files
+    row = store.get_batch(b["id"])
+    assert row["status"] == "completed" and row["completed_at"] is not None
+    assert store.file_path(row["output_file_id"]).read_bytes() == b'{"x":1}\n{"x":2}\n'  # input order
+    assert store.file_path(row["error_file_id"]).read_bytes() == b'{"e":3}\n'
+    out = store.get_file(row["output_file_id"])
+    assert out["purpose"] == "batch_output" and out["bytes"] == 16 and out["expires_at"] == out["created_at"] + 3600
+
+
+def test_pages_are_newest_first_with_a_cursor(tmp_path):
+    store = Store(tmp_path)
+    ids = [upload(store)["id"] for _ in range(5)]
+    rows, more = store.list_files(None, 2, None)
+    assert [r["id"] for r in rows] == ids[:-3:-1] and more
+    rows, more = store.list_files(rows[-1]["id"], 10, None)
+    assert [r["id"] for r in rows] == ids[2::-1] and not more
+    assert store.list_files(None, 10, "batch_output") == ([], False)
+
+
+def test_an_idempotency_key_replays_or_conflicts(tmp_path):
+    store = Store(tmp_path)
+    f = upload(store)["id"]
+    first, created = batch(store, f, "key-1", {"job": "a"})
+    again, created_again = batch(store, f, "key-1", {"job": "a"})
+    assert created and not created_again and again["id"] == first["id"]
+    with pytest.raises(Conflict):
+        batch(store, f, "key-1", {"job": "b"})
+    assert batch(store, f, "key-2", {"job": "b"})[0]["id"] != first["id"]
+
+
+def test_batches_in_progress_are_limited(tmp_path):
+    store = Store(tmp_path)
+    f = upload(store)["id"]
+    b, _ = batch(store, f, max_active=1)
+    with pytest.raises(TooMany):
+        batch(store, f, max_active=1)
+    store.finalize(b["id"], "cancelled", None)
+    batch(store, f, max_active=1)  # a finished batch no longer counts
+
+
+def test_retention_with_a_fake_clock(tmp_path):
+    clock = Clock()
+    store = Store(tmp_path, clock)
+    kept, short = upload(store)["id"], upload(store, expires=3600)["id"]
+    b, _ = batch(store, kept)
+    store.add_results(b["id"], [(1, True, b"r")])
+    store.finalize(b["id"], "completed", 7200)
+    out = store.get_batch(b["id"])["output_file_id"]
+    clock.t += 3600
+    assert store.sweep(86400) == (1, 0)
+    assert store.get_file(short) is None and not store.file_path(short).exists()
+    clock.t += 86400
+    assert store.sweep(86400) == (1, 1)  # the output file, then the batch and its records
+    assert store.get_file(out) is None and store.get_batch(b["id"]) is None and store.get_file(kept) is not None
+
+
+def test_reopened_store_keeps_records_and_sweeps_orphans(tmp_path):
+    store = Store(tmp_path)
+    b, _ = batch(store, upload(store)["id"])
+    store.add_results(b["id"], [(1, True, b"kept")])
+    orphan = store.file_path("file-orphan")
+    orphan.write_bytes(b"half")
+    store.upload_path().write_bytes(b"partial upload")
+    store.close()
+    again = Store(tmp_path)
+    assert list(again.records(b["id"], True)) == [b"kept"]
+    assert not orphan.exists() and [p.name for p in again.files_dir.iterdir() if p.name.startswith(".")] == []
+    assert json.loads(json.dumps(again.active_batches()))[0]["id"] == b["id"]
+
+
+def test_an_ended_batch_takes_no_more_records(tmp_path):
+    store = Store(tmp_path)
+    b, _ = batch(store, upload(store)["id"])
+    store.add_results(b["id"], [(1, True, b"r")])
+    store.finalize(b["id"], "cancelled", None)
+    assert store.add_results(b["id"], [(2, True, b"late")]) == 0
+    assert store.get_batch(b["id"])["completed"] == 1 and store.done_lines(b["id"]) == {1}
