@@ -52,8 +52,8 @@ class InProcessReplica:
         self.replica.engines, self.replica.name = engines, "in-process"
         self.answer = self
 
-    def remote(self, request, affinity=None):
-        return asyncio.ensure_future(self.replica.answer(request, affinity))
+    def remote(self, request, affinity=None, background=False):
+        return asyncio.ensure_future(self.replica.answer(request, affinity, background))
 
 
 def test_diagnostics_cross_the_ray_front_as_in_one_process(demo_model):
