@@ -25,6 +25,8 @@ QUESTIONS = {
     "tags": {"type": "multi", "instructions": "Tematy?", "criteria": ["płatność", "dostawa"]},
 }
 
+CHUNK = 700  # head rows per product in these tests: several chunks and a short last one on the demo's 3000
+
 
 @pytest.fixture(params=["torch", "mlx"])
 def backend(request, demo_model):
@@ -54,7 +56,21 @@ def _lm_head(model) -> np.ndarray:
     return (bf16_bits_to_f32(np.asarray(array)) if kind == "BF16" else np.asarray(array)).astype(np.float64)
 
 
-def test_letter_mass_is_the_full_vocabulary_softmax_mass_of_the_letters(demo_model, backend):
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """The head read CHUNK rows at a time: several chunks and a short last one on the demo's vocabulary."""
+    import basal.backends.cuda.model as torch_model
+
+    monkeypatch.setattr(torch_model, "HEAD_CHUNK_ROWS", CHUNK)
+    try:
+        import basal.backends.mlx.model as mlx_model
+    except ImportError:
+        return
+    monkeypatch.setattr(mlx_model, "HEAD_CHUNK_ROWS", CHUNK)
+
+
+def test_letter_mass_is_the_full_vocabulary_softmax_mass_of_the_letters(demo_model, backend, small_chunks):
+    assert demo_model.config.vocab_size % CHUNK and demo_model.config.vocab_size > 2 * CHUNK
     pipeline = Pipeline(demo_model, backend)
     rounds, _ = _answer(pipeline, diagnostics=True)
     questions = pipeline.diagnose(rounds).questions
@@ -86,3 +102,24 @@ def test_without_diagnostics_nothing_is_computed_and_no_logit_changes(demo_model
     for name, rows in plain.plain_logits.items():
         for a, b in zip(rows, asked.plain_logits[name], strict=True):
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()  # bit for bit
+
+
+def test_the_gpu_paths_head_gives_the_whole_vocabulary_log_sum_exp(demo_model, small_chunks):
+    """The GPU path's weights read the head as the torch path does (checkpoint rows from the memory map, or the
+    random weights' head), here on the CPU: its log-sum-exp is the whole head's, in float64 numpy."""
+    import torch
+
+    from basal.backends.cuda.gpu.weights_direct import DeviceWeights
+    from basal.backends.cuda.model import head_logsumexp
+
+    cpu = torch.device("cpu")
+    states = np.random.default_rng(0).standard_normal((3, demo_model.config.hidden_size)).astype(np.float32)
+    for weights, head in [
+        (DeviceWeights(demo_model, torch.float32, cpu, progress=False), _lm_head(demo_model)),
+        (w := DeviceWeights.random(demo_model.config, torch.float32, cpu), w._lm_head.double().numpy()),
+    ]:
+        z = states.astype(np.float64) @ head.T
+        top = z.max(axis=1)
+        want = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
+        got = head_logsumexp(weights.head_rows, weights.vocab_size, states, weights.device)
+        assert got.dtype == np.float64 and got == pytest.approx(want, rel=1e-6)
