@@ -30,6 +30,9 @@ class FakeBackend:
     def run_with_hidden(self, batch: PackedBatch):
         raise RuntimeError(f"the {self.name} test backend reads no hidden states")
 
+    def vocab_logsumexp(self, states):
+        raise RuntimeError(f"the {self.name} test backend reads no hidden states")
+
     def describe(self) -> dict[str, object]:
         return {"backend": self.name, "device": self.device, "dtype": self.dtype}
 

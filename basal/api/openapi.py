@@ -136,8 +136,9 @@ DIAGNOSTICS_PARAMETER = {
     "in": "header",
     "required": False,
     "description": "1 or true: the 200 body ends with one more member, `diagnostics` (each question's per-order "
-    "distributions, their average, the temperature and the calibrated result, the facts block, prompt and packed "
-    "tokens; docs/playground.md). Absent, 0 or false: the body is unchanged.",
+    "distributions with each order's letter mass over the whole vocabulary, their average, the temperature and the "
+    "calibrated result, the facts block, prompt and packed tokens; docs/playground.md). Absent, 0 or false: the "
+    "body is unchanged.",
     "schema": {"type": "string", "enum": ["0", "1", "true", "false"]},
 }
 

@@ -78,9 +78,10 @@ def test_per_order_distributions_recompute_the_answer(client, demo_model, dialec
     answers, questions = body["answers"], body["diagnostics"]["questions"]
     for name in ("kind", "refund", "urgency", "tags", "route"):
         d = questions[name]
-        assert d["temperature"] == TEMPERATURES[d["type"]] and d["rounds"] == 1 and d["letter_mass"] is None
+        assert d["temperature"] == TEMPERATURES[d["type"]] and d["rounds"] == 1
         for readout in d["readouts"]:
             assert len(readout["orders"]) == 2
+            assert all(0 < o["letter_mass"] <= 1 for o in readout["orders"])  # the torch backend computes it
             assert [o["letters"] for o in readout["orders"]] == [
                 list(readout["average"]),
                 list(readout["average"])[::-1],

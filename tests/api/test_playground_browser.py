@@ -78,7 +78,9 @@ def shown(browser: Browser) -> dict:
             for (const row of box.querySelectorAll('table.parts-table tr[data-option]')) {
                 parts[row.dataset.option] = [...row.querySelectorAll('td.num')].map((td) => td.textContent);
             }
-            out[box.dataset.question] = {headline: box.querySelector('.headline').textContent, bars, parts};
+            const mass = [...box.querySelectorAll('table.parts-table tr.letter-mass td.num')]
+                .map((td) => td.textContent);
+            out[box.dataset.question] = {headline: box.querySelector('.headline').textContent, bars, parts, mass};
         }
         return out;
     })()"""
@@ -112,6 +114,7 @@ def test_noul_and_choice_bars_match_the_json_answer(browser, server):
         for key, cells in page[name]["parts"].items():
             numbers = [o["probabilities"][key] for o in readout["orders"]]
             assert cells == [f"{p:.4f}" for p in [*numbers, readout["average"][key], readout["calibrated"][key]]]
+        assert page[name]["mass"] == [f"{o['letter_mass']:.4f}" for o in readout["orders"]]  # per order
     usage = browser.evaluate("document.querySelector('#result dl.kv').textContent")
     assert f"usage.input_tokens{answer['usage']['input_tokens']}" in usage and "x-basal-compute-ms" in usage
 

@@ -297,6 +297,14 @@ function renderParts(diag) {
         el("td", {}, bar(r.calibrated[k], true)));
       table.append(row);
     }
+    if (r.orders.some((o) => o.letter_mass != null)) {
+      // each order's letters' share of the full-vocabulary softmax at the answer position
+      const row = el("tr", { class: "letter-mass", title: "the option letters' share of the whole vocabulary's probability at the answer position" },
+        el("td", { class: "key" }, "letter mass"));
+      r.orders.forEach((o) => row.append(el("td", { class: "num order" }, fmt(o.letter_mass))));
+      row.append(el("td", {}, ""), el("td", {}, ""), el("td", {}, ""));
+      table.append(row);
+    }
     parts.append(table);
     if (r.orders.length) {
       parts.append(el("div", {}, r.orders.map((o, i) => `order ${i + 1}: ${o.letters.map((k, j) => `${String.fromCharCode(65 + j)}=${k}`).join(" ")}`).join(" · ")));

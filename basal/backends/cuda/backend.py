@@ -13,7 +13,7 @@ from basal.backends.cuda import tile_rows
 from basal.backends.cuda.cpu import cpu_kernels
 from basal.backends.cuda.cpu.gemm_chunks import process_table
 from basal.backends.cuda.cpu.threads import configure_threads
-from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama
+from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama, head_logsumexp
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.backend import Backend
 from basal.core.packing.tree import PackedBatch
@@ -133,3 +133,8 @@ class TorchBackend:
         logits, states = yield from self.net.forward_with_states(t, tokens, letters)
         with torch.inference_mode():
             return logits[: len(batch.readouts)], states.cpu().numpy()
+
+    def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
+        """The whole head, read from the memory map a chunk at a time (diagnostics only; nothing is kept)."""
+        w = self.net.w
+        return head_logsumexp(w.head_rows, w.vocab_size, states, w.device)

@@ -78,6 +78,19 @@ class LlamaWeights:
             array = bf16_bits_to_f32(np.asarray(array))
         return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
 
+    def head_rows(self, start: int, stop: int) -> torch.Tensor:
+        """lm_head rows start..stop-1 as the model dtype holds them, f32 on the device (as `letter_rows`)."""
+        f, key = self._index["lm_head.weight"]
+        dtype, array = f.tensor(key)
+        rows = np.asarray(array[start:stop])
+        rows = bf16_bits_to_f32(rows) if dtype == "BF16" else rows.astype(np.float32)
+        return torch.from_numpy(rows).to(self.dtype).float().to(self.device)
+
+    @property
+    def vocab_size(self) -> int:
+        f, key = self._index["lm_head.weight"]
+        return int(f.tensor(key)[1].shape[0])
+
     def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
         """The lm_head rows of the option letters, f32: logits are computed for these rows only."""
         if letter_ids not in self._letter_rows:
@@ -246,6 +259,21 @@ class TreeLlama:
             kv.append((k, v))
             h = h_next
         self.prefix_kv[key] = kv
+
+
+HEAD_CHUNK_ROWS = 8192  # lm_head rows read and multiplied at a time: the whole head is never held twice
+
+
+def head_logsumexp(head_rows, vocab_size: int, states: np.ndarray, device) -> np.ndarray:
+    """log sum_v exp(head[v] . h) over the whole vocabulary, f64 [n], for hidden states f32 [n, d]; `head_rows(a,
+    b)` gives rows a..b-1 in f32 (as the model dtype holds them). Products in f32, the sums in f64."""
+    with torch.inference_mode():
+        x = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32)).to(device)
+        parts = []
+        for start in range(0, vocab_size, HEAD_CHUNK_ROWS):
+            rows = head_rows(start, min(start + HEAD_CHUNK_ROWS, vocab_size))
+            parts.append(torch.logsumexp((x @ rows.T).double(), dim=1))
+        return torch.logsumexp(torch.stack(parts, dim=1), dim=1).cpu().numpy()
 
 
 T = TypeVar("T")

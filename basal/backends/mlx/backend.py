@@ -76,6 +76,11 @@ class MLXBackend:
         last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
         return (yield from on_device(self.scope, self._run_with_hidden(batch)))
 
+    def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
+        """The whole head, a chunk of rows at a time (diagnostics only), on this backend's device."""
+        with mx.stream(self.scope):
+            return self.net.vocab_logsumexp(states)
+
     def _run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
         t = self.net.inputs(batch)
         letters = tuple(int(x) for x in batch.letter_ids)

@@ -30,6 +30,7 @@ from basal.core.packing.tree import PackedBatch, single_prompt_batch
 # On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
 # groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.
 STEP_ROWS = 512
+HEAD_CHUNK_ROWS = 8192  # lm_head rows multiplied at a time for the vocabulary log-sum-exp (diagnostics)
 assert STEP_ROWS % O.ROWS == 0 and STEP_ROWS % O.READOUT_ROWS == 0, "blocks of whole chunks keep the bits"
 MX_DTYPE = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 
@@ -137,6 +138,21 @@ class MLXLlama:
             mx.eval(rows)  # evaluated where it is made: another lane's thread may read it
             self._letter_rows[letter_ids] = rows
         return self._letter_rows[letter_ids]
+
+    def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
+        """log sum_v exp(head[v] . h) over the whole vocabulary, f64 [n], for final-normed states f32 [n, d]: the
+        head as the model dtype holds it, products in f32 a chunk of rows at a time, the sums in f64 (diagnostics)."""
+        x = mx.array(np.ascontiguousarray(states, dtype=np.float32))
+        vocab = self._lm_head.shape[0]
+        parts = []
+        for start in range(0, vocab, HEAD_CHUNK_ROWS):
+            rows = self._lm_head[start : start + HEAD_CHUNK_ROWS].astype(self.dtype).astype(mx.float32)
+            logits = np.array(x @ rows.T, dtype=np.float64)
+            top = logits.max(axis=1, keepdims=True)
+            parts.append(top[:, 0] + np.log(np.exp(logits - top).sum(axis=1)))
+        both = np.stack(parts, axis=1)
+        top = both.max(axis=1, keepdims=True)
+        return top[:, 0] + np.log(np.exp(both - top).sum(axis=1))
 
     def inputs(self, batch: PackedBatch) -> TreeInputs:
         plan, readout_plan = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})

@@ -24,6 +24,9 @@ from basal.core.request.plan import DecisionRequest, Question
 class OrderDiagnostics(msgspec.Struct):
     letters: list[str]  # option keys in the order the letters A, B, ... showed them
     probabilities: dict[str, float]  # this order's softmax over its letters, by option key
+    # the softmax over the whole vocabulary at this order's answer position, summed over its option letters (the
+    # share of the model's next-token probability on the letters); None where the backend reads no hidden states
+    letter_mass: float | None = None
 
 
 class ReadoutDiagnostics(msgspec.Struct):
@@ -38,7 +41,6 @@ class QuestionDiagnostics(msgspec.Struct):
     temperature: float  # applied to the average; 1.0 = unchanged
     readouts: list[ReadoutDiagnostics]
     rounds: int  # 2 for a choice of 11..255 options (groups, then finalists), else 1
-    letter_mass: float | None  # share of the whole vocabulary's probability on the letters; None: not computed
     facts: str | None  # the facts block appended to the state (facts: "auto"), as the model read it
 
 
@@ -52,10 +54,23 @@ def _by_key(keys: Sequence[str], p: np.ndarray) -> dict[str, float]:
     return {k: float(v) for k, v in zip(keys, p, strict=True)}
 
 
-def _readout(item: Item, dist: Distribution) -> ReadoutDiagnostics:
+def letter_mass(logits: np.ndarray, log_norm: float) -> float:
+    """sum_i exp(logit_i - logsumexp over the vocabulary), in float64: the letters' full-vocabulary mass."""
+    return float(np.exp(np.asarray(logits, dtype=np.float64) - log_norm).sum())
+
+
+def _readout(
+    item: Item, dist: Distribution, logits: Sequence[np.ndarray], log_norms: np.ndarray | None
+) -> ReadoutDiagnostics:
+    k = len(item.keys)
+    masses = (
+        [None] * len(item.orders)
+        if log_norms is None
+        else [letter_mass(lg[:k], n) for lg, n in zip(logits, log_norms, strict=True)]
+    )
     orders = [
-        OrderDiagnostics([item.keys[i] for i in perm], _by_key(item.keys, unpermute(p, perm)))
-        for p, perm in zip(dist.probs, item.orders, strict=True)
+        OrderDiagnostics([item.keys[i] for i in perm], _by_key(item.keys, unpermute(p, perm)), mass)
+        for p, perm, mass in zip(dist.probs, item.orders, masses, strict=True)
     ]
     return ReadoutDiagnostics(item.name, orders, _by_key(item.keys, dist.p_avg), _by_key(item.keys, dist.p_cal))
 
@@ -71,10 +86,12 @@ def diagnose(
     logits: Mapping[str, list[np.ndarray]],
     calibration: Calibration,
     joints: Mapping[str, np.ndarray],
+    log_norms: Mapping[str, np.ndarray],
     prompt_tokens: int,
     packed_tokens: int,
 ) -> Diagnostics:
-    """The diagnostics of an answered request, from the same letter logits and joints `respond` read."""
+    """The diagnostics of an answered request, from the same letter logits and joints `respond` read; `log_norms`:
+    per question, the vocabulary log-sum-exp at each order's readout (absent: letter mass not computed)."""
     out = {}
     for q in request.questions:
         temperature = calibration.temperature(q.asked[0].type)
@@ -87,10 +104,15 @@ def diagnose(
         elif not q.needs_model:  # one option: p = 1, the model was not run
             readouts = [ReadoutDiagnostics(q.name, [], {keys[0]: 1.0}, {keys[0]: 1.0})]
         else:
-            dists = distributions(q, logits.get(q.name, []), calibration)
-            readouts = [_readout(item, d) for item, d in zip(q.asked, dists, strict=True)]
+            rows = logits.get(q.name, [])
+            norms = log_norms.get(q.name)
+            dists = distributions(q, rows, calibration)
+            readouts, at = [], 0
+            for item, d in zip(q.asked, dists, strict=True):
+                n = len(item.orders)
+                part = None if norms is None else norms[at : at + n]
+                readouts.append(_readout(item, d, rows[at : at + n], part))
+                at += n
         rounds = 2 if q.name in joints else 1
-        out[q.name] = QuestionDiagnostics(
-            q.asked[0].type, float(temperature), readouts, rounds, None, _facts(request, q)
-        )
+        out[q.name] = QuestionDiagnostics(q.asked[0].type, float(temperature), readouts, rounds, _facts(request, q))
     return Diagnostics(prompt_tokens, packed_tokens, out)

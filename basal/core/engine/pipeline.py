@@ -91,17 +91,24 @@ class Pipeline:
         return self.model.evidence_head is not None and self.backend.reads_hidden_states
 
     def tokenize_items(
-        self, items: Sequence[Item], evidence: dict[int, StateTokens | None] | None = None
+        self,
+        items: Sequence[Item],
+        evidence: dict[int, StateTokens | None] | None = None,
+        letter_mass: bool = False,
     ) -> list[TokenizedQuestion]:
         """Token ids of every asked option order of each item.
 
         `evidence`: id(item) -> filled with where the state lies in the item's order-1 prompt; such an item asks
-        for the final hidden states of those tokens too (docs: evidence)."""
+        for the final hidden states of those tokens too (docs: evidence). `letter_mass`: a diagnostics request;
+        its readouts' full-vocabulary log-sum-exp is computed too where the backend reads hidden states."""
+        letter_mass = letter_mass and self.backend.reads_hidden_states
         prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
         ids = iter(self.tokenizer.encode_batch(prompts))
         out = []
         for item in items:
-            tokenized = TokenizedQuestion(item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders))
+            tokenized = TokenizedQuestion(
+                item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders), letter_mass=letter_mass
+            )
             if evidence is not None and id(item) in evidence:
                 found = self._state_tokens(item, tokenized.prompts[0])
                 evidence[id(item)] = found
@@ -126,7 +133,7 @@ class Pipeline:
             rounds.evidence = frozenset()
         wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
         found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
-        rounds.tokenized = self.tokenize_items(rounds.asked, found)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics)
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
@@ -139,7 +146,7 @@ class Pipeline:
             rounds.packed_tokens += self.cost(rounds.tokenized)
         rounds.take(logits, cancelled)
         if not rounds.done:
-            rounds.tokenized = self.tokenize_items(rounds.asked)
+            rounds.tokenized = self.tokenize_items(rounds.asked, letter_mass=rounds.request.diagnostics)
 
     def later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
         """Stand-ins for the final rounds before they are known: each large choice's 10 longest options (by
@@ -172,6 +179,7 @@ class Pipeline:
             rounds.plain_logits,
             self.model.calibration,
             rounds.joints(),
+            rounds.log_norms,
             rounds.input_tokens,
             rounds.packed_tokens,
         )
@@ -202,10 +210,19 @@ class Pipeline:
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
-        forwards = [f if f.hidden_of else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards]
+        forwards = [self._with_letter_mass(f, tokenized) for f in forwards]
+        forwards = [
+            f if f.hidden_of or f.letter_mass else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards
+        ]
         if stats is not None:
             stats.pack_ms += (time.perf_counter() - t0) * 1000
         return forwards
+
+    @staticmethod
+    def _with_letter_mass(f: Forward, tokenized: Sequence[TokenizedQuestion]) -> Forward:
+        """The forward, marked with its questions that ask for the vocabulary log-sum-exp (diagnostics)."""
+        wanted = tuple(sorted({qi for qi, _ in f.readout_of if tokenized[qi].letter_mass}))
+        return replace(f, letter_mass=wanted) if wanted else f
 
     def forward(
         self,
@@ -222,12 +239,17 @@ class Pipeline:
 
         def collect(i: int, result) -> None:
             f = forwards[i]
-            logits, states = result if f.hidden_of else (result, None)
+            logits, states = result if f.hidden_of or f.letter_mass else (result, None)
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
                 out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
+            if f.letter_mass:  # diagnostics: one vocabulary log-sum-exp per readout of the questions that ask
+                rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].prompts))]
+                norms = iter(self.backend.vocab_logsumexp(states[rows]))
+                for qi in f.letter_mass:
+                    out[qi].log_norms = np.array([next(norms) for _ in tokenized[qi].prompts], dtype=np.float64)
 
         yield from overlapped((self._run(f, preemptible) for f in forwards), collect)
         if stats is not None:
@@ -239,7 +261,7 @@ class Pipeline:
 
     def _run(self, f: Forward, preemptible: bool):
         """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
-        if f.hidden_of:  # evidence questions: the final hidden states of their state tokens too
+        if f.hidden_of or f.letter_mass:  # evidence, diagnostics: final hidden states too (same readout bits)
             return self.backend.run_with_hidden(f.batch)
         return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
 

@@ -37,6 +37,8 @@ class Rounds:
     evidence: frozenset[str] = field(init=False)  # questions whose state tokens' hidden states are read
     state_tokens: dict[str, StateTokens | None] = field(default_factory=dict)  # ... where the state lies (pipeline)
     states: dict[str, np.ndarray] = field(default_factory=dict)  # ... their hidden states once run
+    # diagnostics: per question, the vocabulary log-sum-exp at each order's readout (as `plain_logits`' rows)
+    log_norms: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         run = [q for q in self.request.questions if q.needs_model]
@@ -66,6 +68,9 @@ class Rounds:
                     states = getattr(results[0], "states", None)
                     if q.name in self.evidence and states is not None:
                         self.states[q.name] = states
+                    norms = [getattr(r, "log_norms", None) for r in results]
+                    if all(n is not None for n in norms):
+                        self.log_norms[q.name] = np.concatenate(norms)
             for lc in self.large.values():
                 following.append(lc.final_round([next(rest) for _ in lc.groups], cancelled))
         else:

@@ -60,6 +60,13 @@ class Backend(Protocol):
         `reads_hidden_states`."""
         ...
 
+    def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
+        """log sum_v exp(lm_head[v] . h) over the whole vocabulary, for final-normed hidden states f32 [n, d] as
+        `run_with_hidden` gives them -> float64 [n]: the softmax normaliser at those rows, from which diagnostics
+        compute the letters' share of the full-vocabulary probability. Asked only by a request that wants
+        diagnostics, so it may read the whole head; only called where `reads_hidden_states`."""
+        ...
+
     def describe(self) -> dict[str, object]:
         """What decides this backend's bits and speed here (backend, device, dtype, library versions, threads,
         kernel plans): `basal doctor`, `/v1/models` and exports show it."""

@@ -90,6 +90,7 @@ class TokenizedQuestion:
     state: str  # state text, to place questions on the same state next to each other
     prompts: tuple[tuple[int, ...], ...]
     hidden: tuple[int, ...] = ()  # evidence: token indices of prompt 0 whose final hidden states are read
+    letter_mass: bool = False  # diagnostics: the full-vocabulary log-sum-exp at each readout is computed too
 
 
 class ItemLogits(list):
@@ -97,6 +98,9 @@ class ItemLogits(list):
     final-normed hidden states of its `hidden` tokens, then of its order-0 readout token, float32 [n + 1, d]."""
 
     states: np.ndarray | None = None
+    # diagnostics (`letter_mass` questions only): log of the softmax normaliser over the whole vocabulary at each
+    # order's readout, float64 [orders]
+    log_norms: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,7 @@ class Forward:
     readout_of: dict[tuple[int, int], int]  # (question index, order index) -> readout row
     hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `batch.hidden`
     prepared: object = None  # host work a backend did for this forward before the device is taken (`prepare`)
+    letter_mass: tuple[int, ...] = ()  # question indices whose readouts' vocabulary log-sum-exp is computed
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:

@@ -33,7 +33,7 @@ from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-from basal.backends.cuda.model import inference_steps
+from basal.backends.cuda.model import head_logsumexp, inference_steps
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.passes import QUEUED, Queued, run_to_end
 from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
@@ -259,6 +259,10 @@ class GpuBackend:
         states: list[np.ndarray] = []
         logits = yield from self._forward(batch.with_hidden_as_readouts(), eager=True, states=states)
         return logits[: len(batch.readouts)], states[0]
+
+    def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
+        """The whole head, a chunk at a time from the memory map (diagnostics only; nothing is kept)."""
+        return head_logsumexp(self.weights.head_rows, self.weights.vocab_size, states, self.weights.device)
 
     def _forward(
         self,

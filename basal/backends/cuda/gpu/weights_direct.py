@@ -122,6 +122,23 @@ class DeviceWeights:
         w._lm_head = rand(cfg.vocab_size, hid)
         return w
 
+    @property
+    def vocab_size(self) -> int:
+        if self._lm_head is not None:
+            return int(self._lm_head.shape[0])
+        f, key = self._index["lm_head.weight"]
+        return int(f.tensor(key)[1].shape[0])
+
+    def head_rows(self, start: int, stop: int) -> torch.Tensor:
+        """lm_head rows start..stop-1 as the compute dtype holds them, f32 on the device (as `letter_rows`)."""
+        if self._lm_head is not None:
+            return self._lm_head[start:stop].float()
+        f, key = self._index["lm_head.weight"]
+        kind, array = f.tensor(key)
+        rows = np.asarray(array[start:stop])
+        rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
+        return torch.from_numpy(rows).to(self.dtype).float().to(self.device)
+
     def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
         """[16, hidden] f32: the LM-head rows of the letters as the compute dtype holds them, zero past the letters.
         Only these rows are read (from the memory map), never the whole head."""
