@@ -4,6 +4,7 @@ each prompt. Not a dependency of basal: `pip install llama-cpp-python gguf` firs
 
     python -m bench.llama_cpp                      # mini shapes cut to 2 layers; f32 and f16 GGUF
     python -m bench.llama_cpp --layers 4 --reps 3
+    python -m bench.llama_cpp --gguf f32 --max-questions 5 --reps 1   # quicker
 
 llama.cpp runs each prompt the way its server does with `cache_prompt`: the KV cache keeps the previous prompt, and
 only the tokens after the common prefix are evaluated (a question's option orders and every question on one state
@@ -151,6 +152,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2, help="alternating timed rounds (after a warm-up)")
     ap.add_argument("--gguf", nargs="+", default=["f32", "f16"], choices=["f32", "f16"])
+    ap.add_argument("--max-questions", type=int, default=None, help="only the workloads with at most this many")
     ap.add_argument("--out", default="bench/results/llama_cpp.json")
     a = ap.parse_args()
     import llama_cpp
@@ -164,6 +166,8 @@ def main() -> None:
         letter_ids = list(pipeline.letter_ids)
         engines = {dt: LlamaCpp(to_gguf(path, Path(tmp) / f"mini-{dt}.gguf", dt), threads) for dt in a.gguf}
         for label, n_q, tokens, lang, seed in WORKLOADS:
+            if a.max_questions is not None and n_q > a.max_questions:
+                continue
             body = {
                 "model": "m",
                 "state": state_of_tokens(model.tokenizer, tokens, lang, seed),
