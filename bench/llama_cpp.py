@@ -120,9 +120,10 @@ class LlamaCpp:
     prefix with the previous prompt (`reuse=False`: a fresh evaluation of every prompt)."""
 
     def __init__(self, gguf_path: Path, threads: int, n_ctx: int = 4096):
-        from llama_cpp import Llama
+        import llama_cpp
 
-        self.llm = Llama(
+        self.llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(
             str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
             logits_all=False, verbose=False,
         )  # fmt: skip
@@ -137,7 +138,9 @@ class LlamaCpp:
         self.llm.n_tokens = common  # eval() drops the cache past n_tokens, then evaluates the rest
         self.llm.eval(prompt[common:])
         self.previous = list(prompt)
-        return np.array(self.llm.scores[self.llm.n_tokens - 1][letter_ids], dtype=np.float32)
+        # without logits_all, eval() keeps no scores: read the last position's row from the context
+        row = self.llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(row, shape=(self.llm.n_vocab(),))[letter_ids].astype(np.float32)
 
 
 def main() -> None:
