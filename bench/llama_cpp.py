@@ -233,7 +233,10 @@ def main() -> None:
         f"\nmini cut to {a.layers} layers, {threads} threads, llama-cpp-python {llama_cpp.__version__}, "
         f"median of {a.reps} rounds, load average {os.getloadavg()[0]:.1f}\n"
     )
-    print("| workload | prompts | engine | s per decision | decisions/s | speed vs basal | argmax = basal | cached = alone |")
+    print(
+        "| workload | prompts | engine | s per decision | decisions/s | speed vs basal | argmax = basal "
+        "| cached = alone |"
+    )
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         base = statistics.median(r["seconds"]["basal"])
