@@ -38,6 +38,7 @@ import torch
 from basal.backends.cuda import ops as K
 from basal.backends.cuda.backend import TorchBackend
 from basal.backends.cuda.cpu import cpu_kernels
+from basal.backends.cuda.cpu.gemm_chunks import _cpu_model
 from basal.benchsuite import limits
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.engine.engine import Engine, EngineSettings
@@ -79,6 +80,7 @@ def _attention_timed():
 
 
 BASELINE = ["torch-ops"]  # set from --baseline
+DTYPE = ["f32"]  # set from --dtype: the model's dtype, and the dtype of the GEMM limit it is measured against
 
 
 @contextmanager
@@ -138,10 +140,10 @@ def _throughput(pipeline: Pipeline, requests) -> float:
 def run_model(path: Path, reps: int) -> dict:
     model = ModelDir.load(path)
     t = time.perf_counter()
-    backend = TorchBackend.load(model, dtype="f32")
+    backend = TorchBackend.load(model, dtype=DTYPE[0])
     load_s = time.perf_counter() - t
     pipeline = Pipeline(model, backend)
-    measured = [limits.measure(model.config, "f32")]  # again before every workload; the median is the limit
+    measured = [limits.measure(model.config, DTYPE[0])]  # again before every workload; the median is the limit
     print(f"{path.name}: load {load_s:.1f} s, GEMM rate {measured[0].combined_gflops:.0f} GFLOP/s", flush=True)
     tok = model.tokenizer
     single = _request(tok, 1, 500, 1)
@@ -155,7 +157,7 @@ def run_model(path: Path, reps: int) -> dict:
         (f"{n} questions, one ~700-token state", r) for n, r in many.items()
     ]:
         flops = limits.request_flops(pipeline, request).total
-        measured.append(limits.measure(model.config, "f32"))
+        measured.append(limits.measure(model.config, DTYPE[0]))
         with before(backend):
             old_bits = _logit_bits(pipeline, request)  # also the warm-up
         new_bits = _logit_bits(pipeline, request)
@@ -178,7 +180,7 @@ def run_model(path: Path, reps: int) -> dict:
         print(json.dumps(rows[-1]), flush=True)
     clients = [_request(tok, 10, 512, 20 + i, "en" if i % 2 else "pl") for i in range(4)]
     flops = sum(limits.request_flops(pipeline, r).total for r in clients)
-    measured.append(limits.measure(model.config, "f32"))
+    measured.append(limits.measure(model.config, DTYPE[0]))
     times = {"before": [], "after": []}
     for _ in range(reps):
         for label, mode in (("before", before), ("after", after)):
@@ -190,6 +192,7 @@ def run_model(path: Path, reps: int) -> dict:
     return refresh_fractions(
         {
             "layers": model.config.num_hidden_layers,
+            "dtype": DTYPE[0],
             "load_s": load_s,
             "gemm_limit": limit.as_dict(),
             "gemm_rates_measured": [lim.combined_gflops for lim in measured],
@@ -239,7 +242,7 @@ def plot_fractions(models: list[dict], baseline: str, path: Path) -> Path:
         ax.bar([x + 0.2 for x in xs], [r["fraction_after"] for r in m["rows"]], 0.4, label="after (current)")
         ax.axhline(0.8, color="grey", linestyle="--", linewidth=1, label="goal 0.8")
         ax.set_xticks(list(xs), [n.replace("throughput, ", "") for n in names], rotation=15, fontsize=8)
-        ax.set_title(f"mini cut to {m['layers']} layers, f32")
+        ax.set_title(f"mini cut to {m['layers']} layers, {m.get('dtype', 'f32')}")
         ax.set_ylim(0, 1)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("fraction of the measured GEMM limit")
@@ -260,6 +263,7 @@ def main() -> None:
     ap.add_argument(
         "--baseline", choices=["torch-ops", "main", "first"], default="torch-ops", help="what 'before' runs (see above)"
     )
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="model dtype (the limit is measured in it)")
     ap.add_argument("--plot", default=None, help="also draw the fractions as bars into this PNG")
     ap.add_argument(
         "--replot", nargs="+", default=None, metavar="JSON", help="no run: draw --plot from saved --out files"
@@ -270,7 +274,7 @@ def main() -> None:
         models = [refresh_fractions(m) for d in saved for m in d["models"]]
         print(plot_fractions(models, saved[0]["baseline"], Path(a.plot or "bench/results/cpu_speed.png")))
         return
-    BASELINE[0] = a.baseline
+    BASELINE[0], DTYPE[0] = a.baseline, a.dtype
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.models or tmp)
         results = []
@@ -280,7 +284,15 @@ def main() -> None:
                 synth_model(path, "mini", layers=layers)
             results.append(run_model(path, a.reps))
     out = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": torch.get_num_threads()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": _cpu_model(),
+            "flags": cpu_flags(),
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "load_average": os.getloadavg(),
+        },
+        "dtype": a.dtype,
         "torch": torch.__version__,
         "cpu_kernels": cpu_kernels.status(),
         "reps": a.reps,
@@ -294,7 +306,7 @@ def main() -> None:
     for m in results:
         lim = m["gemm_limit"]
         print(
-            f"\nmini cut to {m['layers']} layers, f32, {torch.get_num_threads()} threads, before = {a.baseline}; "
+            f"\nmini cut to {m['layers']} layers, {a.dtype}, {torch.get_num_threads()} threads, before = {a.baseline}; "
             f"GEMM limit "
             f"{lim['combined_gflops']:.0f} GFLOP/s (512-row F.linear: "
             + ", ".join(f"{k} {v:.0f}" for k, v in lim["gflops"].items())
@@ -315,6 +327,15 @@ def main() -> None:
                 f"{r['fraction_before']:.2f} | {r['fraction_after']:.2f} | "
                 f"{'—' if r['same_bits'] is None else 'yes' if r['same_bits'] else 'NO'} |"
             )
+
+
+def cpu_flags() -> list[str]:
+    """The ISA flags that decide the CPU path's kernels: AVX-512 and its bf16 dot products, AMX tiles."""
+    try:
+        flags = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))
 
 
 def _ratio(x: float | None) -> str:

@@ -181,3 +181,47 @@ def test_host_ceiling_bench_serves_over_http_and_reports_a_row_per_request_and_l
         assert float(cells[3]) > 0 and float(cells[7]) > 0  # HTTP and in-process requests/s
         assert 0 < float(cells[5].split("/")[0]) <= float(cells[4].split("/")[0])  # the server's own p50 <= client's
         assert cells[6] == "-" or float(cells[6]) >= 0  # server CPU per request (Linux; clock ticks: 0 for a few)
+
+
+@pytest.mark.slow  # 61 s at a load average of 15 on 2 cores (torch.profiler's start is most of it)
+def test_cpu_profile_shares_cover_the_forward_and_restore_the_ops(demo_model):
+    """The profile's categories are timed inside the forward (GEMM, attention and elementwise all seen), their
+    shares and the rest add up to the whole, and the clocked ops are put back afterwards."""
+    from basal.backends.cuda import ops as K
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline
+    from basal.core.request.dialects import parse_systemone
+    from bench import cpu_profile
+    from bench.cpu_http import REQUEST_SET
+
+    before = {name: getattr(K, name) for name in cpu_profile.WRAPPED}
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model, dtype="f32"))
+    body = REQUEST_SET.bodies(demo_model.tokenizer, "m")[0] | {"state": "Paczka dotarła uszkodzona."}
+    row = cpu_profile.profile(pipeline, [parse_systemone(body, lambda m: m)], reps=1)
+    assert all(row["shares"][k] > 0 for k in ("GEMM", "attention", "elementwise"))
+    assert sum(row["shares"].values()) == pytest.approx(1.0)
+    assert {name: getattr(K, name) for name in cpu_profile.WRAPPED} == before
+    sizes = [len(b["questions"]) for b in REQUEST_SET.bodies(demo_model.tokenizer, "m")]
+    assert 1 in sizes and max(sizes) > 1  # single- and multi-question requests
+
+
+def test_llama_cpp_gguf_has_llamas_names_and_rope_layout(demo_dir, tmp_path):
+    """The GGUF conversion for the llama.cpp baseline: llama.cpp's tensor names, f16 matrices with f32 norms, and
+    q rows permuted from rotate-half to llama.cpp's interleaved RoPE (the permutation's inverse gives them back)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from bench.llama_cpp import _permute, to_gguf
+
+    out = to_gguf(demo_dir, tmp_path / "demo.gguf", "f16")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    assert {"token_embd.weight", "output.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"} <= set(tensors)
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "F16"
+    assert tensors["blk.0.attn_norm.weight"].tensor_type.name == "F32"
+    q = load_file(demo_dir / "model.safetensors")["model.layers.0.self_attn.q_proj.weight"].float().numpy()
+    heads = 4
+    stored = np.asarray(tensors["blk.0.attn_q.weight"].data, dtype=np.float32).reshape(q.shape)
+    assert np.array_equal(stored, _permute(q, heads).astype(np.float16).astype(np.float32))
+    back = stored.reshape(heads, q.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(q.shape)
+    assert np.array_equal(back, q.astype(np.float16).astype(np.float32))

@@ -63,6 +63,33 @@ def test_choice_weighs_padding_when_sizes_differ_in_bits():
     assert G.choose(results) == G.ChunkPlan(512, (512,), False)  # the only invariant size; bits differ from 64's
 
 
+def test_a_busy_moment_does_not_pick_the_chunk_size():
+    """On a shared machine a burst of load can slow every call of one size when sizes are timed one after the
+    other; the round-robin probe spreads each size's calls over the whole probe, so the size that is really
+    fastest per row (512 here: each call costs `rows` µs) still wins. A fake clock makes the burst exact."""
+    now, calls = [0.0], [0]
+    burst = range(8, 12)  # calls slowed tenfold: all four of the last size's calls when sizes run in sequence
+
+    def fn(c: torch.Tensor) -> torch.Tensor:
+        now[0] += c.shape[0] * 1e-6 * (10 if calls[0] in burst else 1) * (1 if c.shape[0] == 512 else 1.5)
+        calls[0] += 1
+        return torch.nn.functional.linear(c, W)
+
+    def probe(sequential: bool) -> G.ChunkPlan:
+        now[0], calls[0] = 0.0, 0
+        if sequential:  # the probe before: four calls of one size, then the next size
+            results = [
+                G.check_sizes(fn, [s], 128, torch.float32, timing_rounds=0, clock=lambda: now[0])[0]
+                for s in (8, 64, 512)
+            ]
+        else:
+            results = G.check_sizes(fn, (8, 64, 512), 128, torch.float32, clock=lambda: now[0])
+        return G.choose(results)
+
+    assert probe(sequential=True).rows == 64  # the burst fooled the sequential probe
+    assert probe(sequential=False) == G.ChunkPlan(512, (8, 64, 512), True)
+
+
 def test_calls_of_a_plan():
     plan = G.ChunkPlan(256, (16, 64, 256), True)
     assert plan.calls(600) == [256, 256, 256]  # 88 rows left: the smallest tail that holds them is 256

@@ -335,6 +335,8 @@ def tree_attention_steps(
         if native is not None:  # the compiled path keeps m, l and acc in the same memory layout, [C, KVH, G, U]
             m = m.view(chunks, kv_heads, group, used).contiguous()
             q_pos_c = q_pos.to(torch.int64).contiguous()
+            k_idx_c = k_idx.to(torch.int64).contiguous()
+            ptr = cpu_kernels.ptr
             p_buffers: dict[int, torch.Tensor] = {}
         tile_bytes = 4 * chunks * kv_heads * (KEY_TILE * (2 * gr + 4 * group * used + 2 * dim) + gr * dim)
         span = max(1, min(n_tiles, ATTENTION_SPAN_BYTES // tile_bytes))
@@ -343,8 +345,15 @@ def tree_attention_steps(
             keys = k_idx[:, t0 * KEY_TILE : (t0 + n_span) * KEY_TILE]
             # contiguous: with one chunk and one tile the permuted view is a valid strided batch, and matmul would
             # run it as a transposed GEMM, whose bits differ from the copied layout every other group gets
-            k = key_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 4, 2).contiguous()
-            v = value_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 2, 4).contiguous()
+            if native is not None:  # the same tensors, gathered in one pass (cpu_kernels.c)
+                k = q.new_empty(chunks, kv_heads, n_span, dim, KEY_TILE)
+                v = q.new_empty(chunks, kv_heads, n_span, KEY_TILE, dim)
+                shape = (kv_heads, n_span, KEY_TILE, dim, k_idx_c.shape[1], t0 * KEY_TILE)
+                args = (ptr(key_buf), ptr(value_buf), ptr(k_idx_c), ptr(k), ptr(v), *shape)
+                cpu_kernels.run_rows(native.basal_gather_kv, args, chunks * kv_heads * n_span, grain=1)
+            else:
+                k = key_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 4, 2).contiguous()
+                v = value_buf[keys].view(chunks, n_span, KEY_TILE, kv_heads, dim).permute(0, 3, 1, 2, 4).contiguous()
             if native is not None:
                 p_rows = p_buffers.get(n_span)
                 if p_rows is None:  # padding rows are never written: they stay zero for every span of the group

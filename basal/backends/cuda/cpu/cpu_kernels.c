@@ -197,3 +197,25 @@ void basal_recurrence_span(const float *alpha, const uint8_t *active, const floa
         }
     }
 }
+
+/* The key and value tiles of one span, gathered from the layer's buffers straight into the layouts the tile GEMMs
+ * read: k [C, KVH, S, D, T] (transposed: the score GEMM's right-hand side) and v [C, KVH, S, T, D], from key/value
+ * buffers [rows, KVH, D] and k_idx [C, idx_stride] (the buffer row of each key, the span's first key at
+ * key_begin). Only copies: the bits are those of torch's index, permute and contiguous, in one pass instead of
+ * three. A "row" is one (c, kvh, s) tile. */
+void basal_gather_kv(const float *key_buf, const float *value_buf, const int64_t *k_idx, float *k, float *v,
+                     int64_t kv_heads, int64_t n_span, int64_t tile, int64_t dim, int64_t idx_stride,
+                     int64_t key_begin, int64_t row_begin, int64_t row_end) {
+    for (int64_t row = row_begin; row < row_end; row++) {
+        int64_t c = row / (kv_heads * n_span), h = (row / n_span) % kv_heads, s = row % n_span;
+        const int64_t *idx = k_idx + c * idx_stride + key_begin + s * tile;
+        float *kt = k + row * dim * tile, *vt = v + row * tile * dim;
+        for (int64_t t = 0; t < tile; t++) {
+            int64_t src = (idx[t] * kv_heads + h) * dim;
+            const float *ks = key_buf + src;
+            memcpy(vt + t * dim, value_buf + src, (size_t)dim * sizeof(float));
+            for (int64_t d = 0; d < dim; d++)
+                kt[d * tile + t] = ks[d];
+        }
+    }
+}

@@ -52,6 +52,7 @@ _SIGNATURES = {
     "basal_swiglu": [_PTR, _PTR, _I64, _I64, _I64, _I64],
     "basal_softmax_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 11],
     "basal_recurrence_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 9],
+    "basal_gather_kv": [_PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 8],
 }
 
 _lock = threading.Lock()
@@ -184,11 +185,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def run_rows(fn, args: tuple, rows: int) -> None:
-    """Call `fn(*args, begin, end)` on [0, rows) split among torch's intra-op thread count: the calling thread
-    takes the first part, pool threads the others."""
+def run_rows(fn, args: tuple, rows: int, grain: int = 64) -> None:
+    """Call `fn(*args, begin, end)` on [0, rows) split among torch's intra-op thread count, at least `grain` rows
+    per thread: the calling thread takes the first part, pool threads the others."""
     global _pool, _pool_size
-    n = max(1, min(torch.get_num_threads(), rows // 64 or 1))
+    n = max(1, min(torch.get_num_threads(), rows // grain or 1))
     if n == 1:
         fn(*args, 0, rows)
         return

@@ -41,6 +41,8 @@ REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the ref
 CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
 EXPECTED_ROWS = (16, 64, 256, 1024, 4096)  # rows a GEMM sees per forward (readouts .. a long document)
 NEAR_BEST = 1.1  # sizes within 10% of the fastest time per row count as equally fast; the largest is taken
+PROBE_VERSION = 2  # in the disk cache key: plans timed by an older probe are timed again
+TIMING_ROUNDS = 2  # round-robin calls of every size after the four bitwise checks, for timing only
 
 
 @dataclass(frozen=True)
@@ -80,21 +82,45 @@ def check_size(
 ) -> SizeResult:
     """Call `fn` on [rows, width] chunks: the anchor alone (zero padding), then first, middle and last among random
     rows. Invariant if all four anchor results have the same bits."""
+    return check_sizes(fn, [rows], width, dtype, seed)[0]
+
+
+def _size_calls(rows: int, width: int, dtype: torch.dtype, seed: int) -> list[tuple[torch.Tensor, int]]:
+    """The four (chunk, anchor position) calls of one size's bitwise check."""
     g = torch.Generator().manual_seed(seed)
     anchor = torch.randn(1, width, generator=g).to(dtype)
-    chunks = [torch.cat([anchor, anchor.new_zeros(rows - 1, width)])]
-    positions = [0]
+    calls = [(torch.cat([anchor, anchor.new_zeros(rows - 1, width)]), 0)]
     for i, pos in enumerate(sorted({0, rows // 2, rows - 1})):
         others = torch.randn(rows - 1, width, generator=torch.Generator().manual_seed(seed + 1 + i)).to(dtype)
-        chunks.append(torch.cat([others[:pos], anchor, others[pos:]]))
-        positions.append(pos)
-    results, best = [], float("inf")
-    for chunk, pos in zip(chunks, positions, strict=True):
-        t = time.perf_counter()
-        out = fn(chunk)
-        best = min(best, time.perf_counter() - t)
-        results.append(_bits(out[pos]))
-    return SizeResult(rows, len(set(results)) == 1, results[0], best)
+        calls.append((torch.cat([others[:pos], anchor, others[pos:]]), pos))
+    return calls
+
+
+def check_sizes(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    sizes: Sequence[int],
+    width: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    timing_rounds: int = TIMING_ROUNDS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[SizeResult]:
+    """`check_size` for several sizes, round-robin: round k makes the k-th call of every size before any size's
+    next one, and `timing_rounds` more rounds repeat the last call for timing only. Each size's time is its
+    fastest call, so every size has calls spread over the whole probe: a busy moment on a shared machine slows
+    one call of each size instead of every call of one size (which once made a 32-row chunk "fastest")."""
+    calls = {s: _size_calls(s, width, dtype, seed) for s in sizes}
+    results: dict[int, list[bytes]] = {s: [] for s in sizes}
+    best = dict.fromkeys(sizes, float("inf"))
+    for k in range(4 + timing_rounds):
+        for s in sizes:
+            chunk, pos = calls[s][min(k, 3)]
+            t = clock()
+            out = fn(chunk)
+            best[s] = min(best[s], clock() - t)
+            if k < 4:
+                results[s].append(_bits(out[pos]))
+    return [SizeResult(s, len(set(results[s])) == 1, results[s][0], best[s]) for s in sizes]
 
 
 def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> ChunkPlan:
@@ -126,13 +152,11 @@ def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> Ch
 def probe_linear(
     weight: torch.Tensor, bias: torch.Tensor | None = None, candidates: Sequence[int] = CANDIDATE_ROWS
 ) -> ChunkPlan:
-    """Probe `F.linear(x, weight, bias)` at each candidate row count (about 3 * sum(candidates) rows of GEMM)."""
-    width = weight.shape[1]
+    """Probe `F.linear(x, weight, bias)` at each candidate row count (about 6 * sum(candidates) rows of GEMM)."""
     with torch.inference_mode():
-        results = [
-            check_size(lambda c: torch.nn.functional.linear(c, weight, bias), s, width, weight.dtype)
-            for s in candidates
-        ]
+        results = check_sizes(
+            lambda c: torch.nn.functional.linear(c, weight, bias), candidates, weight.shape[1], weight.dtype
+        )
     return choose(results)
 
 
@@ -140,10 +164,9 @@ def verify(plan: ChunkPlan, weight: torch.Tensor, bias: torch.Tensor | None = No
     """Re-check a cached plan: every size it uses is invariant and they all give the same bits."""
     sizes = sorted({plan.rows, *plan.tails})
     with torch.inference_mode():
-        results = [
-            check_size(lambda c: torch.nn.functional.linear(c, weight, bias), s, weight.shape[1], weight.dtype)
-            for s in sizes
-        ]
+        results = check_sizes(
+            lambda c: torch.nn.functional.linear(c, weight, bias), sizes, weight.shape[1], weight.dtype, timing_rounds=0
+        )
     return all(r.invariant for r in results) and len({r.bits for r in results}) == 1
 
 
@@ -177,7 +200,7 @@ class ChunkTable:
             return self.plans[key]
 
     def _disk_key(self, key: tuple[int, int, str, bool]) -> str:
-        return hashlib.sha256(f"{machine_key()}|{key}".encode()).hexdigest()[:24]
+        return hashlib.sha256(f"{machine_key()}|{key}|probe {PROBE_VERSION}".encode()).hexdigest()[:24]
 
     def _read(self) -> dict:
         if self.cache_file is None:
