@@ -82,6 +82,14 @@ def create_app(
             evidence[name] = engines.model_info(name).serves_evidence
         return evidence[name]
 
+    bounds: dict[str, tuple[int, int] | None] = {}
+
+    def prompt_bound(name: str) -> tuple[int, int] | None:
+        """The model's prompt limit, which the parser checks before facts run (asked of the front once)."""
+        if name not in bounds:
+            bounds[name] = engines.model_info(name).prompt_bound
+        return bounds[name]
+
     @post(
         "/v1/systemone",
         operation_class=documented(
@@ -101,7 +109,9 @@ def create_app(
             "systemone",
             engines,
             settings,
-            lambda raw: parse_systemone(raw, resolve, limits=limits, serves_evidence=serves_evidence),
+            lambda raw: parse_systemone(
+                raw, resolve, limits=limits, serves_evidence=serves_evidence, prompt_bound=prompt_bound
+            ),
         )
 
     @post(

@@ -224,7 +224,16 @@ def basal_parser(engines: EnginesFront, settings: ApiSettings) -> Callable[[Any]
             evidence[name] = engines.model_info(name).serves_evidence
         return evidence[name]
 
-    return lambda raw: parse_basal(raw, resolve, limits=settings.limits, serves_evidence=serves_evidence)
+    bounds: dict[str, tuple[int, int] | None] = {}
+
+    def prompt_bound(name: str) -> tuple[int, int] | None:
+        if name not in bounds:
+            bounds[name] = engines.model_info(name).prompt_bound
+        return bounds[name]
+
+    return lambda raw: parse_basal(
+        raw, resolve, limits=settings.limits, serves_evidence=serves_evidence, prompt_bound=prompt_bound
+    )
 
 
 def body_decider(engines: EnginesFront, settings: ApiSettings):

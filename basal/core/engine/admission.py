@@ -18,7 +18,7 @@ from basal.core.decision.large_choice import is_large, prompt_count
 from basal.core.errors import RequestError, over_limit, systemone_unsupported
 from basal.core.model.prompt import Item
 from basal.core.packing.tree import TokenizedQuestion
-from basal.core.request.limits import Limits
+from basal.core.request.limits import Limits, prompt_over_limit
 from basal.core.request.plan import DecisionRequest, Question
 
 
@@ -70,10 +70,7 @@ def check_chars(request: DecisionRequest, prompt_char_limit: int, limits: Limits
     """Refuse, before tokenizing, a prompt that cannot fit the model's positions and a request over its characters."""
     longest = max((min_prompt_chars(q) for q in request.questions if q.needs_model), default=0)
     if longest > prompt_char_limit:
-        raise over_limit(
-            request.dialect,
-            f"a prompt has over {prompt_char_limit} characters; the model reads at most {context} tokens",
-        )
+        raise prompt_over_limit(request.dialect, prompt_char_limit, context)
     total_chars = prompt_chars(request)
     if total_chars > limits.max_request_chars:
         raise over_limit(

@@ -47,6 +47,13 @@ class ModelInfo:
     calibration: Calibration
     serves_evidence: bool  # an evidence head, and a backend that reads hidden states
     compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
+    prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
+    context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
+
+    @property
+    def prompt_bound(self) -> tuple[int, int] | None:
+        """What the parsers check the state against before facts run (None: unknown, nothing checked)."""
+        return (self.prompt_char_limit, self.context) if self.prompt_char_limit else None
 
 
 class EnginesFront(Protocol):
@@ -187,8 +194,16 @@ class Engines(InflightLimit):
         self.progress.pop(engine.name, None)
 
     def model_info(self, name: str) -> ModelInfo:
-        pipeline = self.engines[name].pipeline
-        return ModelInfo(name, pipeline.model.calibration, pipeline.serves_evidence, pipeline.backend.describe())
+        engine = self.engines[name]
+        pipeline = engine.pipeline
+        return ModelInfo(
+            name,
+            pipeline.model.calibration,
+            pipeline.serves_evidence,
+            pipeline.backend.describe(),
+            engine.prompt_char_limit,
+            engine.context,
+        )
 
     def start(self) -> None:
         with self._start_lock:

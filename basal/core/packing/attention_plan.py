@@ -43,44 +43,49 @@ def plan_attention(
 
     `prefix_offset[p]` = (first buffer row, length) of cached prefix p; flat token i is buffer row flat_offset + i.
     """
-    chain_keys: dict[int, np.ndarray] = {}
+    chain: dict[int, tuple[tuple[int, int], ...]] = {}
 
-    def keys_of(block: int) -> np.ndarray:  # buffer rows of positions 0 .. end of `block`, in position order
-        if block not in chain_keys:
-            parent = int(block_parent[block])
+    def ranges_of(block: int) -> tuple[tuple[int, int], ...]:  # (first buffer row, rows) of positions 0 .. end
+        if block not in chain:  # of `block`, in position order: ranges, not rows, so that a plan of many
+            parent = int(block_parent[block])  # questions on one state holds no copy of the state's keys per block
             if parent >= 0:
-                head = keys_of(parent)
+                head = ranges_of(parent)
             elif root_prefix[block] >= 0:
-                start, n = prefix_offset[int(root_prefix[block])]
-                head = np.arange(start, start + n)
+                head = (prefix_offset[int(root_prefix[block])],)
             else:
-                head = np.zeros(0, dtype=np.int64)
-            own = np.arange(block_start[block], block_start[block] + block_len[block]) + flat_offset
-            chain_keys[block] = np.concatenate([head, own])
-        return chain_keys[block]
+                head = ()
+            chain[block] = (*head, (int(block_start[block]) + flat_offset, int(block_len[block])))
+        return chain[block]
 
-    chunks = []  # (query indices, positions, key rows)
+    chunks = []  # (query indices, positions, key ranges, keys read)
     by_block: dict[int, list[int]] = {}
     for q in queries.tolist():
         by_block.setdefault(int(block_of[q]), []).append(q)
     for block, qs in by_block.items():
-        keys = keys_of(block)
+        ranges = ranges_of(block)
+        total = sum(n for _, n in ranges)
         for i in range(0, len(qs), rows):
             part = np.asarray(qs[i : i + rows])
             last = int(positions[part].max())
-            chunks.append((part, positions[part], keys[: last + 1]))
-    chunks.sort(key=lambda c: len(c[2]))
+            chunks.append((part, positions[part], ranges, min(last + 1, total)))
+    chunks.sort(key=lambda c: c[3])
     groups = []
     for g in range(0, len(chunks), TILE_GROUP):
         part = chunks[g : g + TILE_GROUP]
-        width = -(-max(len(c[2]) for c in part) // KEY_TILE) * KEY_TILE
+        width = -(-max(c[3] for c in part) // KEY_TILE) * KEY_TILE
         q_idx = np.zeros((len(part), rows), dtype=np.int64)
         q_pos = np.full((len(part), rows), -1, dtype=np.int64)
         k_idx = np.zeros((len(part), width), dtype=np.int64)
-        for c, (qs, pos, keys) in enumerate(part):
+        for c, (qs, pos, ranges, n_keys) in enumerate(part):
             q_idx[c, : len(qs)] = qs
             q_pos[c, : len(qs)] = pos
-            k_idx[c, : len(keys)] = keys
+            at = 0
+            for start, n in ranges:
+                take = min(n, n_keys - at)
+                if take <= 0:
+                    break
+                k_idx[c, at : at + take] = np.arange(start, start + take)
+                at += take
         groups.append((q_idx, q_pos, k_idx))
     return AttentionPlan(groups, len(queries))
 

@@ -34,7 +34,7 @@ from basal.core.model.prompt import DEFAULT_YES_NO, MAX_OPTIONS, POLISH_CHARS, I
 from basal.core.model.render import MAX_DEPTH, depth_of, text_of
 from basal.core.request import extensions as ext
 from basal.core.request.field_hints import MAX_KEY_CHARS, Warnings, did_you_mean, nearest
-from basal.core.request.limits import DEFAULT_LIMITS, Limits, check_size_floor, echo
+from basal.core.request.limits import DEFAULT_LIMITS, Limits, check_model_floor, check_size_floor, echo
 from basal.core.request.model_names import ServedModels
 from basal.core.request.plan import DecisionRequest, Dialect, Kind, Question
 
@@ -173,18 +173,47 @@ def _has_polish(text: str) -> bool:
     return found
 
 
-def _size_check(dialect: Dialect, questions: Any, limits: Limits) -> Callable[[str], None]:
+PromptBound = Callable[[str], tuple[int, int] | None]  # served model -> (prompt characters, context tokens)
+
+
+def _no_bound(_model: str) -> tuple[int, int] | None:
+    return None
+
+
+def _asks_the_model(q: Any, dialect: Dialect) -> bool:
+    """Whether the raw question surely runs the model (so each of its prompts holds the whole state): a noul, a
+    multi with labels, a choice or score with two options or more. Unsure shapes say False (never a wrong 4xx)."""
+    if not isinstance(q, dict):
+        return False
+    qtype = q.get("type", "choice" if dialect == "basal" else None)
+    criteria = q.get("criteria")
+    if qtype == "noul":
+        return True
+    if qtype == "multi":
+        return isinstance(criteria, dict | list) and len(criteria) > 0
+    return qtype in ("choice", "score") and isinstance(criteria, dict | list) and len(criteria) >= 2
+
+
+def _size_check(
+    dialect: Dialect, questions: Any, limits: Limits, bound: Callable[[], tuple[int, int] | None] = lambda: None
+) -> Callable[[str], None]:
     """The request's character limits checked from sizes, given the state text before facts: every question
-    asks at least two prompts over the whole state, a multi two per label, each with its branch line."""
+    asks at least two prompts over the whole state, a multi two per label, each with its branch line; and a
+    question that runs the model cannot fit the model's `bound()` (prompt characters, context) if its state
+    alone is longer."""
 
     def check(state_text: str) -> None:
         prompts = fixed = 0
+        model_asked = False
         for q in questions.values() if isinstance(questions, dict) else ():
             labels = q.get("criteria") if isinstance(q, dict) and q.get("type") == "multi" else None
             n = len(labels) if isinstance(labels, dict | list) and labels else 1
             prompts += 2 * n
             fixed += 2 * n * ext.MIN_BRANCH_CHARS if n > 1 else 0
+            model_asked = model_asked or _asks_the_model(q, dialect)
         check_size_floor(dialect, len(state_text), prompts, fixed, limits)
+        if model_asked:
+            check_model_floor(dialect, len(state_text), bound())
 
     return check
 
@@ -200,11 +229,14 @@ def parse_systemone(
     resolve_model: Callable[[str], str | None],
     limits: Limits = DEFAULT_LIMITS,
     serves_evidence: Callable[[str], bool] = lambda _model: False,
+    prompt_bound: PromptBound = _no_bound,
 ) -> DecisionRequest:
     """Validate a decoded ``/v1/systemone`` body and plan its questions.
 
     `resolve_model` maps a requested model name (or alias) to the served name, or None if not served;
-    `serves_evidence(name)`: that model has an evidence head (else `evidence` is refused as unsupported).
+    `serves_evidence(name)`: that model has an evidence head (else `evidence` is refused as unsupported);
+    `prompt_bound(name)`: that model's (prompt characters, context tokens), checked against the state before
+    facts run.
     Order of checks as on the hosted API: body shape (422, all errors), then model and limits (400, first),
     then what basal does not support yet (422 unsupported).
     """
@@ -234,7 +266,13 @@ def parse_systemone(
                 min_length=1,
                 actual_length=0,
             )
-    sized = _size_check("systemone", questions, limits)
+
+    def bound() -> tuple[int, int] | None:
+        requested = raw.get("model")
+        served = resolve_model(requested) if isinstance(requested, str) else None
+        return None if served is None else prompt_bound(served)
+
+    sized = _size_check("systemone", questions, limits, bound)
     state_text = systemone_state_text(raw, state_ok, errors, sized)  # facts: "off" / "auto"
     if isinstance(questions, dict):
         ext.check_multi_evidence(questions, errors)
@@ -435,11 +473,12 @@ def parse_basal(
     check_evidence: bool = True,
     limits: Limits = DEFAULT_LIMITS,
     serves_evidence: Callable[[str], bool] = lambda _model: False,
+    prompt_bound: PromptBound = _no_bound,
 ) -> DecisionRequest:
     """Validate a decoded ``/v1/basal`` body like upstream ``to_items``; `resolve_model(None)` = default model.
 
     `check_evidence=False` plans questions that ask for evidence as if they did not (check-reference);
-    `serves_evidence(name)`: that model has an evidence head."""
+    `serves_evidence(name)`: that model has an evidence head; `prompt_bound` as for `parse_systemone`."""
     if not isinstance(raw, dict):
         raise native_refusal("the request body must be a JSON object", "TypeError")
     for key, why in BASAL_REFUSED_BODY_KEYS.items():
@@ -469,7 +508,8 @@ def parse_basal(
         raise _too_many_questions("basal", len(questions), limits)
     if depth_of(raw["state"]) > MAX_DEPTH:
         raise native_refusal(f"state is nested deeper than {MAX_DEPTH} levels")
-    state_text = basal_state_text(raw, _size_check("basal", questions, limits))  # facts: "off" / "auto"
+    sized = _size_check("basal", questions, limits, lambda: prompt_bound(model))
+    state_text = basal_state_text(raw, sized)  # facts: "off" / "auto"
     planned = tuple(_plan_basal(name, q, state_text, warnings, forced_lang) for name, q in questions.items())
     if check_evidence:
         _fail_before_the_run(planned, serves_evidence(model))

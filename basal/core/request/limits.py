@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from basal.core.errors import over_limit
+from basal.core.errors import RequestError, over_limit
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -44,6 +44,22 @@ def echo(text: object, limits: Limits = DEFAULT_LIMITS) -> str:
     """A piece of the request quoted in an error message, cut so an error never grows with the request."""
     s = text if isinstance(text, str) else str(text)
     return s if len(s) <= limits.max_echo_chars else s[: limits.max_echo_chars] + "…"
+
+
+def prompt_over_limit(dialect: str, prompt_char_limit: int, context: int) -> RequestError:
+    """The refusal of a prompt longer than the model's characters (`prompt_char_limit`, for `context` tokens):
+    one text, whether the parser sees it from the state's size or admission from the planned prompts."""
+    return over_limit(
+        dialect, f"a prompt has over {prompt_char_limit} characters; the model reads at most {context} tokens"
+    )
+
+
+def check_model_floor(dialect: str, state_chars: int, bound: tuple[int, int] | None) -> None:
+    """Refuse, from the state's size alone, a request whose every model prompt repeats a state longer than the
+    served model can read: `bound` is that model's (prompt characters, context tokens), None when unknown.
+    Called before facts are injected (they only append), so the scan never runs for a request refused anyway."""
+    if bound is not None and bound[0] and state_chars > bound[0]:
+        raise prompt_over_limit(dialect, *bound)
 
 
 def check_size_floor(dialect: str, state_chars: int, prompts: int, fixed_chars: int, limits: Limits) -> None:
