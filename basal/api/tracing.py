@@ -29,6 +29,7 @@ class Tracer:
 
         self.tracer, self._trace = tracer, trace
         self._propagator = TraceContextTextMapPropagator()
+        self._direct = _DirectSpans.of(tracer)
 
     def server_span(self, scope: Any, headers: list[tuple[bytes, bytes]]) -> AbstractContextManager:
         carrier = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers if k.lower() == b"traceparent"}
@@ -46,15 +47,96 @@ class Tracer:
         self, start_ns: int, parsed_ns: int, end_ns: int, queue_ms: float, compute_ms: float, attributes: dict
     ) -> None:
         """The request's stage spans under the current (server) span, from the measured times."""
+        queued = min(end_ns, parsed_ns + int(queue_ms * 1e6))
+        computed = min(end_ns, queued + int(compute_ms * 1e6))
+        if self._direct is not None:
+            self._direct.stages(
+                self._trace.get_current_span(), start_ns, parsed_ns, queued, computed, end_ns, attributes
+            )
+            return
         t = self.tracer
         t.start_span("basal.parse", start_time=start_ns).end(end_time=parsed_ns)
         engine = t.start_span("basal.engine", start_time=parsed_ns, attributes=attributes)
         ctx = self._trace.set_span_in_context(engine)
-        queued = min(end_ns, parsed_ns + int(queue_ms * 1e6))
-        computed = min(end_ns, queued + int(compute_ms * 1e6))
         t.start_span("basal.queue", context=ctx, start_time=parsed_ns).end(end_time=queued)
         t.start_span("basal.batch", context=ctx, start_time=queued).end(end_time=computed)
         engine.end(end_time=end_ns)
+
+
+class _DirectSpans:
+    """The stage spans built finished and handed straight to the SDK's span processors.
+
+    They are already over when they are written, so the SDK's live-span machinery (a sampler call, a lock, event and
+    link lists, start and end hooks per span) is pure cost: this builds the same exported spans (names, ids, parents,
+    times, attributes, resource, scope) as `ReadableSpan`s at a fraction of it. They follow the server span's
+    sampling decision, as the SDK's default parent-based sampler would: none when it is not recording. Used only with
+    the SDK's own tracer, which exposes what is needed; any other tracer takes the general path.
+    """
+
+    def __init__(self, tracer: Any):
+        from opentelemetry.attributes import BoundedAttributes
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext
+
+        self._readable, self._context = ReadableSpan, SpanContext
+        self._processor, self._resource = tracer.span_processor, tracer.resource
+        self._ids, self._scope, self._info = (
+            tracer.id_generator,
+            tracer._instrumentation_scope,
+            tracer.instrumentation_info,
+        )
+        limits = tracer._span_limits  # the same limits (and value checks) as a live span's attributes
+        self._attributes = lambda found: BoundedAttributes(
+            limits.max_span_attributes, found, immutable=True, max_value_len=limits.max_attribute_length
+        )
+
+    @classmethod
+    def of(cls, tracer: Any) -> _DirectSpans | None:
+        try:
+            from opentelemetry.sdk.trace import Tracer as SdkTracer
+        except ImportError:
+            return None
+        needed = (
+            "span_processor",
+            "resource",
+            "id_generator",
+            "instrumentation_info",
+            "_instrumentation_scope",
+            "_span_limits",
+        )
+        if type(tracer) is not SdkTracer or not all(hasattr(tracer, name) for name in needed):
+            return None
+        return cls(tracer)
+
+    def stages(self, server: Any, start: int, parsed: int, queued: int, computed: int, end: int, attributes: dict):
+        if not server.is_recording():
+            return
+        parent = server.get_span_context()
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+        ids, context = self._ids, self._context
+
+        def span(name: str, parent: Any, start_time: int, end_time: int, attributes: dict | None = None) -> Any:
+            own = context(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=state)
+            return self._readable(
+                name,
+                context=own,
+                parent=parent,
+                resource=self._resource,
+                attributes=self._attributes(attributes),
+                start_time=start_time,
+                end_time=end_time,
+                instrumentation_info=self._info,
+                instrumentation_scope=self._scope,
+            )
+
+        engine = span("basal.engine", parent, parsed, end, attributes)
+        for finished in (
+            span("basal.parse", parent, start, parsed),
+            span("basal.queue", engine.context, parsed, queued),
+            span("basal.batch", engine.context, queued, computed),
+            engine,
+        ):
+            self._processor.on_end(finished)
 
 
 def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:

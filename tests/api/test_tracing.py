@@ -91,3 +91,54 @@ def test_without_tracing_opentelemetry_is_never_imported():
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _stage_spans(direct: bool, sampler=None) -> list:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer(provider.get_tracer("basal"))
+    assert tracer._direct is not None  # the SDK tracer takes the fast path
+    if not direct:
+        tracer._direct = None  # the SDK's live spans, the general path
+    headers = [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01".encode())]
+    with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, headers):
+        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.questions": 2})
+    return exporter.get_finished_spans()
+
+
+def test_stage_spans_built_finished_export_what_live_spans_do():
+    def view(spans: list) -> list:
+        ids = {s.context.span_id: s.name for s in spans}
+        return sorted(
+            (
+                s.name,
+                ids.get(s.parent.span_id, "remote") if s.parent else None,
+                s.context.trace_id,
+                s.context.trace_flags,
+                s.kind,
+                s.start_time if s.name != "POST /v1/systemone" else 0,
+                s.end_time if s.name != "POST /v1/systemone" else 0,
+                dict(s.attributes),
+                s.resource.attributes == spans[0].resource.attributes,
+                s.instrumentation_scope,
+                s.status.status_code,
+                tuple(s.events),
+                tuple(s.links),
+            )
+            for s in spans
+        )
+
+    direct, live = _stage_spans(direct=True), _stage_spans(direct=False)
+    assert len(direct) == 5 and view(direct) == view(live)
+
+
+def test_stage_spans_follow_the_server_spans_sampling():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    assert _stage_spans(direct=True, sampler=ALWAYS_OFF) == ()
+    assert _stage_spans(direct=False, sampler=ALWAYS_OFF) == ()
