@@ -89,6 +89,7 @@ class _DirectSpans:
         self._attributes = lambda found: BoundedAttributes(
             limits.max_span_attributes, found, immutable=True, max_value_len=limits.max_attribute_length
         )
+        self._no_attributes = self._attributes(None)  # immutable, so the spans without attributes share one
 
     @classmethod
     def of(cls, tracer: Any) -> _DirectSpans | None:
@@ -122,7 +123,7 @@ class _DirectSpans:
                 context=own,
                 parent=parent,
                 resource=self._resource,
-                attributes=self._attributes(attributes),
+                attributes=self._attributes(attributes) if attributes else self._no_attributes,
                 start_time=start_time,
                 end_time=end_time,
                 instrumentation_info=self._info,
