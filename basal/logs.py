@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any, Literal
 
+import msgspec
+
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("basal_request_id", default=None)
 # what the handler learnt about its request (model, queue_ms, compute_ms), for the access line written after it
 REQUEST_FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("basal_fields", default=None)
@@ -24,9 +26,20 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LogFormat = Literal["text", "json"]
 
 
+_second: tuple[int, str] = (-1, "")  # the last second formatted: lines come many per second
+
+
 def _utc(record: logging.LogRecord) -> str:
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-    return f"{seconds}.{int(record.msecs):03d}Z"
+    global _second
+    whole = int(record.created)
+    last, text = _second  # one read: another thread may replace it, never half of it
+    if whole != last:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{int(record.msecs):03d}Z"
+
+
+_encode = msgspec.json.Encoder(enc_hook=str).encode  # str() for what JSON has no type for, as `default=str`
 
 
 class TextFormatter(logging.Formatter):
@@ -63,7 +76,10 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, default=str)
+        try:
+            return _encode(out).decode("utf-8")
+        except (TypeError, ValueError, OverflowError):  # what msgspec refuses (an int over 64 bits): the slow way
+            return json.dumps(out, ensure_ascii=False, default=str)
 
 
 def formatter(kind: LogFormat) -> logging.Formatter:

@@ -54,6 +54,7 @@ def micro(n: int = 20000) -> dict[str, float]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+    from basal.api.observe import access, access_line
     from basal.api.tracing import Tracer
     from basal.core.engine.metrics import Metrics
     from basal.logs import JsonFormatter
@@ -75,14 +76,12 @@ def micro(n: int = 20000) -> dict[str, float]:
 
     handler = logging.StreamHandler(io.StringIO())
     handler.setFormatter(JsonFormatter())
-    access = logging.getLogger("bench.access")
     access.addHandler(handler)
     access.propagate = False
     access.setLevel(logging.INFO)
 
     def log_of_one() -> None:
-        access.info("%s %s %s %d %.3f ms", "127.0.0.1:5000", "POST", "/v1/systemone", 200, 4.2,
-                    extra={"method": "POST", "path": "/v1/systemone", "status": 200, "duration_ms": 4.2})  # fmt: skip
+        access_line("127.0.0.1:5000", "POST", "/v1/systemone", 200, 4.2, {"model": "demo", "queue_ms": 3.1})
 
     class Drop(SpanExporter):
         def export(self, spans):

@@ -23,6 +23,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ID_HEADERS = (b"x-request-id", b"x-typesafe-request-id")
 
 access = logging.getLogger("basal.access")
+ACCESS_FORMAT = "%s %s %s %d %.3f ms"  # client, method, path, status, duration
 
 
 def new_request_id() -> str:
@@ -56,6 +57,18 @@ def _printable(text: str, limit: int = 512) -> str:
     """A path as one bounded log line: control characters escaped (a decoded `%0a` must not start a new line)."""
     text = text[:limit] + ("..." if len(text) > limit else "")
     return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def access_line(who: str, method: str | None, path: str, status: int, ms: float, fields: dict[str, Any]) -> None:
+    """The request's access log line. The record is made and handled here rather than by `access.info`, which would
+    walk the stack for the caller's file and line, read by no formatter of basal's, on every request."""
+    if not access.isEnabledFor(logging.INFO):
+        return
+    extra = {"method": method, "path": path, "status": status, "duration_ms": ms, "client": who, **fields}
+    args = (who, method or "", path, status, ms)
+    access.handle(
+        access.makeRecord(access.name, logging.INFO, __file__, 0, ACCESS_FORMAT, args, None, "access_line", extra)
+    )
 
 
 class RequestContext:
@@ -102,15 +115,6 @@ class RequestContext:
                 path = _printable(scope.get("path", ""))
                 client = scope.get("client")
                 who = f"{client[0]}:{client[1]}" if client else "-"
-                access.info(
-                    "%s %s %s %d %.3f ms",
-                    who,
-                    scope.get("method", ""),
-                    path,
-                    status,
-                    ms,
-                    extra={"method": scope.get("method"), "path": path, "status": status, "duration_ms": ms,
-                           "client": who, **fields},
-                )  # fmt: skip
+                access_line(who, scope.get("method"), path, status, ms, fields)
             REQUEST_FIELDS.reset(fields_token)
             REQUEST_ID.reset(token)

@@ -141,3 +141,25 @@ def test_a_path_with_a_newline_stays_one_access_line(logged):
         logged.get("/a%0aFAKE 200")
     (line,) = [x for x in out.getvalue().splitlines() if " httpx: " not in x]
     assert "GET /a\\x0aFAKE 200 404" in line
+
+
+def test_json_lines_have_each_seconds_own_time_and_keep_odd_values():
+
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    fmt = formatter("json")
+    lines = []
+    for created in (1_800_000_000.25, 1_800_000_000.5, 1_800_000_001.75, 1_800_000_000.125):
+        record = logging.LogRecord("basal.access", logging.INFO, __file__, 1, "m %s", ("é",), None)
+        record.created, record.msecs = created, (created % 1) * 1000
+        record.model, record.status = Odd(), 2**70  # str() of the unknown; a big int
+        lines.append(json.loads(fmt.format(record)))
+    assert [x["time"] for x in lines] == [
+        "2027-01-15T08:00:00.250Z",
+        "2027-01-15T08:00:00.500Z",
+        "2027-01-15T08:00:01.750Z",
+        "2027-01-15T08:00:00.125Z",
+    ]
+    assert lines[0]["message"] == "m é" and lines[0]["status"] == 2**70 and lines[0]["model"] == "odd"
