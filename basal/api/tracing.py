@@ -150,6 +150,23 @@ def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
     except ImportError as e:
         raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
     # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)}))
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
+    provider = TracerProvider(resource=_frozen(resource))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return Tracer(provider.get_tracer("basal"))
+
+
+def _frozen(resource: Any) -> Any:
+    """The same resource with its hash computed once. The OTLP encoder groups every exported span by its resource,
+    and `Resource.__hash__` serialises all its attributes to JSON each time; a resource never changes (its attributes
+    are immutable), so one hash serves them all."""
+    kind = type(resource)
+
+    class FrozenResource(kind):
+        def __hash__(self) -> int:
+            found = self.__dict__.get("_hash")
+            if found is None:
+                found = self.__dict__["_hash"] = kind.__hash__(self)
+            return found
+
+    return FrozenResource(resource.attributes, resource.schema_url)

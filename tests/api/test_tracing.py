@@ -142,3 +142,32 @@ def test_stage_spans_follow_the_server_spans_sampling():
 
     assert _stage_spans(direct=True, sampler=ALWAYS_OFF) == ()
     assert _stage_spans(direct=False, sampler=ALWAYS_OFF) == ()
+
+
+def test_the_otlp_resource_hashes_once_and_exports_the_same():
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    from basal.api import tracing
+
+    def spans(resource: Resource) -> list:
+        return [ReadableSpan(f"s{i}", SpanContext(7, i + 1, False), resource=resource) for i in range(3)]
+
+    plain = Resource.create({"service.name": "basal"})
+    frozen = tracing._frozen(plain)
+    assert frozen == plain and hash(frozen) == hash(plain) and dict(frozen.attributes) == dict(plain.attributes)
+    calls = []
+    original = Resource.__hash__
+    try:
+        Resource.__hash__ = lambda self: calls.append(1) or original(self)
+        encoded = encode_spans(spans(tracing._frozen(plain))).SerializeToString()  # its hash not yet computed
+    finally:
+        Resource.__hash__ = original
+    assert len(calls) == 1  # once for all the spans, not once per span
+    assert encoded == encode_spans(spans(plain)).SerializeToString()
+    served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer
+    served.span_processor.shutdown()
+    assert type(served.resource).__name__ == "FrozenResource"
