@@ -31,6 +31,7 @@ from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemon
 from basal.core.request.dialects import decode_body, parse_basal
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
+from basal.logs import REQUEST_ID
 
 DIAGNOSTICS_HEADER = "x-basal-diagnostics"
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
@@ -246,6 +247,7 @@ def body_decider(engines: EnginesFront, settings: ApiSettings):
         rid = new_request_id()
         while engines.progress and not engines.closed:  # `basal serve` listens (and resumes batches) before loading
             await asyncio.sleep(0.2)
+        token = REQUEST_ID.set(rid)  # the record's request_id is on every log line of its line, lanes' included
         try:
             if len(body) > settings.max_body_bytes:
                 raise too_large("Request body too large.", "basal")
@@ -254,6 +256,9 @@ def body_decider(engines: EnginesFront, settings: ApiSettings):
             return 200, msgspec.json.encode(result.response), rid
         except Exception as exc:
             status, error_body, _ = error_response(exc, "basal")
+            log.debug("batch line %s answered %d: %s", rid, status, error_body)
             return status, msgspec.json.encode(error_body), rid
+        finally:
+            REQUEST_ID.reset(token)
 
     return decide

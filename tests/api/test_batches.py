@@ -312,3 +312,28 @@ def test_a_batch_whose_input_file_is_gone_fails_with_its_reason(slow):
     assert done["status"] == "failed" and done["failed_at"] is not None
     assert done["errors"]["data"][0]["code"] == "invalid_input_file"
     assert done["errors"]["data"][0]["param"] == "input_file_id"
+
+
+def test_a_batch_line_runs_under_its_record_request_id(demo_model):
+    """The id in a line's record is the request id its log lines carry (the lanes copy the task's context)."""
+    from basal.api.decisions import ApiSettings, body_decider
+    from basal.logs import REQUEST_ID
+
+    engines = make_engines(demo_model)
+    seen: list[str | None] = []
+    run = engines.run
+
+    async def recording_run(*args, **kwargs):
+        seen.append(REQUEST_ID.get())
+        return await run(*args, **kwargs)
+
+    engines.run = recording_run
+    engines.start()
+    try:
+        decide = body_decider(engines, ApiSettings())
+        body = json.dumps(requests_(1, 1)[0]["body"]).encode()
+        status, _, rid = asyncio.run(decide(body, lambda: False))
+    finally:
+        engines.close(drain=False)
+    assert status == 200 and seen == [rid] and rid.startswith("req_")
+    assert REQUEST_ID.get() is None  # reset after the line
