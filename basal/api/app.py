@@ -19,7 +19,15 @@ from litestar.openapi.spec import Components, SecurityScheme
 from basal import __version__
 from basal.api.batches import batch_routes
 from basal.api.capabilities import capabilities
-from basal.api.decisions import ApiSettings, basal_parser, body_decider, check_auth, handle_decision, key_verdict
+from basal.api.decisions import (
+    ApiSettings,
+    ModelFacts,
+    basal_parser,
+    body_decider,
+    check_auth,
+    handle_decision,
+    key_verdict,
+)
 from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.health import health_routes
 from basal.api.observe import RequestContext
@@ -73,22 +81,8 @@ def create_app(
             if verdict == "wrong":
                 raise NotAuthorizedException(AUTH_WRONG)
 
-    evidence: dict[str, bool] = {}
-    parse_basal_body = basal_parser(engines, settings)  # the batch lines' parser too (`decisions.body_decider`)
-
-    def serves_evidence(name: str) -> bool:
-        """Whether the model serves `evidence: true` (asked of the front once per model)."""
-        if name not in evidence:
-            evidence[name] = engines.model_info(name).serves_evidence
-        return evidence[name]
-
-    bounds: dict[str, tuple[int, int] | None] = {}
-
-    def prompt_bound(name: str) -> tuple[int, int] | None:
-        """The model's prompt limit, which the parser checks before facts run (asked of the front once)."""
-        if name not in bounds:
-            bounds[name] = engines.model_info(name).prompt_bound
-        return bounds[name]
+    model_facts = ModelFacts(engines)
+    parse_basal_body = basal_parser(engines, settings, model_facts)  # the batch lines' parser too (`body_decider`)
 
     @post(
         "/v1/systemone",
@@ -110,7 +104,11 @@ def create_app(
             engines,
             settings,
             lambda raw: parse_systemone(
-                raw, resolve, limits=limits, serves_evidence=serves_evidence, prompt_bound=prompt_bound
+                raw,
+                resolve,
+                limits=limits,
+                serves_evidence=model_facts.serves_evidence,
+                prompt_bound=model_facts.prompt_bound,
             ),
         )
 

@@ -25,7 +25,7 @@ from basal.api.errors import auth_error, error_response, too_large
 from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
-from basal.core.engine.engines import EnginesFront, Result
+from basal.core.engine.engines import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body, parse_basal
@@ -214,26 +214,40 @@ async def handle_decision(
     return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
-def basal_parser(engines: EnginesFront, settings: ApiSettings) -> Callable[[Any], DecisionRequest]:
+class ModelFacts:
+    """What the parsers ask of the front about a served model (does it serve evidence, its prompt limit), asked
+    once per model: on Ray each question is a call to a replica."""
+
+    def __init__(self, engines: EnginesFront):
+        self._engines = engines
+        self._infos: dict[str, ModelInfo] = {}
+
+    def _info(self, name: str) -> ModelInfo:
+        if name not in self._infos:
+            self._infos[name] = self._engines.model_info(name)
+        return self._infos[name]
+
+    def serves_evidence(self, name: str) -> bool:
+        return self._info(name).serves_evidence
+
+    def prompt_bound(self, name: str) -> tuple[int, int] | None:
+        """The model's prompt limit, which the parser checks before facts run."""
+        return self._info(name).prompt_bound
+
+
+def basal_parser(
+    engines: EnginesFront, settings: ApiSettings, model_facts: ModelFacts | None = None
+) -> Callable[[Any], DecisionRequest]:
     """The `/v1/basal` dialect's parser for these engines: served names, the default model, the limits, and
-    which models serve evidence (asked of the front once per model)."""
+    what each model serves (`model_facts`, shared with the app's other routes when given)."""
     resolve = model_resolver(engines.names, engines.default)
-    evidence: dict[str, bool] = {}
-
-    def serves_evidence(name: str) -> bool:
-        if name not in evidence:
-            evidence[name] = engines.model_info(name).serves_evidence
-        return evidence[name]
-
-    bounds: dict[str, tuple[int, int] | None] = {}
-
-    def prompt_bound(name: str) -> tuple[int, int] | None:
-        if name not in bounds:
-            bounds[name] = engines.model_info(name).prompt_bound
-        return bounds[name]
-
+    model_facts = model_facts or ModelFacts(engines)
     return lambda raw: parse_basal(
-        raw, resolve, limits=settings.limits, serves_evidence=serves_evidence, prompt_bound=prompt_bound
+        raw,
+        resolve,
+        limits=settings.limits,
+        serves_evidence=model_facts.serves_evidence,
+        prompt_bound=model_facts.prompt_bound,
     )
 
 

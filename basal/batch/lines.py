@@ -50,7 +50,7 @@ def split(data: bytes) -> list[bytes]:
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
 
 
-def placeholder_id(number: int) -> str:
+def unreadable_line_id(number: int) -> str:
     """The custom_id of an error record for a line whose own cannot be read."""
     return f"line:{number}"
 
@@ -62,13 +62,13 @@ def parse(number: int, raw: bytes, max_line_bytes: int) -> Line | BadLine:
     try:
         value = msgspec.json.decode(raw)
     except msgspec.DecodeError as e:
-        return BadLine(number, placeholder_id(number), "invalid_json", f"line {number} is not JSON: {e}")
+        return BadLine(number, unreadable_line_id(number), "invalid_json", f"line {number} is not JSON: {e}")
     if not isinstance(value, dict):
-        return BadLine(number, placeholder_id(number), "invalid_request", "a line must be a JSON object")
+        return BadLine(number, unreadable_line_id(number), "invalid_request", "a line must be a JSON object")
     custom_id = value.get("custom_id")
     if not isinstance(custom_id, str) or not 1 <= len(custom_id.encode("utf-8", "surrogatepass")) <= 256:
         return BadLine(
-            number, placeholder_id(number), "invalid_custom_id", "custom_id must be a string of 1-256 UTF-8 bytes"
+            number, unreadable_line_id(number), "invalid_custom_id", "custom_id must be a string of 1-256 UTF-8 bytes"
         )
     problem = _envelope_problem(value)
     if problem:
@@ -108,7 +108,7 @@ def _peek_id(raw: bytes, number: int) -> str:
                 candidate = None
             if isinstance(candidate, str) and 1 <= len(candidate.encode()) <= MAX_CUSTOM_ID_BYTES:
                 return candidate
-    return placeholder_id(number)
+    return unreadable_line_id(number)
 
 
 def check_upload(data: bytes, max_lines: int, max_line_bytes: int) -> list[Line | BadLine]:
