@@ -143,16 +143,17 @@ class _DirectSpans:
 def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
     """A tracer exporting over OTLP/HTTP to `endpoint` in batches (a background thread; export never blocks)."""
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from basal.api.otlp import DirectOTLPSpanExporter
     except ImportError as e:
         raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
     # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=_frozen(resource))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    provider.add_span_processor(BatchSpanProcessor(DirectOTLPSpanExporter(endpoint=endpoint)))
     return Tracer(provider.get_tracer("basal"))
 
 
