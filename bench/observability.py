@@ -14,48 +14,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench.http_speed import healthy, over_http
+from bench.otlp_sink import Sink
 from tests.servers import free_port
-
-
-class _Sink(BaseHTTPRequestHandler):
-    """An OTLP/HTTP receiver that accepts and drops every export."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length") or 0))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def micro(n: int = 20000) -> dict[str, float]:
     """Microseconds per request of each observation piece alone, in this process (steady under machine load, where
-    the HTTP figures are not): the metric updates a decision request makes, its JSON access line, and its spans
-    (the SDK with a batch processor and an exporter that drops them)."""
+    the HTTP figures are not): the metric updates a decision request makes, its JSON access line, its spans in the
+    request path (the SDK with a batch processor and an exporter that drops them), the OTLP encoding of its spans
+    (the SDK's encoder and the direct one), and all of tracing as served: CPU of this process (every thread: the
+    request path, the batch processor's thread encoding and posting) per request, spans flushed to the sink (its own
+    process, not counted)."""
     import io
     import logging
     import time
 
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from basal.api.observe import access, access_line
-    from basal.api.tracing import Tracer
+    from basal.api.otlp import SpanEncoder
+    from basal.api.tracing import Tracer, otlp_tracer
     from basal.core.engine.metrics import Metrics
     from basal.logs import JsonFormatter
 
@@ -87,29 +79,86 @@ def micro(n: int = 20000) -> dict[str, float]:
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
+    scope = {"method": "POST", "path": "/v1/systemone"}
+    count = iter(range(1 << 62))
+
+    def request_of(tracer: Tracer):
+        def spans_of_one() -> None:  # as served: no traceparent from the bench's clients, a request id each
+            with tracer.server_span(scope, []) as span:
+                t = time.time_ns()
+                attributes = {"basal.model": "demo", "basal.questions": 1, "basal.request_id": f"req_{next(count)}"}
+                tracer.stages(t, t + 200_000, t + 9_000_000, 4.0, 4.5, attributes)
+                span.set_attribute("http.response.status_code", 200)
+
+        return spans_of_one
+
+    def paced(one, flush):
+        """Every 128 requests the batch processor's queue is flushed, as the server's pace lets its thread keep up
+        (the queue never fills, which would drop spans and log a warning per span)."""
+
+        def one_paced() -> None:
+            one()
+            if next(count) % 128 == 0:
+                flush()
+
+        return one_paced
+
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Drop()))
-    tracer = Tracer(provider.get_tracer("bench"))
-    scope = {"method": "POST", "path": "/v1/systemone"}
-    headers = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
-
-    def spans_of_one() -> None:
-        with tracer.server_span(scope, headers) as span:
-            t = time.time_ns()
-            tracer.stages(t, t + 200_000, t + 9_000_000, 4.0, 4.5, {"basal.model": "demo", "basal.questions": 1})
-            span.set_attribute("http.response.status_code", 200)
-
     out = {}
-    for name, fn in (("metrics", metrics_of_one), ("json_access_line", log_of_one), ("spans", spans_of_one)):
+
+    def timed(name: str, fn, n: int = n, clock=time.perf_counter, per: int = 1, flush=None) -> None:
         for _ in range(n // 10):
             fn()
-        t0 = time.perf_counter()
+        if flush:
+            flush()
+        t0 = clock()
         for _ in range(n):
             fn()
-        out[name] = (time.perf_counter() - t0) / n * 1e6
+        if flush:
+            flush()
+        out[name] = (clock() - t0) / n / per * 1e6
         print(f"{name}: {out[name]:.1f} us per request", flush=True)
+
+    timed("metrics", metrics_of_one)
+    timed("json_access_line", log_of_one)
+    timed("spans", paced(request_of(Tracer(provider.get_tracer("bench"))), provider.force_flush))
     provider.shutdown()
+
+    kept = InMemorySpanExporter()  # 512 requests' spans, encoded per batch as the exporter does
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    one = request_of(Tracer(provider.get_tracer("basal")))
+    for _ in range(512):
+        one()
+    batch, encoder = kept.get_finished_spans(), SpanEncoder()
+    rounds = max(1, n // 512 // 4)
+    timed("otlp_encode_sdk", lambda: encode_spans(batch).SerializePartialToString(), rounds, per=512)
+    timed("otlp_encode_direct", lambda: encoder.encode(batch), rounds, per=512)
+
+    sink = Sink()
+    try:
+        for name, direct in (("tracing_cpu_sdk_encoder", False), ("tracing_cpu", True)):
+            served = otlp_tracer(sink.url)
+            exporter = served.tracer.span_processor._span_processors[0].span_exporter
+            exporter.direct = direct and exporter.direct
+            flush = served.tracer.span_processor.force_flush
+            timed(name, paced(request_of(served), flush), n // 2, time.process_time, flush=flush)
+            served.tracer.span_processor.shutdown()
+    finally:
+        got = sink.stop()
+    print(f"  (the sink: {got.get('posts')} posts, {got.get('bytes', 0) / 1e6:.1f} MB, {got.get('cpu_s', 0):.2f} s "
+          "CPU in its own process, not in the figures above)")  # fmt: skip
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+GOALS = {"metrics+json": 0.98, "+tracing": 0.95}  # throughput vs off at 32 clients: under 2 % and 5 % overhead
 
 
 def main() -> None:
@@ -123,16 +172,15 @@ def main() -> None:
     if a.micro:
         micro()
         return
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
-    otlp = f"http://127.0.0.1:{sink.server_address[1]}/v1/traces"
+    sink = Sink()
     configs = {
         "off": [],
         "metrics+json": ["--metrics", "--access-log", "--log-format", "json"],
-        "+tracing": ["--metrics", "--access-log", "--log-format", "json", "--otlp-endpoint", otlp],
+        "+tracing": ["--metrics", "--access-log", "--log-format", "json", "--otlp-endpoint", sink.url],
     }
     samples: dict[tuple[str, int], list[dict]] = {}
-    procs = []
+    procs = {}
+    traced = 0
     with tempfile.TemporaryDirectory() as tmp:
         path = synth_model(Path(tmp) / "demo", "demo")
         model = ModelDir.load(path)
@@ -144,23 +192,27 @@ def main() -> None:
                 port = free_port()
                 log = open(Path(tmp) / f"{name}.log", "wb")  # noqa: SIM115 (open while the child runs)
                 cmd = [sys.executable, "-m", "basal", "serve", "--model", str(path), "--addr", f"127.0.0.1:{port}"]
-                proc = subprocess.Popen([*cmd, *flags], stdout=log, stderr=log)
-                procs.append(proc)
+                proc = procs[name] = subprocess.Popen([*cmd, *flags], stdout=log, stderr=log)
                 urls[name] = healthy(proc, f"http://127.0.0.1:{port}")
                 over_http(urls[name], body, 1, 20)  # warm-up
+                traced += 20 if name == "+tracing" else 0
             for r in range(a.rounds):
                 for clients in a.clients:
                     per_client = max(1, a.requests // clients)
                     for name in configs if r % 2 == 0 else reversed(configs):
-                        samples.setdefault((name, clients), []).append(over_http(urls[name], body, clients, per_client))
+                        cpu = cpu_seconds(procs[name].pid)
+                        run = over_http(urls[name], body, clients, per_client)
+                        run["server_cpu_s"] = cpu_seconds(procs[name].pid) - cpu  # the server's, all threads
+                        samples.setdefault((name, clients), []).append(run)
+                        traced += run["requests"] if name == "+tracing" else 0
             for name in configs:
                 lines = (Path(tmp) / f"{name}.log").read_text().splitlines()
                 print(f"{name}: {len(lines)} log lines written", flush=True)
         finally:
-            for proc in procs:
+            for proc in procs.values():
                 proc.terminate()
                 proc.wait(30)
-    sink.shutdown()
+            got = sink.stop()
     rows = []
     for clients in a.clients:
         base = None
@@ -168,17 +220,31 @@ def main() -> None:
             runs = samples[(name, clients)]
             p50 = statistics.median(x["p50_ms"] for x in runs)
             rps = statistics.median(x["rps"] for x in runs)
-            base = base or (p50, rps)
-            row = {"config": name, "clients": clients, "p50_ms": p50, "rps": rps,
-                   "p50_vs_off": p50 / base[0], "rps_vs_off": rps / base[1], "rounds": runs}  # fmt: skip
+            cpu = sum(x["server_cpu_s"] for x in runs) / sum(x["requests"] for x in runs) * 1e6
+            base = base or (p50, rps, cpu)
+            row = {"config": name, "clients": clients, "p50_ms": p50, "rps": rps, "server_cpu_us": cpu,
+                   "p50_vs_off": p50 / base[0], "rps_vs_off": rps / base[1], "cpu_vs_off": cpu / base[2],
+                   "rounds": runs}  # fmt: skip
             rows.append(row)
             print(
                 f"{clients:>2} clients {name:>13}: p50 {p50:7.2f} ms ({row['p50_vs_off']:.3f}x off), "
-                f"{rps:7.1f} req/s ({row['rps_vs_off']:.3f}x off)",
+                f"{rps:7.1f} req/s ({row['rps_vs_off']:.3f}x off), server CPU {cpu:6.0f} us/request "
+                f"({row['cpu_vs_off']:.3f}x off)",
                 flush=True,
             )
+    sink_us = got.get("cpu_s", 0) / max(1, traced) * 1e6
+    print(
+        f"OTLP sink (own process; reads each body, answers 200; in production a collector is another machine): "
+        f"{got.get('posts')} posts, {sink_us:.1f} us CPU per traced request on the shared cores"
+    )
+    for row in rows:
+        if row["clients"] == 32 and row["config"] in GOALS:
+            goal = GOALS[row["config"]]
+            verdict = "met" if row["rps_vs_off"] >= goal else "NOT met"
+            print(f"goal {row['config']} at 32 clients: throughput >= {goal:.2f}x off: {row['rps_vs_off']:.3f}x, "
+                  f"{verdict} (server CPU per request {row['cpu_vs_off']:.3f}x off)")  # fmt: skip
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(rows, indent=1))
+    Path(a.out).write_text(json.dumps({"rows": rows, "sink": got | {"us_per_traced_request": sink_us}}, indent=1))
 
 
 if __name__ == "__main__":
