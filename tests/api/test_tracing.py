@@ -93,13 +93,13 @@ def test_without_tracing_opentelemetry_is_never_imported():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def _stage_spans(direct: bool, sampler=None) -> list:
+def _stage_spans(direct: bool, sampler=None, limits=None) -> list:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider = TracerProvider(**{k: v for k, v in (("sampler", sampler), ("span_limits", limits)) if v is not None})
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = Tracer(provider.get_tracer("basal"))
     assert tracer._direct is not None  # the SDK tracer takes the fast path
@@ -111,7 +111,13 @@ def _stage_spans(direct: bool, sampler=None) -> list:
     return exporter.get_finished_spans()
 
 
-def test_stage_spans_built_finished_export_what_live_spans_do():
+@pytest.mark.parametrize("limited", [False, True])
+def test_stage_spans_built_finished_export_what_live_spans_do(limited):
+    from opentelemetry.sdk.trace import SpanLimits
+
+    # a span's own value length limit differs from the general one: a live span's initial attributes take it
+    limits = SpanLimits(max_span_attribute_length=3, max_attribute_length=10) if limited else None
+
     def view(spans: list) -> list:
         ids = {s.context.span_id: s.name for s in spans}
         return sorted(
@@ -127,14 +133,17 @@ def test_stage_spans_built_finished_export_what_live_spans_do():
                 s.resource.attributes == spans[0].resource.attributes,
                 s.instrumentation_scope,
                 s.status.status_code,
+                s.dropped_attributes,
                 tuple(s.events),
                 tuple(s.links),
             )
             for s in spans
         )
 
-    direct, live = _stage_spans(direct=True), _stage_spans(direct=False)
+    direct, live = _stage_spans(direct=True, limits=limits), _stage_spans(direct=False, limits=limits)
     assert len(direct) == 5 and view(direct) == view(live)
+    engine = next(s for s in direct if s.name == "basal.engine")
+    assert dict(engine.attributes) == {"basal.model": "dem" if limited else "demo", "basal.questions": 2}
 
 
 def test_stage_spans_follow_the_server_spans_sampling():
@@ -171,3 +180,20 @@ def test_the_otlp_resource_hashes_once_and_exports_the_same():
     served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer
     served.span_processor.shutdown()
     assert type(served.resource).__name__ == "FrozenResource"
+
+
+def test_the_served_tracer_exports_in_large_batches_unless_the_operator_sets_them(monkeypatch):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from basal.api import tracing
+
+    def batches() -> tuple[int, int]:
+        served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer.span_processor
+        try:
+            found = served._span_processors[0]._batch_processor
+            return found._max_export_batch_size, found._max_queue_size
+        finally:
+            served.shutdown()
+
+    assert batches() == (tracing.EXPORT_BATCH["max_export_batch_size"], tracing.EXPORT_BATCH["max_queue_size"])
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "1000")  # the SDK's settings then (its default batch: 512)
+    assert batches() == (512, 1000)
