@@ -93,7 +93,7 @@ def test_without_tracing_opentelemetry_is_never_imported():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def _stage_spans(direct: bool, sampler=None, limits=None) -> list:
+def _stage_spans(direct: bool, sampler=None, limits=None, extra=None) -> list:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -107,16 +107,18 @@ def _stage_spans(direct: bool, sampler=None, limits=None) -> list:
         tracer._direct = None  # the SDK's live spans, the general path
     headers = [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01".encode())]
     with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, headers):
-        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.questions": 2})
+        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.questions": 2, **(extra or {})})
     return exporter.get_finished_spans()
 
 
-@pytest.mark.parametrize("limited", [False, True])
-def test_stage_spans_built_finished_export_what_live_spans_do(limited):
+@pytest.mark.parametrize("case", ["plain", "limited", "cleaned"])
+def test_stage_spans_built_finished_export_what_live_spans_do(case):
     from opentelemetry.sdk.trace import SpanLimits
 
     # a span's own value length limit differs from the general one: a live span's initial attributes take it
+    limited = case == "limited"
     limits = SpanLimits(max_span_attribute_length=3, max_attribute_length=10) if limited else None
+    extra = {"tags": ["a", "b"], "none": None, "": 1} if case == "cleaned" else None  # a tuple; kept; dropped
 
     def view(spans: list) -> list:
         ids = {s.context.span_id: s.name for s in spans}
@@ -140,10 +142,11 @@ def test_stage_spans_built_finished_export_what_live_spans_do(limited):
             for s in spans
         )
 
-    direct, live = _stage_spans(direct=True, limits=limits), _stage_spans(direct=False, limits=limits)
+    direct, live = _stage_spans(True, limits=limits, extra=extra), _stage_spans(False, limits=limits, extra=extra)
     assert len(direct) == 5 and view(direct) == view(live)
     engine = next(s for s in direct if s.name == "basal.engine")
-    assert dict(engine.attributes) == {"basal.model": "dem" if limited else "demo", "basal.questions": 2}
+    expected = {"basal.model": "dem" if limited else "demo", "basal.questions": 2}
+    assert dict(engine.attributes) == expected | ({"tags": ("a", "b"), "none": None} if extra else {})
 
 
 def test_stage_spans_follow_the_server_spans_sampling():
