@@ -1,13 +1,16 @@
 """What metrics, JSON access logs and tracing cost per request: p50 and throughput at 1 and 32 clients, on vs off.
 
-    python -m bench.observability                      # demo model; 3 rounds of every configuration, interleaved
-    python -m bench.observability --rounds 5 --requests 400
+    python -m bench.observability --rounds 5           # the goals: 32 clients, throughput vs off (2 % and 5 %)
+    python -m bench.observability --micro              # each piece's CPU per request, in this process
 
 Three `basal serve` children of the demo model (loopback), started once each: **off** (no metrics, no access log,
 text logs), **metrics+json** (`--metrics --access-log --log-format json`, the log written to a file), and
-**+tracing** (that, and `--otlp-endpoint` at a local sink that accepts every export). Rounds interleave the
-configurations, so a shared machine's drift hits all of them alike; each figure is the median over rounds.
-Request ids are always on (they are not a switch). Clients as in bench/http_speed.py (raw keep-alive sockets).
+**+tracing** (that, and `--otlp-endpoint` at an OTLP sink; every request sampled). Rounds interleave the
+configurations, so a shared machine's drift hits all of them alike; each figure is the median over rounds, and each
+configuration's server CPU per request (all threads, /proc) is summed over rounds. The sink is its own process
+(bench/otlp_sink.py: reads each export's body, answers 200, decodes nothing) and reports its CPU per traced request:
+it runs on the same cores here, where in production a collector is another machine. Request ids are always on (they
+are not a switch). Clients as in bench/http_speed.py (raw keep-alive sockets).
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ The tree under the HTTP server span (joined to an incoming `traceparent`):
 The engine's stages run on lane threads shared by many requests, so they are not traced live: their spans are
 written after the answer from the timings the engine measured (queue and compute ms), with explicit start and end
 times. The request path pays nothing for tracing beyond building these few spans, and nothing at all when off.
+
+With the SDK's own tracer the spans skip the SDK's live-span machinery: the stage spans are built finished, and
+the server span is started as the SDK starts one (sampling, ids, flags) but written finished at its end, unless
+something asks for more than attributes (then the SDK's live span takes over). Tests compare every exported field
+with the SDK's own path. The served exporter (basal.api.otlp) writes the OTLP bytes directly.
 """
 
 from __future__ import annotations
