@@ -272,6 +272,7 @@ class DirectOTLPSpanExporter(OTLPSpanExporter):
             sent = self._client.export(data)
             if not sent.success:
                 result.error = sent.error
-                result.error_attrs = {"http.response.status_code": sent.status_code} if sent.status_code else None
+                code = sent.status_code
+                result.error_attrs = {"http.response.status_code": code} if code is not None else None
                 return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
