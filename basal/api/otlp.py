@@ -57,6 +57,13 @@ def field(tag: bytes, payload: bytes) -> bytes:
     return tag + (_BYTE[n] if n < 128 else varint(n)) + payload
 
 
+def times(start: int | None, end: int | None) -> bytes:
+    """A span's start and end fields (7 and 8, fixed64), each left out when unset."""
+    if start and end:
+        return _TIMES(0x39, start, 0x41, end)
+    return (b"\x39" + struct.pack("<Q", start) if start else b"") + (b"\x41" + struct.pack("<Q", end) if end else b"")
+
+
 def any_value(value: Any) -> bytes:
     """An AnyValue message's content, in the SDK encoder's order of type checks (bool before int, str and bytes
     before sequences). Raises for a type or value protobuf cannot hold (the attribute is then skipped)."""
@@ -90,7 +97,7 @@ class SpanEncoder:
 
     def __init__(self):
         self._held: dict[int, tuple[Any, bytes]] = {}  # id(resource or scope) -> (it, its encoded message)
-        self._names: dict[tuple[str, Any], bytes] = {}  # (name, kind) -> both fields
+        self._names: dict[tuple[str, str], bytes] = {}  # (name, kind's name) -> both fields
         self._pairs: dict[tuple, bytes] = {}  # (tag, key, type, value) -> the attribute's field
 
     def encode(self, spans: Sequence[Any]) -> bytes:
@@ -103,7 +110,10 @@ class SpanEncoder:
             found = seen.get((id(resource), id(scope)))
             if found is None:  # equality (a hash each) once per distinct pair of objects in the batch
                 found = seen[(id(resource), id(scope))] = groups.setdefault(resource, {}).setdefault(scope, [])
-            found.append(field(b"\x12", self.span(span)))
+            if type(span) is StageSpans:
+                found += self.stage_spans(span)
+            else:
+                found.append(field(b"\x12", self.span(span)))
         out = []
         for resource, scopes in groups.items():
             body = [field(b"\x0a", self._resource(resource))]
@@ -129,20 +139,7 @@ class SpanEncoder:
             out.append(field(b"\x1a", state.encode()))
         if parent is not None:
             out += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-        head = self._names.get((span._name, span._kind))
-        if head is None:
-            head = field(b"\x2a", span._name.encode()) if span._name else b""
-            head += b"\x30" + _BYTE[_KIND[span._kind.name]]
-            self._remember(self._names, (span._name, span._kind), head)
-        out.append(head)
-        start, end = span._start_time, span._end_time
-        if start and end:
-            out.append(_TIMES(0x39, start, 0x41, end))
-        else:
-            out += (
-                b"\x39" + struct.pack("<Q", start) if start else b"",
-                b"\x41" + struct.pack("<Q", end) if end else b"",
-            )
+        out += (self._head(span._name, span._kind.name), times(span._start_time, span._end_time))
         if attributes:
             self._attributes(out, b"\x4a", attributes)
             if dropped := getattr(attributes, "dropped", 0):
@@ -170,6 +167,40 @@ class SpanEncoder:
                 out.append(b"\x7a\x00")
         out.append(_FLAGS[parent is not None and parent.is_remote])
         return b"".join(out)
+
+    def stage_spans(self, stages: StageSpans) -> list[bytes]:
+        """The four Span fields of `StageSpans`, as `span()` writes the `ReadableSpan`s it stands for: the same
+        trace (the server span's id, flags and state), local parents, no events, links or status."""
+        parent = stages.context
+        trace = b"\x0a\x10" + parent.trace_id.to_bytes(16, "big")
+        state = b""
+        if parent.trace_state:
+            state = field(b"\x1a", ",".join([f"{k}={v}" for k, v in parent.trace_state.items()]).encode())
+        engine, parse, queue, batch = [b"\x12\x08" + own.to_bytes(8, "big") + state for own in stages.ids]
+        server = b"\x22\x08" + parent.span_id.to_bytes(8, "big")
+        under_engine = b"\x22\x08" + stages.ids[0].to_bytes(8, "big")
+        start, parsed, queued, computed, end = stages.times
+        attributes: list[bytes] = []
+        self._attributes(attributes, b"\x4a", stages.attributes)
+        tail = b"\x7a\x00" + _FLAGS[False]  # an UNSET status; a local parent
+        rows = (
+            (parse, server, "basal.parse", times(start, parsed), b""),
+            (queue, under_engine, "basal.queue", times(parsed, queued), b""),
+            (batch, under_engine, "basal.batch", times(queued, computed), b""),
+            (engine, server, "basal.engine", times(parsed, end), b"".join(attributes)),
+        )
+        return [
+            field(b"\x12", b"".join((trace, own, parent_id, self._head(name, "INTERNAL"), span_times, fields, tail)))
+            for own, parent_id, name, span_times, fields in rows
+        ]
+
+    def _head(self, name: str, kind: str) -> bytes:
+        """The name and kind fields, kept encoded."""
+        head = self._names.get((name, kind))
+        if head is None:
+            head = (field(b"\x2a", name.encode()) if name else b"") + b"\x30" + _BYTE[_KIND[kind]]
+            self._remember(self._names, (name, kind), head)
+        return head
 
     def _attributes(self, out: list[bytes], tag: bytes, attributes: Mapping[str, Any] | None) -> None:
         """Each attribute as a KeyValue field; one that cannot be encoded is logged and left out (as the SDK does).
@@ -241,6 +272,34 @@ class SpanEncoder:
         return held
 
 
+class StageSpans:
+    """A request's four stage spans (parse, and queue and batch under engine; basal.api.tracing) as one item of the
+    batch processor's queue, from the served tracer: the encoder writes them straight from these numbers, and
+    `spans()` gives the `ReadableSpan`s they stand for (the same ids, times and attributes). The batch processor
+    reads only `context` (the server span's: sampled or not)."""
+
+    __slots__ = ("attributes", "context", "ids", "maker", "times")
+
+    def __init__(self, context: Any, ids: tuple, times: tuple, attributes: dict, maker: Any):
+        self.context, self.ids, self.times, self.attributes, self.maker = context, ids, times, attributes, maker
+
+    @property
+    def resource(self) -> Any:
+        return self.maker._resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self.maker._scope
+
+    def spans(self) -> list:
+        return self.maker.stage_spans(self.context, self.ids, self.times, self.attributes)
+
+
+def spans_of(items: Sequence[Any]) -> list:
+    """The `ReadableSpan`s of a batch, `StageSpans` unfolded (for the SDK's encoder)."""
+    return [span for item in items for span in (item.spans() if type(item) is StageSpans else (item,))]
+
+
 class DirectOTLPSpanExporter(OTLPSpanExporter):
     """The SDK's OTLP/HTTP span exporter (its transport, retries, compression, headers, size limit and own metrics)
     encoding with `SpanEncoder`. Where the installed SDK's exporter has another shape than the one this follows (a
@@ -254,13 +313,13 @@ class DirectOTLPSpanExporter(OTLPSpanExporter):
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         if not self.direct or self._shutdown:
-            return super().export(spans)
+            return super().export(spans_of(spans))
         with self._metrics.export_operation(len(spans)) as result:
             try:
                 try:
                     data = self._encoder.encode(spans)
                 except AttributeError:  # not the SDK's ReadableSpans, whose fields the encoder reads
-                    data = encode_spans(spans).SerializePartialToString()
+                    data = encode_spans(spans_of(spans)).SerializePartialToString()
             except Exception as error:  # as the SDK: a batch that cannot be encoded fails
                 log.error("Failed to encode span batch: %s", error)
                 result.error = error

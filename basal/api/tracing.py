@@ -103,6 +103,7 @@ class _DirectSpans:
         self.tracer, self.limits = tracer, limits
         self.servers = _servers_direct(tracer)
         self._server_span = _server_span_class() if self.servers else None
+        self._bundled, self._bundle = _bundling(tracer)
 
     def _attributes(self, found: dict) -> Any:
         """The span's attributes as the limits leave them: a copy where `plain` finds them plain, else the SDK's
@@ -217,15 +218,25 @@ class _DirectSpans:
     def stages(self, server: Any, start: int, parsed: int, queued: int, computed: int, end: int, attributes: dict):
         if not server.is_recording():
             return
-        parent = server.get_span_context()
-        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
-        ids, context = self._ids, self._context
+        parent, generate = server.get_span_context(), self._ids.generate_span_id
+        ids = (generate(), generate(), generate(), generate())  # engine, parse, queue, batch
+        times = (start, parsed, queued, computed, end)
+        if self._bundled is not None and self.plain(attributes):
+            self._bundled.on_end(self._bundle(parent, ids, times, dict(attributes), self))
+            return
+        for finished in self.stage_spans(parent, ids, times, attributes):
+            self._processor.on_end(finished)
 
-        def span(name: str, parent: Any, start_time: int, end_time: int, attributes: dict | None = None) -> Any:
-            own = context(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=state)
+    def stage_spans(self, parent: Any, ids: tuple, times: tuple, attributes: dict) -> list:
+        """The four stage spans as `ReadableSpan`s, in the order they are handed over (the engine span last)."""
+        trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+        start, parsed, queued, computed, end = times
+        context = self._context
+
+        def span(name: str, own: int, parent: Any, start_time: int, end_time: int, attributes: dict | None = None):
             return self._readable(
                 name,
-                context=own,
+                context=context(trace_id, own, is_remote=False, trace_flags=flags, trace_state=state),
                 parent=parent,
                 resource=self._resource,
                 attributes=self._attributes(attributes) if attributes else self._no_attributes,
@@ -235,14 +246,13 @@ class _DirectSpans:
                 instrumentation_scope=self._scope,
             )
 
-        engine = span("basal.engine", parent, parsed, end, attributes)
-        for finished in (
-            span("basal.parse", parent, start, parsed),
-            span("basal.queue", engine.context, parsed, queued),
-            span("basal.batch", engine.context, queued, computed),
+        engine = span("basal.engine", ids[0], parent, parsed, end, attributes)
+        return [
+            span("basal.parse", ids[1], parent, start, parsed),
+            span("basal.queue", ids[2], engine.context, parsed, queued),
+            span("basal.batch", ids[3], engine.context, queued, computed),
             engine,
-        ):
-            self._processor.on_end(finished)
+        ]
 
 
 def _servers_direct(tracer: Any) -> bool:
@@ -262,6 +272,27 @@ def _servers_direct(tracer: Any) -> bool:
         and hasattr(tracer.id_generator, "is_trace_id_random")
         and hasattr(TraceFlags, "RANDOM_TRACE_ID")
     )
+
+
+def _bundling(tracer: Any) -> tuple[Any, Any]:
+    """(the batch processor, `StageSpans`) where the stage spans can go to the exporter as one item: the tracer's
+    only span processor is the SDK's batch one, exporting through basal's direct OTLP encoder, which writes them
+    straight from their numbers; (None, None) otherwise (any other processor or exporter gets `ReadableSpan`s)."""
+    from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    try:
+        from basal.api.otlp import DirectOTLPSpanExporter, StageSpans
+    except ImportError:  # no OTLP exporter installed
+        return None, None
+    processors = getattr(tracer.span_processor, "_span_processors", ())
+    if type(tracer.span_processor) is not SynchronousMultiSpanProcessor or len(processors) != 1:
+        return None, None
+    (only,) = processors
+    exporter = getattr(only, "span_exporter", None)
+    if type(only) is not BatchSpanProcessor or not isinstance(exporter, DirectOTLPSpanExporter) or not exporter.direct:
+        return None, None
+    return only, StageSpans
 
 
 def _server_span_class() -> type:
@@ -353,10 +384,11 @@ def _server_span_class() -> type:
 
 
 # Each export is one HTTP POST (about 1 ms of the exporter thread's CPU, under the GIL the requests need). 2048
-# spans per export (about 400 requests) instead of the SDK's 512 took tracing's CPU per request from ~110 to ~90 us
-# in `python -m bench.observability --micro` (tracing_cpu, three alternations on a loaded machine). The queue holds
-# four exports, so a slow collector does not make the server drop spans at once. An export is about 250 kB, far
-# under a collector's request limit. Either OTEL_BSP_ variable set: the SDK's settings, from the environment.
+# queue items per export instead of the SDK's 512 took tracing's CPU per request from ~110 to ~90 us in
+# `python -m bench.observability --micro` (tracing_cpu, three alternations on a loaded machine). A served request is
+# two items (its server span; its stage spans as one `StageSpans`), so an export carries ~1000 requests, ~600 kB,
+# far under a collector's request limit; the queue holds four exports, so a slow collector does not make the
+# server drop spans at once. Either OTEL_BSP_ variable set: the SDK's settings, from the environment.
 EXPORT_BATCH = {"max_export_batch_size": 2048, "max_queue_size": 8192}
 
 

@@ -160,3 +160,44 @@ def test_the_served_tracer_exports_through_the_direct_encoder():
         assert isinstance(exporter, DirectOTLPSpanExporter) and exporter.direct
     finally:
         tracer.span_processor.shutdown()
+
+
+def test_stage_spans_go_to_the_served_exporter_as_one_item_and_encode_as_their_spans(caplog):
+    """With the served pipeline (the SDK's batch processor, the direct exporter) a request's stage spans are one
+    `StageSpans` item, written straight from its numbers: the same message as the SDK's encoder makes of the
+    `ReadableSpan`s it stands for. A request whose attributes need the SDK's cleaning takes `ReadableSpan`s."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
+
+    from basal.api.otlp import StageSpans, spans_of
+
+    batches: list[list] = []
+
+    class Capture(DirectOTLPSpanExporter):
+        def export(self, spans):
+            batches.append(list(spans))
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "basal"}))
+    provider.add_span_processor(BatchSpanProcessor(Capture(endpoint="http://127.0.0.1:9/v1/traces")))
+    tracer = Tracer(provider.get_tracer("basal"))
+    assert tracer._direct._bundled is not None
+    traceparent = f"00-{REMOTE.trace_id:032x}-{REMOTE.span_id:016x}-01".encode()
+    for i, headers in enumerate(([], [(b"traceparent", traceparent), (b"tracestate", b"k=v,a=b")])):
+        with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, headers) as span:
+            tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.request_id": f"r{i}"})
+            span.set_attribute("http.response.status_code", 200)
+    with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, []):
+        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "tags": ["a"]})  # to clean
+    provider.force_flush()
+    provider.shutdown()
+    items = [item for batch in batches for item in batch]
+    assert [type(item) is StageSpans for item in items].count(True) == 2 and len(spans_of(items)) == 15
+    with caplog.at_level(logging.CRITICAL):
+        assert decoded(SpanEncoder().encode(items)) == decoded(encode_spans(spans_of(items)).SerializeToString())
+    spans = spans_of(items)
+    by_id = {s.context.span_id: s for s in spans}
+    for stage in (s for s in spans if s.name in ("basal.queue", "basal.batch")):
+        assert by_id[stage.parent.span_id].name == "basal.engine"
+    for s in spans:
+        if s.name in ("basal.parse", "basal.engine"):
+            assert by_id[s.parent.span_id].name == "POST /v1/systemone"
