@@ -35,21 +35,21 @@ from tests.servers import free_port
 def micro(n: int = 20000) -> dict[str, float]:
     """Microseconds per request of each observation piece alone, in this process (steady under machine load, where
     the HTTP figures are not): the metric updates a decision request makes, its JSON access line, its spans in the
-    request path (the SDK with a batch processor and an exporter that drops them), the OTLP encoding of its spans
-    (the SDK's encoder and the direct one), and all of tracing as served: CPU of this process (every thread: the
-    request path, the batch processor's thread encoding and posting) per request, spans flushed to the sink (its own
-    process, not counted)."""
+    request path (as served: the batch processor, an exporter of the served type that drops them), the OTLP
+    encoding of its spans as `ReadableSpan`s (the SDK's encoder and the direct one), and all of tracing as served:
+    CPU of this process (every thread: the request path, the batch processor's thread encoding and posting) per
+    request, spans flushed to the sink (its own process, not counted)."""
     import io
     import logging
     import time
 
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from basal.api.observe import access, access_line
-    from basal.api.otlp import SpanEncoder
+    from basal.api.otlp import DirectOTLPSpanExporter, SpanEncoder
     from basal.api.tracing import Tracer, otlp_tracer
     from basal.core.engine.metrics import Metrics
     from basal.logs import JsonFormatter
@@ -78,7 +78,7 @@ def micro(n: int = 20000) -> dict[str, float]:
     def log_of_one() -> None:
         access_line("127.0.0.1:5000", "POST", "/v1/systemone", 200, 4.2, {"model": "demo", "queue_ms": 3.1})
 
-    class Drop(SpanExporter):
+    class Drop(DirectOTLPSpanExporter):  # the served exporter's type (the request path then is the served one)
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
@@ -107,7 +107,8 @@ def micro(n: int = 20000) -> dict[str, float]:
         return one_paced
 
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Drop(), max_queue_size=1 << 16))  # never full here
+    dropped = Drop(endpoint="http://127.0.0.1:9/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(dropped, max_queue_size=1 << 16))  # never full here
     out = {}
 
     def timed(name: str, fn, n: int = n, clock=time.perf_counter, per: int = 1, flush=None) -> None:
@@ -144,8 +145,13 @@ def micro(n: int = 20000) -> dict[str, float]:
     try:
         for name, direct in (("tracing_cpu_sdk_encoder", False), ("tracing_cpu", True)):
             served = otlp_tracer(sink.url)
-            exporter = served.tracer.span_processor._span_processors[0].span_exporter
-            exporter.direct = direct and exporter.direct
+            if not direct:  # the same, with the SDK's encoder and ReadableSpans (a deep queue: it is slower)
+                served.tracer.span_processor.shutdown()
+                exporter = DirectOTLPSpanExporter(endpoint=sink.url)
+                exporter.direct = False
+                provider = TracerProvider(resource=served.tracer.resource)
+                provider.add_span_processor(BatchSpanProcessor(exporter, 1 << 20, max_export_batch_size=2048))
+                served = Tracer(provider.get_tracer("basal"))
             timed(name, request_of(served), n // 2, time.process_time, flush=served.tracer.span_processor.force_flush)
             served.tracer.span_processor.shutdown()
     finally:
