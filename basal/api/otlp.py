@@ -5,7 +5,8 @@ the tree; at a few spans per request that costs as much CPU as the request's own
 thread but under the same GIL. The wire format is simple (varints, fixed-width numbers, length-prefixed fields),
 so this writes the same message field by field from the finished spans, with the resource and the
 instrumentation scope (the same for every span) encoded once. A test decodes its bytes and the SDK encoder's
-with the opentelemetry-proto classes and finds them equal, for every field the SDK sets.
+with the opentelemetry-proto classes and finds them equal, for every field the SDK sets. A request's four stage
+spans come as one `StageSpans` (ids, times, attributes) from the served tracer and are written straight from it.
 
 Field numbers are those of opentelemetry/proto/{collector/trace,trace,common,resource}/v1/*.proto.
 """
@@ -93,7 +94,8 @@ def key_value(key: str, value: Any) -> bytes:
 
 
 class SpanEncoder:
-    """Encodes batches of finished `ReadableSpan`s; keeps the encoded resources, scopes, names and keys."""
+    """Encodes batches of finished `ReadableSpan`s (and `StageSpans`); keeps the encoded resources, scopes, names
+    and plain attributes."""
 
     def __init__(self):
         self._held: dict[int, tuple[Any, bytes]] = {}  # id(resource or scope) -> (it, its encoded message)
