@@ -168,7 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--micro", action="store_true", help="only the in-process cost of each piece, per request")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=240, help="requests per level and round")
+    ap.add_argument("--requests", type=int, default=480, help="requests per level and round (a second or more each)")
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--out", default="bench/results/observability.json")
     a = ap.parse_args()
