@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from basal.api.app import create_app
 from basal.api.decisions import ApiSettings
@@ -86,7 +87,8 @@ def pending_engines(
         elif model.synthetic:
             log.warning("%s is a synthetic model: its answers carry no meaning", model.name)
     engines = Engines({}, default, metrics, config.max_inflight, pending=[d.name for d in dirs])
-    metrics.add_collector(device_memory(engines))
+    for collector in device_memory(engines):
+        metrics.add_collector(collector)
     return engines, list(zip(specs, dirs, strict=True))
 
 
@@ -126,22 +128,55 @@ def load_models(
             engines.add(Engine(model.name, pipeline, gate, engines.metrics, settings))
 
 
-def device_memory(engines: Engines) -> CallbackCollector:
-    """`basal_device_memory_bytes{model, device}`: what torch has allocated on each loaded model's CUDA device, read
-    at scrape time (no samples on the CPU, whose memory is the process's `process_resident_memory_bytes`)."""
+def device_memory(engines: Engines) -> list[CallbackCollector]:
+    """Device memory per loaded model, read at scrape time: `basal_device_memory_bytes{model, device}` is what torch
+    has allocated on the model's CUDA device, or what MLX's allocator holds in arrays (Metal or CPU);
+    `basal_device_memory_peak_bytes` and `basal_device_memory_cache_bytes` are MLX's peak and its freed-but-kept
+    buffer cache. MLX's figures are the process's (its models share one allocator). No samples for torch on the
+    CPU, whose memory is the process's `process_resident_memory_bytes`."""
 
-    def read():
-        devices = {name: e.pipeline.backend.device for name, e in list(engines.engines.items())}
-        cuda = [(name, device) for name, device in devices.items() if device.startswith("cuda")]
+    def loaded() -> list[tuple[str, Any]]:
+        return [(name, e.pipeline.backend) for name, e in list(engines.engines.items())]
+
+    def read_active():
+        models = loaded()
+        cuda = [(name, b.device) for name, b in models if b.device.startswith("cuda")]
         if cuda:
             import torch
 
             for name, device in cuda:
                 yield (name, device), float(torch.cuda.memory_allocated(device))
+        yield from mlx_memory(models, "active")
 
-    return CallbackCollector(
-        "basal_device_memory_bytes", "device memory allocated by the model's backend", ("model", "device"), read
-    )
+    return [
+        CallbackCollector(
+            "basal_device_memory_bytes", "device memory allocated by the model's backend", ("model", "device"),
+            read_active,
+        ),
+        CallbackCollector(
+            "basal_device_memory_peak_bytes", "the most device memory MLX has held (MLX models)", ("model", "device"),
+            lambda: mlx_memory(loaded(), "peak"),
+        ),
+        CallbackCollector(
+            "basal_device_memory_cache_bytes", "memory MLX keeps cached for reuse (MLX models)", ("model", "device"),
+            lambda: mlx_memory(loaded(), "cache"),
+        ),
+    ]  # fmt: skip
+
+
+def mlx_memory(models: list[tuple[str, Any]], kind: str):
+    """((model, device), bytes) for each MLX model: MLX's `get_{kind}_memory()` (top level since MLX 0.22, under
+    `mx.metal` before); nothing where the installed MLX has neither."""
+    served = [(name, backend.device) for name, backend in models if backend.name == "mlx"]
+    if not served:
+        return
+    import mlx.core as mx
+
+    read = getattr(mx, f"get_{kind}_memory", None) or getattr(getattr(mx, "metal", None), f"get_{kind}_memory", None)
+    if read is not None:
+        value = float(read())
+        for name, device in served:
+            yield (name, device), value
 
 
 def _size_on_disk(model: ModelDir) -> str:

@@ -162,3 +162,37 @@ def test_dashboard_and_alerts_use_only_series_a_live_server_exports():
     used = dashboard_series()
     assert len(used) >= 10, used  # the reader found the expressions
     assert sorted(used - exported) == []
+
+
+def test_device_memory_of_an_mlx_model_and_none_for_torch_on_the_cpu(demo_model):
+    """MLX's allocator figures (active, peak, cache) per MLX model, read at scrape time; torch on the CPU has none
+    (the process's resident memory is the number there), though the families are still exported."""
+    pytest.importorskip("mlx.core")
+    from prometheus_client import generate_latest
+
+    from basal.backends.mlx.backend import MLXBackend
+    from basal.core.engine.engine import Engine, EngineSettings
+    from basal.core.engine.engines import Engines
+    from basal.core.engine.gate import Gate
+    from basal.core.engine.pipeline import Pipeline
+    from basal.serve.server import device_memory
+
+    def scraped(engines: Engines) -> dict:
+        for collector in device_memory(engines):
+            engines.metrics.add_collector(collector)
+        return families(generate_latest(engines.metrics.registry).decode())
+
+    metrics = Metrics()
+    backend = MLXBackend.load(demo_model, device="cpu")
+    engine = Engine("tiny-mlx", Pipeline(demo_model, backend), Gate(100.0), metrics, EngineSettings())
+    found = scraped(Engines({"tiny-mlx": engine}, "tiny-mlx", metrics, 8))
+    value = {}
+    for kind in ("", "_peak", "_cache"):
+        (sample,) = found[f"basal_device_memory{kind}_bytes"].samples
+        assert sample.labels == {"model": "tiny-mlx", "device": "cpu"}
+        value[kind] = sample.value
+    assert value[""] > 0 and value["_peak"] >= value[""] and value["_cache"] >= 0  # the weights are MLX arrays
+
+    torch_only = scraped(make_engines(demo_model))
+    for kind in ("", "_peak", "_cache"):
+        assert torch_only[f"basal_device_memory{kind}_bytes"].samples == []

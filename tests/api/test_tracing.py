@@ -93,13 +93,13 @@ def test_without_tracing_opentelemetry_is_never_imported():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def _stage_spans(direct: bool, sampler=None) -> list:
+def _stage_spans(direct: bool, sampler=None, limits=None, extra=None) -> list:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider = TracerProvider(**{k: v for k, v in (("sampler", sampler), ("span_limits", limits)) if v is not None})
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = Tracer(provider.get_tracer("basal"))
     assert tracer._direct is not None  # the SDK tracer takes the fast path
@@ -107,11 +107,19 @@ def _stage_spans(direct: bool, sampler=None) -> list:
         tracer._direct = None  # the SDK's live spans, the general path
     headers = [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01".encode())]
     with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, headers):
-        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.questions": 2})
+        tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo", "basal.questions": 2, **(extra or {})})
     return exporter.get_finished_spans()
 
 
-def test_stage_spans_built_finished_export_what_live_spans_do():
+@pytest.mark.parametrize("case", ["plain", "limited", "cleaned"])
+def test_stage_spans_built_finished_export_what_live_spans_do(case):
+    from opentelemetry.sdk.trace import SpanLimits
+
+    # a span's own value length limit differs from the general one: a live span's initial attributes take it
+    limited = case == "limited"
+    limits = SpanLimits(max_span_attribute_length=3, max_attribute_length=10) if limited else None
+    extra = {"tags": ["a", "b"], "none": None, "": 1} if case == "cleaned" else None  # a tuple; kept; dropped
+
     def view(spans: list) -> list:
         ids = {s.context.span_id: s.name for s in spans}
         return sorted(
@@ -127,14 +135,18 @@ def test_stage_spans_built_finished_export_what_live_spans_do():
                 s.resource.attributes == spans[0].resource.attributes,
                 s.instrumentation_scope,
                 s.status.status_code,
+                s.dropped_attributes,
                 tuple(s.events),
                 tuple(s.links),
             )
             for s in spans
         )
 
-    direct, live = _stage_spans(direct=True), _stage_spans(direct=False)
+    direct, live = _stage_spans(True, limits=limits, extra=extra), _stage_spans(False, limits=limits, extra=extra)
     assert len(direct) == 5 and view(direct) == view(live)
+    engine = next(s for s in direct if s.name == "basal.engine")
+    expected = {"basal.model": "dem" if limited else "demo", "basal.questions": 2}
+    assert dict(engine.attributes) == expected | ({"tags": ("a", "b"), "none": None} if extra else {})
 
 
 def test_stage_spans_follow_the_server_spans_sampling():
@@ -171,3 +183,100 @@ def test_the_otlp_resource_hashes_once_and_exports_the_same():
     served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer
     served.span_processor.shutdown()
     assert type(served.resource).__name__ == "FrozenResource"
+
+
+def test_the_served_tracer_exports_in_large_batches_unless_the_operator_sets_them(monkeypatch):
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from basal.api import tracing
+
+    def batches() -> tuple[int, int]:
+        served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer.span_processor
+        try:
+            found = served._span_processors[0]._batch_processor
+            return found._max_export_batch_size, found._max_queue_size
+        finally:
+            served.shutdown()
+
+    assert batches() == (tracing.EXPORT_BATCH["max_export_batch_size"], tracing.EXPORT_BATCH["max_queue_size"])
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "1000")  # the SDK's settings then (its default batch: 512)
+    assert batches() == (512, 1000)
+
+
+@pytest.mark.parametrize("case", ["plain", "root", "exception", "cleaned", "status_and_event", "ended_twice"])
+def test_the_direct_server_span_exports_what_the_sdks_does(case):
+    """The server span written finished (or turned into the SDK's live span for what it does not do itself) against
+    the SDK's `start_as_current_span`: same spans, parents, flags, attributes, events, status."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Status, StatusCode
+
+    def run(direct: bool) -> list:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = Tracer(provider.get_tracer("basal"))
+        assert tracer._direct.servers
+        tracer._direct.servers = direct
+        headers = [] if case == "root" else [(b"traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01".encode())]
+        try:
+            with tracer.server_span({"method": "POST", "path": "/v1/systemone"}, headers) as span:
+                assert trace.get_current_span() is span
+                tracer.stages(1_000, 2_000, 9_000, 0.003, 0.002, {"basal.model": "demo"})
+                span.set_attribute("http.response.status_code", 200)
+                span.set_attributes({"basal.x": 1, "url.path": "/v1/again"})
+                span.set_attribute("http.response.status_code", 201)  # set again: the last value, last in order
+                if case == "exception":
+                    raise RuntimeError("bad")
+                if case == "cleaned":
+                    span.set_attribute("tags", ["a", "b"])  # the SDK cleans it into a tuple
+                if case == "status_and_event":
+                    span.add_event("seen", {"n": 1})
+                    span.set_status(Status(StatusCode.ERROR, "no"))
+                if case == "ended_twice":
+                    span.end()
+        except RuntimeError:
+            pass
+        if direct and case in ("plain", "root", "ended_twice"):
+            assert span.found is None  # written finished: the SDK's live span was never needed
+        return list(exporter.get_finished_spans())
+
+    def view(spans: list) -> list:
+        ids = {s.context.span_id: s.name for s in spans}
+        return sorted(
+            (
+                s.name,
+                ids.get(s.parent.span_id, f"{s.parent.span_id:016x}") if s.parent else None,
+                s.parent.is_remote if s.parent else None,
+                s.context.trace_flags,
+                s.kind,
+                list(dict(s.attributes).items()),
+                s.status.status_code,
+                s.status.description,
+                [(e.name, {k: v for k, v in e.attributes.items() if k != "exception.stacktrace"}) for e in s.events],
+                s.instrumentation_scope,
+                s.start_time <= s.end_time,
+            )
+            for s in spans
+        )
+
+    direct, live = run(direct=True), run(direct=False)
+    assert len(direct) == 5 and view(direct) == view(live)
+    server = next(s for s in direct if s.kind == trace.SpanKind.SERVER)
+    assert server.attributes["http.response.status_code"] == 201
+    assert (f"{server.context.trace_id:032x}" == TRACE_ID) == (case != "root")
+    if case == "exception":
+        assert server.status.description == "RuntimeError: bad" and server.events[0].name == "exception"
+
+
+def test_the_server_span_is_the_sdks_with_processors_that_watch_spans_start():
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    class Watcher(SpanProcessor):
+        def on_start(self, span, parent_context=None) -> None:
+            span.set_attribute("seen", True)
+
+    provider = TracerProvider()
+    provider.add_span_processor(Watcher())
+    assert not Tracer(provider.get_tracer("basal"))._direct.servers
