@@ -248,13 +248,17 @@ class AttentionGroup:
     n_keys: int  # keys read per chunk: tiles * KEY_TILE
 
     def key_rows(self) -> torch.Tensor:
-        """[C, n_keys] int64: the buffer row of every key of every chunk, position order."""
-        chunks, n_ranges = self.k_end.shape
-        p = torch.arange(self.n_keys, device=self.k_end.device).expand(chunks, self.n_keys).contiguous()
-        j = torch.searchsorted(self.k_end, p, right=True)  # range of each position; n_ranges = past the last
+        """[C, n_keys] int64: the buffer row of every key of every chunk, position order (row 0 past a chunk's
+        last range). Each chunk's ranges, then one padding run up to n_keys, laid end to end fill the
+        [C, n_keys] rows exactly; a run's shift plus the key position is the row."""
+        chunks = self.k_end.shape[0]
         k_begin = torch.cat([self.k_end.new_zeros(chunks, 1), self.k_end[:, :-1]], dim=1)
+        last = self.k_end[:, -1:]
+        runs = torch.cat([self.k_end - k_begin, self.n_keys - last], dim=1)
         shift = torch.cat([self.k_row - k_begin, self.k_end.new_zeros(chunks, 1)], dim=1)
-        return torch.where(j < n_ranges, torch.gather(shift, 1, j) + p, 0)
+        p = torch.arange(self.n_keys, device=self.k_end.device)
+        rows = torch.repeat_interleave(shift.view(-1), runs.view(-1), output_size=chunks * self.n_keys)
+        return rows.view(chunks, self.n_keys).add_(p).masked_fill_(p >= last, 0)
 
 
 def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
