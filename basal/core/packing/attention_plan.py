@@ -35,24 +35,24 @@ class ChunkGroup:
     k_end: np.ndarray  # [C, S] int64 key position where each range ends, non-decreasing along S
     width: int  # keys per chunk, a multiple of KEY_TILE
 
-    def key_rows(self, begin: int = 0, end: int | None = None) -> np.ndarray:
-        """[C, end - begin] int64: the buffer row of key positions begin .. end-1 of every chunk."""
-        return expand_ranges(self.k_row, self.k_end, begin, self.width if end is None else end)
+    def key_rows(self) -> np.ndarray:
+        """[C, width] int64: the buffer row of every key of every chunk, position order."""
+        return expand_ranges(self.k_row, self.k_end, self.width)
 
 
-def expand_ranges(k_row: np.ndarray, k_end: np.ndarray, begin: int, end: int) -> np.ndarray:
-    """Explicit buffer rows [C, end - begin] of key ranges (see `ChunkGroup`); row 0 past a chunk's last range."""
-    chunks, n_ranges = k_end.shape
-    p = np.arange(begin, end, dtype=np.int64)
-    # the range of each position (n_ranges = past the last one): one sorted search, each chunk's ends lifted
-    # above the chunk before
-    lift = max(end, int(k_end.max(initial=0))) + 1
-    base = np.arange(chunks, dtype=np.int64)[:, None] * lift
-    j = np.searchsorted((k_end + base).ravel(), p + base, side="right") - base // lift * n_ranges
+def expand_ranges(k_row: np.ndarray, k_end: np.ndarray, width: int) -> np.ndarray:
+    """Explicit buffer rows [C, width] of key ranges (see `ChunkGroup`); row 0 past a chunk's last range. Each
+    chunk's ranges, then one padding run up to `width`, laid end to end fill the rows exactly; a run's shift plus
+    the key position is the row."""
+    chunks = len(k_end)
     k_begin = np.concatenate([np.zeros((chunks, 1), dtype=np.int64), k_end[:, :-1]], axis=1)
+    last = k_end[:, -1:]
+    runs = np.concatenate([k_end - k_begin, width - last], axis=1)
     shift = np.concatenate([k_row - k_begin, np.zeros((chunks, 1), dtype=np.int64)], axis=1)
-    rows = np.take_along_axis(shift, j, axis=1) + p
-    return np.where(j < n_ranges, rows, 0)
+    p = np.arange(width, dtype=np.int64)
+    rows = np.repeat(shift.ravel(), runs.ravel()).reshape(chunks, width) + p
+    rows[p >= last] = 0
+    return rows
 
 
 def stack_ranges(ranges: list[tuple[tuple[int, int], ...]]) -> tuple[np.ndarray, np.ndarray]:
