@@ -103,7 +103,7 @@ class Pipeline:
         for the final hidden states of those tokens too (docs: evidence). `letter_mass`: a diagnostics request;
         its readouts' full-vocabulary log-sum-exp is computed too where the backend reads hidden states."""
         letter_mass = letter_mass and self.backend.reads_hidden_states
-        prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
+        prompts = (item.prompt(perm, self.model.bos) for item in items for perm in item.orders)  # built as encoded
         ids = iter(self.tokenizer.encode_batch(prompts))
         out = []
         shared: dict[tuple, StateTokens] = {}  # questions on one state share one StateTokens (its offsets list)
