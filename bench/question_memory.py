@@ -33,7 +33,7 @@ questions, old, evidence = int(sys.argv[1]), sys.argv[2] == "old", sys.argv[3] =
 model = ModelDir.load(synth_model(Path(tempfile.mkdtemp()) / "demo", "demo", seed=0, evidence_head=evidence))
 if old:  # the tokenizer as basal had it: every prompt at once, lists of fresh ints
     tk = model.tokenizer
-    tk.encode_batch = lambda texts: [e.ids for e in tk._tk.encode_batch(texts, add_special_tokens=False)]
+    tk.encode_batch = lambda texts: [e.ids for e in tk._tk.encode_batch(list(texts), add_special_tokens=False)]
 pipe = Pipeline(model, TorchBackend.load(model))
 state = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100
 qs = {f"q{i}": {"type": "noul", "instructions": f"Is it case {i}?"} for i in range(questions)}
