@@ -99,7 +99,7 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
 
 
 def to_torch(plan: AttentionPlan, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    return [tuple(torch.from_numpy(a).to(device) for a in group) for group in plan.groups]
+    return [tuple(torch.from_numpy(a).to(device) for a in group) for group in plan.explicit()]
 
 
 def tree_attention_steps(

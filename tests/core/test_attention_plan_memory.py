@@ -1,13 +1,18 @@
-"""The attention plan of many questions on one state: the same key rows as a plain reading of the tree, built
-without a copy of the state's keys per block (its memory is the plan's own arrays, plus a little)."""
+"""The attention plan of many questions on one state: the same key rows as a plain reading of the tree, kept as
+key ranges, so that planning and the plans a forward keeps grow with packed tokens, not questions x state."""
 
 from __future__ import annotations
 
 import tracemalloc
 
 import numpy as np
+import pytest
+import torch
 
+from basal.backends.cuda import ops as K
 from basal.core.packing.attention_plan import KEY_TILE, TILE_GROUP, plan_attention
+
+CPU = torch.device("cpu")
 
 
 def _tree(questions: int, state: int, suffix: int):
@@ -60,22 +65,46 @@ def test_the_plan_reads_the_same_keys_as_the_tree():
         plan = plan_attention(*args, queries, rows)
         want = _reference(args, queries, rows)
         assert len(plan.groups) == len(want)
-        for (q_idx, q_pos, k_idx), chunks in zip(plan.groups, want, strict=True):
+        for (q_idx, q_pos, k_idx), chunks in zip(plan.explicit(), want, strict=True):
             for c, (qs, keys) in enumerate(chunks):
                 assert q_idx[c, : len(qs)].tolist() == qs
                 assert (q_pos[c, : len(qs)] == args[1][qs]).all() and (q_pos[c, len(qs) :] == -1).all()
                 assert k_idx[c].tolist() == keys
 
 
-def test_planning_holds_no_copy_of_the_state_per_block():
-    args = _tree(questions=512, state=2000, suffix=4)
-    queries = np.arange(len(args[0]))
-    plan_attention(*args, queries, 64)  # warm up
+PER_TOKEN = 512  # bytes of plan per packed token, whatever the state's length (an index list per block: ~4 KB)
+
+
+@pytest.mark.parametrize("state", [2000, 4000])
+def test_planning_memory_grows_with_packed_tokens(state):
+    """512 questions on one state: planning both of a forward's plans (every token, then the readouts) peaks
+    under a constant times the packed tokens, and so do the plans the torch backend keeps for every layer."""
+    args = _tree(questions=512, state=state, suffix=4)
+    n = len(args[0])
+    readouts = np.arange(state + 3, n, 4)
+    plan_attention(*args, np.arange(n), 64)  # warm up
     tracemalloc.start()
     try:
-        plan = plan_attention(*args, queries, 64)
+        plans = plan_attention(*args, np.arange(n), 64), plan_attention(*args, readouts, 1)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    own = sum(a.nbytes for g in plan.groups for a in g)
-    assert peak < 1.25 * own + (2 << 20), (peak, own)
+    assert peak < PER_TOKEN * n, (peak, n)
+    kept = sum(t.nbytes for p in plans for g in K.to_torch(p, CPU) for t in (g.q_idx, g.q_pos, g.k_row, g.k_end))
+    assert kept < PER_TOKEN * n, (kept, n)
+
+
+def test_torch_groups_read_the_plans_keys():
+    """The torch regrouping expands its ranges to the plan's own key rows (cut to the tiles each chunk needs)."""
+    args = _tree(questions=40, state=300, suffix=7)
+    n = len(args[0])
+    for queries, rows in ((np.arange(n), 64), (np.arange(306, n, 7), 1)):
+        plan = plan_attention(*args, queries, rows)
+        want = {}
+        for q_idx, _, k_idx in plan.explicit():
+            for c in range(len(q_idx)):
+                want[int(q_idx[c, 0])] = k_idx[c].tolist()
+        for g in K.to_torch(plan, CPU):
+            for c, keys in enumerate(g.key_rows().tolist()):
+                full = want[int(g.q_idx[c, 0])]
+                assert keys == full[: g.n_keys] and not any(full[g.n_keys :]), int(g.q_idx[c, 0])

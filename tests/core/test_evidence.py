@@ -187,7 +187,7 @@ def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
     from basal.core.packing.passes import run_to_end
 
     pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
-    states, found = rounds.states["q"], rounds.state_tokens["q"]
+    states, found = np.asarray(rounds.states["q"]), rounds.state_tokens["q"]
     assert states.shape == (found.t1 - found.t0 + 1, demo_model.config.hidden_size) and states.dtype == np.float32
     ls, le = demo_model.evidence_head.log_scores(states[:-1], states[-1])
     want = best_spans(request.questions[0].item.state_text, found.rel, ls, le)

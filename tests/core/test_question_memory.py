@@ -55,3 +55,31 @@ def test_long_batches_are_encoded_in_bounded_pieces(demo_model, monkeypatch):
     monkeypatch.setattr(demo_model.tokenizer, "_tk", Counting())
     assert demo_model.tokenizer.encode_batch(prompts) == whole  # the same ids, however they are batched
     assert len(seen) > 1 and max(seen) <= 100_000
+
+
+def test_prompt_texts_are_built_as_they_are_encoded(demo_model, monkeypatch):
+    """The pipeline hands the tokenizer its prompts as they are built: with 64 KB batches, the texts of 128
+    questions on a 6.5 KB state (1.7 MB) are never all alive at once, and the ids are those of a plain list."""
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline
+
+    raw = {
+        "model": "m",
+        "state": STATE,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Case {i}?"} for i in range(128)},
+    }
+    items = [q.item for q in parse_systemone(raw, lambda m: m).questions]
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+    whole = demo_model.tokenizer.encode_batch(prompts_of(demo_model, 128))
+    monkeypatch.setattr(tokenizer_module, "ENCODE_CHARS", 64_000)
+    pipeline.tokenize_items(items[:2])  # warm up
+    tracemalloc.start()
+    try:
+        tokenized = pipeline.tokenize_items(items)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [p for t in tokenized for p in t.prompts] == whole
+    tuples = 8 * sum(map(len, whole))
+    texts = sum(map(len, prompts_of(demo_model, 128)))
+    assert peak < tuples + texts / 4, (peak, tuples, texts)

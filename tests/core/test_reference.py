@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 
 from basal.cli import main
@@ -169,7 +170,8 @@ def test_evidence_records_are_checked_as_far_as_they_carry_what_is_needed(tmp_pa
     assert "evidence span choice" not in checker.report.passed and any(
         "not checkable" in reason for reason in checker.report.skipped
     )
-    ls, le = demo_model.evidence_head.log_scores(rounds.states[name][:-1], rounds.states[name][-1])
+    states = np.asarray(rounds.states[name])
+    ls, le = demo_model.evidence_head.log_scores(states[:-1], states[-1])
     rel = [list(x) for x in rounds.state_tokens[name].rel]
     record["items"][0]["evidence"] = {"rel": rel, "ls": ls.tolist(), "le": le.tolist()}
     scored = ReferenceChecker(demo_model)

@@ -94,8 +94,8 @@ def test_attention_regroups_by_needed_tiles_and_used_rows():
     assert len(plan.groups) == 1 < len(groups)
     for g in groups:
         last = g.q_pos.max(dim=1).values
-        assert g.k_idx.shape[1] == -(-(int(last.max()) + 1) // K.KEY_TILE) * K.KEY_TILE
-        assert torch.all(-(-(last + 1) // K.KEY_TILE) == g.k_idx.shape[1] // K.KEY_TILE)
+        assert g.n_keys == g.key_rows().shape[1] == -(-(int(last.max()) + 1) // K.KEY_TILE) * K.KEY_TILE
+        assert torch.all(-(-(last + 1) // K.KEY_TILE) == g.n_keys // K.KEY_TILE)
         assert g.rows_used == int((g.q_pos >= 0).sum(dim=1).max()) and torch.all(g.q_pos[:, g.rows_used :] < 0)
     queries = torch.cat([g.q_idx[g.q_pos >= 0] for g in groups]).sort().values
     assert queries.equal(torch.arange(sum(block_len)))

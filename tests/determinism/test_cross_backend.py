@@ -73,4 +73,4 @@ def test_f32_evidence_rows_agree_with_transformers_last_hidden_state(demo_model,
         with torch.no_grad():
             hidden = hf.model(torch.tensor([q.prompts[0]])).last_hidden_state[0].numpy()
         theirs = hidden[[*q.hidden, len(q.prompts[0]) - 1]]
-        assert np.abs(ours.states - theirs).max() <= 1e-4 * max(1.0, float(np.abs(theirs).max()))
+        assert np.abs(np.asarray(ours.states) - theirs).max() <= 1e-4 * max(1.0, float(np.abs(theirs).max()))

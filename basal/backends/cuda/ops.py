@@ -237,24 +237,42 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class AttentionGroup:
     """Query chunks that run together: all need the same number of key tiles, and only their first `rows_used`
     rows hold queries. The tile GEMMs keep the plan's full chunk shape (their bits are the reference); every other
-    op runs on the used rows and the needed tiles only."""
+    op runs on the used rows and the needed tiles only. Keys are the plan's ranges (`ChunkGroup`), expanded to
+    explicit rows by `key_rows` one group at a time."""
 
     q_idx: torch.Tensor  # [C, R] flat token index of each query row
     q_pos: torch.Tensor  # [C, R] its position, -1 = padding row
-    k_idx: torch.Tensor  # [C, tiles * KEY_TILE] buffer row of each key, position order
+    k_row: torch.Tensor  # [C, S] first buffer row of each key range
+    k_end: torch.Tensor  # [C, S] key position where each range ends (non-decreasing); past the last: row 0
     rows_used: int
+    n_keys: int  # keys read per chunk: tiles * KEY_TILE
+
+    def key_rows(self) -> torch.Tensor:
+        """[C, n_keys] int64: the buffer row of every key of every chunk, position order (row 0 past a chunk's
+        last range). Each chunk's ranges, then one padding run up to n_keys, laid end to end fill the
+        [C, n_keys] rows exactly; a run's shift plus the key position is the row."""
+        chunks = self.k_end.shape[0]
+        k_begin = torch.cat([self.k_end.new_zeros(chunks, 1), self.k_end[:, :-1]], dim=1)
+        last = self.k_end[:, -1:]
+        runs = torch.cat([self.k_end - k_begin, self.n_keys - last], dim=1)
+        shift = torch.cat([self.k_row - k_begin, self.k_end.new_zeros(chunks, 1)], dim=1)
+        p = torch.arange(self.n_keys, device=self.k_end.device)
+        rows = torch.repeat_interleave(shift.view(-1), runs.view(-1), output_size=chunks * self.n_keys)
+        return rows.view(chunks, self.n_keys).add_(p).masked_fill_(p >= last, 0)
 
 
 def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
     """The plan's chunks regrouped for the CPU kernel: by the key tiles each chunk needs (a tile past a chunk's
     last query position is masked for every row, and a tile no row sees changes no bit, so it is left out) and,
-    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the plan."""
+    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the plan. Key ranges
+    stay ranges: a chunk's keys past its needed tiles are past its last query, so the plan's ranges already end
+    there."""
     chunks = []
-    for q_idx, q_pos, k_idx in plan.groups:
-        for c in range(q_idx.shape[0]):
-            used = int((q_pos[c] >= 0).sum())
-            tiles = -(-(int(q_pos[c].max()) + 1) // KEY_TILE)
-            chunks.append((tiles, used, q_idx[c], q_pos[c], k_idx[c, : tiles * KEY_TILE]))
+    for g in plan.groups:
+        for c in range(g.q_idx.shape[0]):
+            used = int((g.q_pos[c] >= 0).sum())
+            tiles = -(-(int(g.q_pos[c].max()) + 1) // KEY_TILE)
+            chunks.append((tiles, used, g.q_idx[c], g.q_pos[c], g.k_row[c], g.k_end[c]))
     chunks.sort(key=lambda c: (c[0], c[1]))
     groups, start = [], 0
     while start < len(chunks):
@@ -262,8 +280,14 @@ def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
         while end < len(chunks) and end - start < TILE_GROUP and chunks[end][0] == chunks[start][0]:
             end += 1
         part = chunks[start:end]
-        q_idx, q_pos, k_idx = (torch.from_numpy(np.stack([c[i] for c in part])).to(device) for i in (2, 3, 4))
-        groups.append(AttentionGroup(q_idx, q_pos, k_idx, max(c[1] for c in part)))
+        q_idx, q_pos = (torch.from_numpy(np.stack([c[i] for c in part])).to(device) for i in (2, 3))
+        n_ranges = max(len(c[4]) for c in part)
+        k_row = np.zeros((len(part), n_ranges), dtype=np.int64)
+        k_end = np.zeros((len(part), n_ranges), dtype=np.int64)
+        for i, c in enumerate(part):  # plan groups may differ in ranges: pad with empty ranges at the end
+            k_row[i, : len(c[4])], k_end[i, : len(c[5])], k_end[i, len(c[5]) :] = c[4], c[5], c[5][-1]
+        ranges = (torch.from_numpy(a).to(device) for a in (k_row, k_end))
+        groups.append(AttentionGroup(q_idx, q_pos, *ranges, max(c[1] for c in part), part[0][0] * KEY_TILE))
         start = end
     return groups
 
@@ -317,7 +341,7 @@ def tree_attention_steps(
     out = q.new_zeros(n_q, heads, dim)
     q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
     for g in plan:
-        q_idx, q_pos, k_idx, used = g.q_idx, g.q_pos, g.k_idx, g.rows_used
+        q_idx, q_pos, k_idx, used = g.q_idx, g.q_pos, g.key_rows(), g.rows_used
         chunks, rows = q_idx.shape
         # the tile GEMMs' rows per chunk: the used ones where that keeps every row's bits (tile_rows.py), else all
         probed = tile_rows.invariant_rows(group, dim, kv_heads, rows, KEY_TILE, str(q.device), torch.get_num_threads())

@@ -105,15 +105,15 @@ def attention_launch(
         raise ValueError(f"{group} query heads per key/value head > {ATTENTION_MAX_SIMDS} simdgroups per threadgroup")
     # queries per block: as many as fit, but no more than a chunk holds (a readout plan has one query per chunk,
     # and idle simdgroups would only wait at the barriers). The bits do not depend on it.
-    per_chunk = max((int((q_pos >= 0).sum(axis=1).max()) for _, q_pos, _ in plan.groups if q_pos.size), default=1)
+    per_chunk = max((int((g.q_pos >= 0).sum(axis=1).max()) for g in plan.groups if g.q_pos.size), default=1)
     qb = max(1, min(ATTENTION_MAX_SIMDS // group, per_chunk))
-    width = max((k.shape[1] for _, _, k in plan.groups), default=KEY_TILE)
+    width = max((g.width for g in plan.groups), default=KEY_TILE)
     if width % KEY_TILE:
         raise ValueError(f"key lists of {width} keys are not whole tiles of {KEY_TILE}")
     pos_of = np.full(n_queries, -1, dtype=np.int32)
     blocks, block_chunk = [], []
     tables, base = [], 0
-    for q_idx, q_pos, k_idx in plan.groups:
+    for q_idx, q_pos, k_idx in plan.explicit():
         table = np.zeros((k_idx.shape[0], width), dtype=np.int32)
         table[:, : k_idx.shape[1]] = k_idx
         tables.append(table)

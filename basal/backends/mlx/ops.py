@@ -112,7 +112,7 @@ def attention_groups(
     group = heads // kv_heads
     scale = dim**-0.5
     q_pad = mx.concatenate([q, mx.zeros((1, heads, dim), dtype=q.dtype)])
-    for q_idx, q_pos, k_idx in plan.groups:
+    for q_idx, q_pos, k_idx in plan.explicit():  # each group's key rows built when it is reached
         chunks, rows = q_idx.shape
         rows_in_q = np.where(q_pos >= 0, query_rows[q_idx], n_q)
         qs = q_pad[mx.array(rows_in_q)].reshape(chunks, rows, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)

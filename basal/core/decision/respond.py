@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import msgspec
 import numpy as np
+from numpy.typing import ArrayLike
 
 from basal.core.decision.act import NeedsDeferAction, choose_action
 from basal.core.decision.answers import (
@@ -105,7 +106,7 @@ class EvidenceInputs:
 
     head: EvidenceHead | None
     state_tokens: Mapping[str, StateTokens | None]
-    states: Mapping[str, np.ndarray]
+    states: Mapping[str, ArrayLike]  # [n + 1, d] f32 once read with np.asarray (the engine's are StateRows)
 
 
 def respond(
@@ -156,7 +157,8 @@ def add_evidence(request: DecisionRequest, answers: dict, evidence: EvidenceInpu
         if found is not None:
             if states is None:
                 raise RuntimeError(f"no hidden states were computed for {q.name!r}; this is a bug")
-            ls, le = evidence.head.log_scores(states[:-1], states[-1])
+            rows = np.asarray(states)  # [n + 1, d], built for this question only
+            ls, le = evidence.head.log_scores(rows[:-1], rows[-1])
             spans = best_spans(q.asked[0].state_text, found.rel, ls, le, request.facts_limit)
         answers[q.name] = msgspec.structs.replace(answers[q.name], evidence=[EvidenceSpan(**s) for s in spans])
 

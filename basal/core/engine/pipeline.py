@@ -27,6 +27,7 @@ from basal.core.packing.tree import (
     TREE_MAX_TOKENS,
     Forward,
     ItemLogits,
+    StateRows,
     TokenizedQuestion,
     packed_tokens,
     plan_forwards,
@@ -102,18 +103,20 @@ class Pipeline:
         for the final hidden states of those tokens too (docs: evidence). `letter_mass`: a diagnostics request;
         its readouts' full-vocabulary log-sum-exp is computed too where the backend reads hidden states."""
         letter_mass = letter_mass and self.backend.reads_hidden_states
-        prompts = [item.prompt(perm, self.model.bos) for item in items for perm in item.orders]
+        prompts = (item.prompt(perm, self.model.bos) for item in items for perm in item.orders)  # built as encoded
         ids = iter(self.tokenizer.encode_batch(prompts))
         out = []
+        shared: dict[tuple, StateTokens] = {}  # questions on one state share one StateTokens (its offsets list)
         for item in items:
             tokenized = TokenizedQuestion(
                 item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders), letter_mass=letter_mass
             )
             if evidence is not None and id(item) in evidence:
                 found = self._state_tokens(item, tokenized.prompts[0])
-                evidence[id(item)] = found
                 if found is not None:
-                    tokenized = replace(tokenized, hidden=tuple(range(found.t0, found.t1)))
+                    found = shared.setdefault((found.t0, found.t1, tuple(found.rel)), found)
+                    tokenized = replace(tokenized, hidden=range(found.t0, found.t1))
+                evidence[id(item)] = found
             out.append(tokenized)
         return out
 
@@ -244,7 +247,7 @@ class Pipeline:
                 out[qi][order] = logits[row]
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
-                out[qi].states = np.concatenate([states[len(f.batch.readouts) + rows], states[at : at + 1]])
+                out[qi].states = StateRows(states, len(f.batch.readouts), rows, at)
             if f.letter_mass:  # diagnostics: one vocabulary log-sum-exp per readout of the questions that ask
                 rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].prompts))]
                 norms = iter(self.backend.vocab_logsumexp(states[rows]))

@@ -17,7 +17,7 @@ import numpy as np
 from basal.core.decision.evidence import StateTokens
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, LargeChoice, Strategy, is_large
 from basal.core.model.prompt import Item
-from basal.core.packing.tree import TokenizedQuestion
+from basal.core.packing.tree import StateRows, TokenizedQuestion
 from basal.core.request.plan import DecisionRequest
 
 Logits = list[np.ndarray]  # letter logits of one item, one array per asked option order
@@ -36,7 +36,7 @@ class Rounds:
     round: int = 0  # rounds already taken
     evidence: frozenset[str] = field(init=False)  # questions whose state tokens' hidden states are read
     state_tokens: dict[str, StateTokens | None] = field(default_factory=dict)  # ... where the state lies (pipeline)
-    states: dict[str, np.ndarray] = field(default_factory=dict)  # ... their hidden states once run
+    states: dict[str, StateRows] = field(default_factory=dict)  # ... their hidden states once run
     # diagnostics: per question, the vocabulary log-sum-exp at each order's readout (as `plain_logits`' rows)
     log_norms: dict[str, np.ndarray] = field(default_factory=dict)
 

@@ -89,15 +89,34 @@ class TokenizedQuestion:
     lang: str
     state: str  # state text, to place questions on the same state next to each other
     prompts: tuple[tuple[int, ...], ...]
-    hidden: tuple[int, ...] = ()  # evidence: token indices of prompt 0 whose final hidden states are read
+    # evidence: token indices of prompt 0 whose final hidden states are read (a range: a few integers, not one per
+    # state token per question)
+    hidden: Sequence[int] = ()
     letter_mass: bool = False  # diagnostics: the full-vocabulary log-sum-exp at each readout is computed too
+
+
+@dataclass(frozen=True, slots=True)
+class StateRows:
+    """A question's final hidden states as rows of its forward's array, which the questions on one state share:
+    each question holds a few references, not a copy of the state's hidden states. `np.asarray` gives the rows of
+    its state tokens, then its order-0 readout's row, float32 [n + 1, d] (a new array each time)."""
+
+    states: np.ndarray  # [R + H, d] the forward's final-normed hidden states: its R readouts, then `batch.hidden`
+    first: int  # R: the row of `batch.hidden`'s first token in `states`
+    rows: np.ndarray  # rows of `batch.hidden` for the question's state tokens, in token order (shared)
+    query: int  # row of its order-0 readout in `states`
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.concatenate([self.states[self.first + self.rows], self.states[self.query : self.query + 1]])
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 class ItemLogits(list):
     """The letter logits of one question, one array per option order; `states` (evidence questions only): the
-    final-normed hidden states of its `hidden` tokens, then of its order-0 readout token, float32 [n + 1, d]."""
+    final-normed hidden states of its `hidden` tokens, then of its order-0 readout token, float32 [n + 1, d] once
+    read with `np.asarray`."""
 
-    states: np.ndarray | None = None
+    states: StateRows | None = None
     # diagnostics (`letter_mass` questions only): log of the softmax normaliser over the whole vocabulary at each
     # order's readout, float64 [orders]
     log_norms: np.ndarray | None = None
@@ -336,6 +355,7 @@ def _assemble(group, letter_ids) -> Forward:
     readout_of: dict[tuple[int, int], int] = {}
     hidden: dict[int, int] = {}  # flat index -> row of `hidden` (questions on one state share their rows)
     hidden_of: dict[int, np.ndarray] = {}
+    rows_of: dict[tuple[int, ...], np.ndarray] = {}  # questions on one state share one array of its rows
     for lang, row, slots, wants in group:
         base_token, base_block = len(tokens), len(starts)
         tokens += row.tokens
@@ -358,8 +378,10 @@ def _assemble(group, letter_ids) -> Forward:
                 readouts.append(row.ends[u] + base_token)
             readout_of[(question, order)] = readout_row[u]
         for question, (u, wanted) in wants.items():
-            flat = [base_token + i for i in _flat_positions(row, row.ends[u], wanted)]
-            hidden_of[question] = np.asarray([hidden.setdefault(i, len(hidden)) for i in flat], dtype=np.int64)
+            flat = tuple(base_token + i for i in _flat_positions(row, row.ends[u], wanted))
+            if flat not in rows_of:
+                rows_of[flat] = np.asarray([hidden.setdefault(i, len(hidden)) for i in flat], dtype=np.int64)
+            hidden_of[question] = rows_of[flat]
 
     def i32(x):
         return np.asarray(x, dtype=np.int32)
