@@ -31,7 +31,7 @@ def context_length_error(
     longest: dict[str, int] = {}
     for name, t in zip(names, tokenized, strict=True):
         parent = name if name in known else name.rsplit("#", 1)[0]
-        longest[parent] = max(longest.get(parent, 0), *(len(p) for p in t.prompts))
+        longest[parent] = max(longest.get(parent, 0), *t.lengths)
     detail = [
         {
             "type": "context_length_exceeded",
@@ -85,7 +85,7 @@ def check_length(
 ) -> None:
     """Refuse a prompt longer than the model's `limit` positions (a later round is checked again once planned).
     `names`: the item name of each entry; with them /v1/systemone answers `context_length_exceeded` per question."""
-    longest = max((len(p) for t in tokenized for p in t.prompts), default=0)
+    longest = max((n for t in tokenized for n in t.lengths), default=0)
     if longest > limit:
         if request.dialect == "systemone" and names is not None:
             raise context_length_error(request, list(tokenized), list(names), limit)

@@ -326,7 +326,7 @@ class Engine:
         tokenized = rounds.tokenized
         later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
         check_length(request, [*tokenized, *later], context, [*(i.name for i in rounds.asked), *rounds.large])
-        prompt_tokens = sum(len(p) for t in tokenized for p in t.prompts)
+        prompt_tokens = sum(n for t in tokenized for n in t.lengths)
         cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
         check_cost(request, cost, limits)
         self.metrics.tokenization_duration.observe(self.name, value=time.perf_counter() - arrival)

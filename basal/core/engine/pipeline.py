@@ -27,6 +27,7 @@ from basal.core.packing.tree import (
     TREE_MAX_TOKENS,
     Forward,
     ItemLogits,
+    PromptSharer,
     StateRows,
     TokenizedQuestion,
     packed_tokens,
@@ -104,15 +105,17 @@ class Pipeline:
         its readouts' full-vocabulary log-sum-exp is computed too where the backend reads hidden states."""
         letter_mass = letter_mass and self.backend.reads_hidden_states
         prompts = (item.prompt(perm, self.model.bos) for item in items for perm in item.orders)  # built as encoded
-        ids = iter(self.tokenizer.encode_batch(prompts))
+        ids = self.tokenizer.encode_stream(prompts)
+        share = PromptSharer()  # the prompts on one state keep its ids once, not once each
         out = []
         shared: dict[tuple, StateTokens] = {}  # questions on one state share one StateTokens (its offsets list)
         for item in items:
+            own = [next(ids) for _ in item.orders]
             tokenized = TokenizedQuestion(
-                item.lang, item.state_text, tuple(tuple(next(ids)) for _ in item.orders), letter_mass=letter_mass
+                item.lang, item.state_text, tuple(share(item.state_text, p) for p in own), letter_mass=letter_mass
             )
             if evidence is not None and id(item) in evidence:
-                found = self._state_tokens(item, tokenized.prompts[0])
+                found = self._state_tokens(item, own[0])
                 if found is not None:
                     found = shared.setdefault((found.t0, found.t1, tuple(found.rel)), found)
                     tokenized = replace(tokenized, hidden=range(found.t0, found.t1))
@@ -191,7 +194,7 @@ class Pipeline:
         """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
         total = 0
         for lang in {t.lang for t in tokenized}:
-            prompts = [p for t in tokenized if t.lang == lang for p in t.prompts]
+            prompts = [p for t in tokenized if t.lang == lang for p in t.ids]
             total += packed_tokens(prompts, len(self.prefixes.get(lang, ())))
         return total
 
@@ -238,7 +241,7 @@ class Pipeline:
         asynchronous device the next forward is queued before the last one's result is waited for (passes.py).
         `preemptible`: the long lane's pass, which must pause between layers (the GPU path then runs no graph)."""
         t1 = time.perf_counter()
-        out = [ItemLogits([None] * len(t.prompts)) for t in tokenized]
+        out = [ItemLogits([None] * len(t.ids)) for t in tokenized]
 
         def collect(i: int, result) -> None:
             f = forwards[i]
@@ -249,17 +252,17 @@ class Pipeline:
                 at = f.readout_of[(qi, 0)]
                 out[qi].states = StateRows(states, len(f.batch.readouts), rows, at)
             if f.letter_mass:  # diagnostics: one vocabulary log-sum-exp per readout of the questions that ask
-                rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].prompts))]
+                rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].ids))]
                 norms = iter(self.backend.vocab_logsumexp(states[rows]))
                 for qi in f.letter_mass:
-                    out[qi].log_norms = np.array([next(norms) for _ in tokenized[qi].prompts], dtype=np.float64)
+                    out[qi].log_norms = np.array([next(norms) for _ in tokenized[qi].ids], dtype=np.float64)
 
         yield from overlapped((self._run(f, preemptible) for f in forwards), collect)
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
             stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
-            stats.prompt_tokens += sum(len(p) for t in tokenized for p in t.prompts)
+            stats.prompt_tokens += sum(n for t in tokenized for n in t.lengths)
         return out
 
     def _run(self, f: Forward, preemptible: bool):

@@ -57,7 +57,7 @@ class Rounds:
         Large choices' fits ask `cancelled()` between their steps and raise `Cancelled` once it says True."""
         if len(logits) != len(self.asked):
             raise ValueError(f"{len(logits)} results for {len(self.asked)} items")
-        self.input_tokens += sum(len(p) for t in self.tokenized for p in t.prompts)
+        self.input_tokens += sum(n for t in self.tokenized for n in t.lengths)
         rest = iter(logits)  # positional: item names may collide with question names ("q#0")
         following: list[Item] = []
         if self.round == 0:

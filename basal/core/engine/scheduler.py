@@ -110,7 +110,7 @@ class JobQueue:
             added = []
             for t in job.tokenized:
                 size = sizes.setdefault(t.lang, TrieSize())
-                for p in t.prompts:
+                for p in t.ids:
                     size.add(p)
                     added.append((size, p))
             total = sum(s.tokens - self.prefix_len.get(lang, 0) for lang, s in sizes.items() if s.tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -70,25 +70,28 @@ class Tokenizer:
         return e.ids, [tuple(o) for o in e.offsets]
 
     def encode_batch(self, texts: Iterable[str]) -> list[tuple[int, ...]]:
-        """Token ids of many texts, as tuples whose ints are shared (one object per vocabulary id).
+        """Token ids of many texts, as tuples whose ints are shared (one object per vocabulary id)."""
+        return list(self.encode_stream(texts))
+
+    def encode_stream(self, texts: Iterable[str]) -> Iterator[tuple[int, ...]]:
+        """Token ids of many texts, yielded in order as they are encoded.
 
         A request of 1,024 questions on one long state tokenizes 2,048 prompts that each repeat the state: as
         lists of fresh ints they cost ~36 bytes a token, plus the tokenizer's own per-token structures (offsets,
         token strings) for every prompt at once. Here a token costs 8 bytes of its tuple, and at most
         `ENCODE_CHARS` characters are encoded at a time, so the tokenizer's structures stay bounded. `texts` is
-        read as it is encoded: a generator of prompts never holds every prompt's text at once."""
-        out: list[tuple[int, ...]] = []
+        read as it is encoded and the ids are yielded as they come: a caller that keeps only what it needs of
+        each prompt never holds every prompt's text or ids at once."""
         batch: list[str] = []
         chars = 0
         for text in texts:
             if batch and chars + len(text) > ENCODE_CHARS:
-                out += [self._shared(e.ids) for e in self._tk.encode_batch(batch, add_special_tokens=False)]
+                yield from (self._shared(e.ids) for e in self._tk.encode_batch(batch, add_special_tokens=False))
                 batch, chars = [], 0
             batch.append(text)
             chars += len(text)
         if batch:
-            out += [self._shared(e.ids) for e in self._tk.encode_batch(batch, add_special_tokens=False)]
-        return out
+            yield from (self._shared(e.ids) for e in self._tk.encode_batch(batch, add_special_tokens=False))
 
     def _shared(self, ids: list[int]) -> tuple[int, ...]:
         if len(ids) < 2:

@@ -18,7 +18,8 @@ consecutive rows grouped into forwards of at most `forward_max_tokens`.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -82,17 +83,159 @@ def single_prompt_batch(tokens: Sequence[int]) -> PackedBatch:
     )
 
 
+SHARE_MIN_TOKENS = 64  # a prompt shares another's ids only from this many common tokens (else it keeps its own)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SharedIds:
+    """A prompt's token ids as the first `n` ids of a tuple that the prompts on one state share, then its own.
+
+    Every prompt on a state repeats the template and the state; as a tuple of its own each would hold 8 bytes per
+    state token, so a request's memory would grow with questions × state. Stored this way it grows with what the
+    prompts do not share (about the packed tokens). It reads as the tuple it stands for (length, items, slices,
+    order, equality, hash), and `n` is always the common prefix with `base`, so two of one base compare without
+    building either."""
+
+    base: tuple[int, ...]
+    n: int
+    tail: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return self.n + len(self.tail)
+
+    def ids(self) -> tuple[int, ...]:
+        return self.base[: self.n] + self.tail
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain(self.base[: self.n], self.tail)
+
+    def __getitem__(self, k):
+        n = self.n
+        if isinstance(k, slice):
+            start, stop, step = k.indices(len(self))
+            if step != 1:
+                return self.ids()[k]
+            if stop <= n:
+                return self.base[start:stop]
+            if start >= n:
+                return self.tail[start - n : stop - n]
+            return self.base[start:n] + self.tail[: stop - n]
+        i = k + len(self) if k < 0 else k
+        if i < 0:
+            raise IndexError("prompt index out of range")
+        return self.base[i] if i < n else self.tail[i - n]
+
+    def after(self, k: int, cut_bases: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> Ids:
+        """The ids from position `k` on, still shared: the prompts of one base share one cut base
+        (`cut_bases`: id of a base -> (base, its cut), kept by the caller for one set of prompts)."""
+        if k > self.n:
+            return self[k:]
+        known = cut_bases.get(id(self.base))
+        if known is None:
+            known = cut_bases[id(self.base)] = (self.base, self.base[k:])  # the base too, so its id stays its own
+        return SharedIds(known[1], self.n - k, self.tail)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SharedIds) and other.base is self.base:
+            return self.n == other.n and self.tail == other.tail
+        if isinstance(other, (tuple, SharedIds)):
+            return self.ids() == as_tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.ids())
+
+    def __lt__(self, other: Ids) -> bool:
+        return _order(self, other) < 0
+
+    def __gt__(self, other: Ids) -> bool:
+        return _order(self, other) > 0
+
+    def __le__(self, other: Ids) -> bool:
+        return _order(self, other) <= 0
+
+    def __ge__(self, other: Ids) -> bool:
+        return _order(self, other) >= 0
+
+
+Ids = tuple[int, ...] | SharedIds
+
+
+def as_tuple(p: Sequence[int]) -> tuple[int, ...]:
+    return p if type(p) is tuple else p.ids() if isinstance(p, SharedIds) else tuple(p)
+
+
+def _order(a: Ids, b: Ids) -> int:
+    """-1, 0 or 1 as the tuples `a` and `b` stand for compare (without building them when they share a base)."""
+    if isinstance(a, SharedIds) and isinstance(b, SharedIds) and a.base is b.base:
+        if a.n == b.n:
+            return (a.tail > b.tail) - (a.tail < b.tail)
+        if a.n < b.n:  # a leaves the base at a.n (its next id differs from the base's) or ends there; b follows it
+            return -1 if not a.tail or a.tail[0] < a.base[a.n] else 1
+        return 1 if not b.tail or b.tail[0] < b.base[b.n] else -1
+    x, y = as_tuple(a), as_tuple(b)
+    return (x > y) - (x < y)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], guess: int = 0) -> int:
+    """Length of the common prefix of two tuples by slice comparisons (C loops, not one Python step a token):
+    `guess` first (the previous prompt's answer is usually this one's), then a binary search."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the answer is at most hi
+    if 0 < guess <= hi:
+        if a[:guess] == b[:guess]:
+            if guess == hi or a[guess] != b[guess]:
+                return guess
+            lo = guess + 1
+        else:
+            hi = guess - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PromptSharer:
+    """Stores each tokenized prompt as `SharedIds` over the first prompt seen on its state (when they share at
+    least `SHARE_MIN_TOKENS` tokens): the ids are unchanged, only where they are kept."""
+
+    def __init__(self) -> None:
+        self._bases: dict[str, tuple[tuple[int, ...], int]] = {}  # state text -> (first prompt's ids, last n)
+
+    def __call__(self, state: str, ids: tuple[int, ...]) -> tuple[int, ...] | SharedIds:
+        base, guess = self._bases.get(state, (None, 0))
+        if base is None:
+            self._bases[state] = (ids, 0)
+            return ids
+        n = common_prefix(base, ids, guess)
+        self._bases[state] = (base, n)
+        return SharedIds(base, n, ids[n:]) if n >= SHARE_MIN_TOKENS else ids
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizedQuestion:
-    """One question ready to pack: one token list per option order."""
+    """One question ready to pack: one token list per option order (`ids`: each a tuple, or `SharedIds` with the
+    other prompts on its state; `prompts` gives them as tuples)."""
 
     lang: str
     state: str  # state text, to place questions on the same state next to each other
-    prompts: tuple[tuple[int, ...], ...]
+    ids: tuple[tuple[int, ...] | SharedIds, ...]
     # evidence: token indices of prompt 0 whose final hidden states are read (a range: a few integers, not one per
     # state token per question)
     hidden: Sequence[int] = ()
     letter_mass: bool = False  # diagnostics: the full-vocabulary log-sum-exp at each readout is computed too
+
+    @property
+    def prompts(self) -> tuple[tuple[int, ...], ...]:
+        """The token ids of each order as tuples (built anew for shared ones: hold them only while packing)."""
+        return tuple(p if type(p) is tuple else p.ids() for p in self.ids)
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Tokens of each order's prompt, without building its ids."""
+        return tuple(map(len, self.ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +277,10 @@ class Forward:
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """Common prefix of two prompts' ids (two of one shared base without building either)."""
+    if isinstance(a, SharedIds) and isinstance(b, SharedIds) and a.base is b.base:
+        return min(a.n, b.n) if a.n != b.n else a.n + common_prefix(a.tail, b.tail)
+    return common_prefix(as_tuple(a), as_tuple(b))
 
 
 class TrieSize:
@@ -148,23 +290,23 @@ class TrieSize:
     len(p) − lcp(a, p) − lcp(p, b) + lcp(a, b)."""
 
     def __init__(self) -> None:
-        self._sorted: list[tuple[int, ...]] = []
+        self._sorted: list[Ids] = []
         self.tokens = 0
 
-    def added(self, prompt: tuple[int, ...]) -> int:
+    def added(self, prompt: Ids) -> int:
         """Tokens `prompt` would add (0 for a duplicate)."""
         i = bisect.bisect_left(self._sorted, prompt)
         a = self._sorted[i - 1] if i > 0 else ()
         b = self._sorted[i] if i < len(self._sorted) else ()
         return len(prompt) - lcp(a, prompt) - lcp(prompt, b) + lcp(a, b)
 
-    def add(self, prompt: tuple[int, ...]) -> int:
+    def add(self, prompt: Ids) -> int:
         delta = self.added(prompt)
         bisect.insort(self._sorted, prompt)
         self.tokens += delta
         return delta
 
-    def remove(self, prompt: tuple[int, ...]) -> None:
+    def remove(self, prompt: Ids) -> None:
         """Undo one `add` of `prompt`."""
         i = bisect.bisect_left(self._sorted, prompt)
         if i == len(self._sorted) or self._sorted[i] != prompt:
@@ -177,7 +319,7 @@ def packed_tokens(prompts: Sequence[Sequence[int]], cached_prefix: int = 0) -> i
     """Tokens a set of prompts costs in one tree (the cached template prefix, if any, is not computed)."""
     size = TrieSize()
     for p in prompts:
-        size.add(tuple(p))
+        size.add(p if isinstance(p, SharedIds) else tuple(p))
     return size.tokens - (cached_prefix if prompts else 0)
 
 
@@ -211,7 +353,8 @@ class _RowBuilder:
                 self.add(prompts, [m], start, parent, depth)
             return
         first = prompts[members[0]]
-        end = len(first) if len(members) == 1 else start + min(lcp(first[start:], prompts[m][start:]) for m in members)
+        # members agree on their first `start` ids, so their common prefix from `start` is lcp - start
+        end = len(first) if len(members) == 1 else min(lcp(first, prompts[m]) for m in members)
         block = parent
         if end > start:
             block = self.emit(first, start, end, parent)
@@ -282,11 +425,11 @@ def plan_forwards(
         )
         size, current = TrieSize(), []
         for i in ordered:
-            added = sum(size.added(p) for p in questions[i].prompts)
+            added = sum(size.added(p) for p in questions[i].ids)
             if current and (size.tokens + added > tree_max_tokens or not share_across_questions):
                 rows.append((lang, use_prefix, current))
                 size, current = TrieSize(), []
-            for p in questions[i].prompts:
+            for p in questions[i].ids:
                 size.add(p)
             current.append(i)
         if current:
@@ -307,26 +450,30 @@ def plan_forwards(
 
 
 def _build_row(questions, members, prefix: tuple[int, ...], max_depth: int = MAX_DEPTH):
-    unique: dict[tuple[int, ...], int] = {}
+    unique: dict[Ids, int] = {}
     slots: list[tuple[int, int, int]] = []  # (question, order, unique prompt)
+    cut_bases: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for i in members:
-        for order, p in enumerate(questions[i].prompts):
-            if prefix:
-                if p[: len(prefix)] != prefix or len(p) <= len(prefix):
-                    raise ValueError(
-                        f"a prompt does not start with the cached {questions[i].lang} template prefix; this is a bug"
-                    )
-                p = p[len(prefix) :]
-            slots.append((i, order, unique.setdefault(p, len(unique))))
+        for order, p in enumerate(questions[i].ids):
+            if prefix and (p[: len(prefix)] != prefix or len(p) <= len(prefix)):
+                raise ValueError(
+                    f"a prompt does not start with the cached {questions[i].lang} template prefix; this is a bug"
+                )
+            slots.append((i, order, unique.setdefault(_cut(p, prefix, cut_bases), len(unique))))
     row = pack_row(list(unique), offset=len(prefix), max_depth=max_depth)
     wants = {
-        i: (unique[_cut(questions[i].prompts[0], prefix)], questions[i].hidden) for i in members if questions[i].hidden
+        i: (unique[_cut(questions[i].ids[0], prefix, cut_bases)], questions[i].hidden)
+        for i in members
+        if questions[i].hidden
     }
     return row, slots, wants
 
 
-def _cut(prompt: tuple[int, ...], prefix: tuple[int, ...]) -> tuple[int, ...]:
-    return prompt[len(prefix) :] if prefix else prompt
+def _cut(prompt: Ids, prefix: tuple[int, ...], cut_bases: dict) -> Ids:
+    """The prompt after the cached template prefix (still shared with its state's other prompts)."""
+    if not prefix:
+        return prompt
+    return prompt.after(len(prefix), cut_bases) if isinstance(prompt, SharedIds) else prompt[len(prefix) :]
 
 
 def _flat_positions(row: _RowBuilder, end: int, positions: Sequence[int]) -> list[int]:
