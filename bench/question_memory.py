@@ -1,6 +1,7 @@
 """Memory of one request of 1,024 noul questions on one 6.5 KB state (the demo model): peak RSS after tokenizing,
-packing and the forward, with the tokenizer as basal had it (one batch call, lists of fresh ints) and as it is now
-(bounded batches, tuples of shared ints). Each runs in a fresh interpreter so their peaks do not mix.
+packing and the forward, with prompts stored as basal had them (one tokenizer call for every prompt, each prompt
+its own tuple of fresh ints) and as it is now (bounded batches, shared int objects, and the prompts on one state
+keeping its ids once). Each runs in a fresh interpreter so their peaks do not mix.
 `--evidence`: every question asks for evidence (/v1/basal), so the forward also reads the state tokens' hidden
 states and the answer runs the evidence head per question.
 
@@ -31,9 +32,11 @@ from basal.core.request.dialects import parse_basal, parse_systemone
 
 questions, old, evidence = int(sys.argv[1]), sys.argv[2] == "old", sys.argv[3] == "evidence"
 model = ModelDir.load(synth_model(Path(tempfile.mkdtemp()) / "demo", "demo", seed=0, evidence_head=evidence))
-if old:  # the tokenizer as basal had it: every prompt at once, lists of fresh ints
+if old:  # prompts as basal had them: every prompt at once, each its own tuple of fresh ints
+    import basal.core.engine.pipeline as pipeline_module
     tk = model.tokenizer
-    tk.encode_batch = lambda texts: [e.ids for e in tk._tk.encode_batch(list(texts), add_special_tokens=False)]
+    tk.encode_stream = lambda texts: iter([e.ids for e in tk._tk.encode_batch(list(texts), add_special_tokens=False)])
+    pipeline_module.PromptSharer = lambda: lambda state, ids: tuple(ids)
 pipe = Pipeline(model, TorchBackend.load(model))
 state = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100
 qs = {f"q{i}": {"type": "noul", "instructions": f"Is it case {i}?"} for i in range(questions)}
@@ -84,10 +87,10 @@ def main() -> None:
         rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
     with_evidence = ", evidence on every question" if a.evidence else ""
     print(f"\n{a.questions} noul questions on one 6.5 KB state{with_evidence}, demo model; peak RSS (MB) per step\n")
-    print("| tokenizer | warm | tokenized | packed | forward | answered | prompt tokens | packed tokens |")
+    print("| prompts | warm | tokenized | packed | forward | answered | prompt tokens | packed tokens |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows.items():
-        label = "before (one batch, lists)" if name == "old" else "after (bounded batches, shared ints)"
+        label = "before (one batch, a tuple per prompt)" if name == "old" else "after (shared per state)"
         print(
             f"| {label} | {r['warm_mb']:.0f} | {r['tokenized_mb']:.0f} | {r['packed_mb']:.0f} | {r['forward_mb']:.0f}"
             f" | {r['answered_mb']:.0f} | {r['prompt_tokens']} | {r['packed_tokens']} |"
