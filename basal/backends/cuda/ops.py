@@ -104,13 +104,26 @@ def linear_steps(
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
     """Llama RMSNorm: reduce in f32, scale in the model dtype (as transformers does)."""
 
+    def denom(c32: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.sqrt((c32 * c32).mean(-1, keepdim=True) + eps, out=out)  # sqrt and / are exactly rounded
+
     def norm(c: torch.Tensor) -> torch.Tensor:
         c32 = c.float()
-        c32 = c32 / torch.sqrt((c32 * c32).mean(-1, keepdim=True) + eps)  # sqrt and / are exactly rounded
+        c32 = c32 / denom(c32)
         return c32.to(c.dtype)
 
     if not fixed:
         return w * norm(x)
+    native = cpu_kernels.load() if x.device.type == "cpu" else None
+    code = _NATIVE_DTYPES.get(x.dtype)
+    if native is not None and code is not None and w.dtype == x.dtype:
+        # torch's reduction by row chunks as below, then the division, rounding and scaling in one pass
+        x, w = x.contiguous(), w.contiguous()
+        d = run_to_end(_chunk_steps(lambda c, out: denom(c.float(), out), x, rows, 1, torch.float32))
+        out = torch.empty_like(x)
+        args = (x.data_ptr(), d.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[-1], code)
+        cpu_kernels.run_rows(native.basal_rms_scale, args, len(x))
+        return out
     return run_to_end(_chunk_steps(lambda c, out: torch.mul(w, norm(c), out=out), x, rows, None))
 
 
@@ -227,7 +240,20 @@ def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, head_dim] f32."""
+    """x [N, heads, head_dim] in the model dtype (its rows may be a column slice of the q/k/v GEMM's output),
+    cos/sin [N, head_dim] f32 -> f32 [N, heads, head_dim]. On the CPU with the compiled kernels, the conversion,
+    both products and the sum are one pass (cpu_kernels.c), with the same operations."""
+    n, heads, dim = x.shape
+    native = cpu_kernels.load() if x.device.type == "cpu" else None
+    code = _NATIVE_DTYPES.get(x.dtype)
+    if native is not None and code is not None and x.stride(2) == 1 and x.stride(1) == dim and dim % 2 == 0:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        assert cos.shape == sin.shape == (n, dim), (cos.shape, x.shape)
+        out = torch.empty(n, heads, dim, dtype=torch.float32)
+        args = (x.data_ptr(), x.stride(0), code, cos.data_ptr(), sin.data_ptr(), out.data_ptr(), heads, dim)
+        cpu_kernels.run_rows(native.basal_rope, args, n)
+        return out
+    x = x.float()
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
