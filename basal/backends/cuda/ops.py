@@ -104,26 +104,13 @@ def linear_steps(
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
     """Llama RMSNorm: reduce in f32, scale in the model dtype (as transformers does)."""
 
-    def denom(c32: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.sqrt((c32 * c32).mean(-1, keepdim=True) + eps, out=out)  # sqrt and / are exactly rounded
-
     def norm(c: torch.Tensor) -> torch.Tensor:
         c32 = c.float()
-        c32 = c32 / denom(c32)
+        c32 = c32 / torch.sqrt((c32 * c32).mean(-1, keepdim=True) + eps)  # sqrt and / are exactly rounded
         return c32.to(c.dtype)
 
     if not fixed:
         return w * norm(x)
-    native = cpu_kernels.load() if x.device.type == "cpu" else None
-    code = _NATIVE_DTYPES.get(x.dtype)
-    if native is not None and code is not None and w.dtype == x.dtype:
-        # torch's reduction by row chunks as below, then the division, rounding and scaling in one pass
-        x, w = x.contiguous(), w.contiguous()
-        d = run_to_end(_chunk_steps(lambda c, out: denom(c.float(), out), x, rows, 1, torch.float32))
-        out = torch.empty_like(x)
-        args = (x.data_ptr(), d.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[-1], code)
-        cpu_kernels.run_rows(native.basal_rms_scale, args, len(x))
-        return out
     return run_to_end(_chunk_steps(lambda c, out: torch.mul(w, norm(c), out=out), x, rows, None))
 
 

@@ -226,43 +226,6 @@ static inline float load_dtype(const void *x, int64_t i, int64_t dtype) {
     return (float)((const _Float16 *)x)[i];
 }
 
-/* The tail of kernels.rms_norm for rows [row_begin, row_end) of x [N, width] (model dtype), after torch's own
- * reduction: denom [N] = sqrt(mean(x*x) + eps) in f32. out = w * (x / denom rounded to the dtype), the product
- * rounded to the dtype (exact in f32 for bf16/f16 operands, then rounded once: torch's mul). One pass instead of
- * torch's division, .to() and multiplication. */
-void basal_rms_scale(const void *x, const float *denom, const void *w, void *out, int64_t width, int64_t dtype,
-                     int64_t row_begin, int64_t row_end) {
-    for (int64_t row = row_begin; row < row_end; row++) {
-        float d = denom[row];
-        int64_t base = row * width;
-        if (dtype == DTYPE_F32) {
-            const float *xr = (const float *)x + base, *wr = (const float *)w;
-            float *o = (float *)out + base;
-            for (int64_t i = 0; i < width; i++) {
-                float y = xr[i] / d;
-                o[i] = wr[i] * y;
-            }
-        } else if (dtype == DTYPE_BF16) {
-            const uint16_t *xr = (const uint16_t *)x + base, *wr = (const uint16_t *)w;
-            uint16_t *o = (uint16_t *)out + base;
-            for (int64_t i = 0; i < width; i++) {
-                float y = round_bf16(load_bf16(xr + i) / d);
-                float prod = round_bf16(load_bf16(wr + i) * y);
-                uint32_t u;
-                memcpy(&u, &prod, sizeof u);
-                o[i] = (uint16_t)(u >> 16);
-            }
-        } else {
-            const _Float16 *xr = (const _Float16 *)x + base, *wr = (const _Float16 *)w;
-            _Float16 *o = (_Float16 *)out + base;
-            for (int64_t i = 0; i < width; i++) {
-                float y = (float)(_Float16)((float)xr[i] / d);
-                o[i] = (_Float16)((float)wr[i] * y);
-            }
-        }
-    }
-}
-
 /* kernels.apply_rope for rows [row_begin, row_end): x [N, heads, dim] in the model dtype, row n at x + n *
  * row_stride elements (a column slice of the q/k/v GEMM's output), read as f32 (exact); cos/sin [N, dim] f32;
  * out [N, heads, dim] f32 contiguous. out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]: each
