@@ -1,8 +1,8 @@
 """The compiled CPU kernels (basal/backends/cuda/cpu/cpu_kernels.c) give the bits of the torch ops they replace:
-det_exp and its non-positive variant, SwiGLU on every dtype, tree attention on the prefix-length and tree cases
-of test_attention_equality and across spans, and a model's logits. The negative control: the same comparisons
-see a build that contracts multiply-adds into FMAs (the compiler's default on many targets). Also: the switch,
-and a machine without a compiler falls back with a reason."""
+det_exp and its non-positive variant, SwiGLU and RoPE on every dtype, tree attention on the
+prefix-length and tree cases of test_attention_equality and across spans, and a model's logits. The negative
+control: the same comparisons see a build that contracts multiply-adds into FMAs (the compiler's default on many
+targets). Also: the switch, and a machine without a compiler falls back with a reason."""
 
 from __future__ import annotations
 
@@ -64,6 +64,24 @@ def test_swiglu_matches_the_torch_ops(dtype):
     assert np.array_equal(_bits(native), _bits(ops))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rope_matches_the_torch_ops(dtype):
+    """q and k as the model passes them: column slices of one q/k/v output (strided rows), in the model dtype."""
+    heads, kv_heads, dim, n = 4, 2, 64, 70
+    g = torch.Generator().manual_seed(3)
+    qkv = (torch.randn(n, (heads + 2 * kv_heads) * dim, generator=g) * 3).to(dtype)
+    qkv[0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e30]).to(dtype)
+    cos, sin = K.rope_tables(512, dim, 10000.0)
+    pos = torch.randint(0, 512, (n,), generator=g)
+    q, k, _ = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    for x in (q.view(n, heads, dim), k.view(n, kv_heads, dim), q.contiguous().view(n, heads, dim)):
+        native = K.apply_rope(x, cos[pos], sin[pos])
+        with cpu_kernels.suspended():
+            ops = K.apply_rope(x, cos[pos], sin[pos])
+        assert native.dtype == ops.dtype == torch.float32
+        assert np.array_equal(_bits(native), _bits(ops))
+
+
 def _attention(q, k, v, plan, rows_of) -> torch.Tensor:
     return K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of)
 
@@ -112,8 +130,8 @@ def _fma_build(tmp_path: Path) -> ctypes.CDLL:
 
 
 def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
-    """-ffp-contract=fast (with -march=native) fuses p * r + c in the polynomial: the comparisons above must see
-    it, in exp and in attention."""
+    """-ffp-contract=fast (with -march=native) fuses p * r + c in the polynomial and x * cos + r * sin in RoPE:
+    the comparisons above must see it, in exp, in attention and in RoPE."""
     lib = _fma_build(tmp_path)
     x = _exp_inputs()
     assert not np.array_equal(_bits(_c_exp(lib.basal_exp, x)), _bits(K.det_exp(x)))
@@ -121,10 +139,15 @@ def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
     q, k, v, plan, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
     with cpu_kernels.suspended():
         ops = _attention(q, k, v, plan, rows_of)
+    x = torch.randn(64, 4, 128, generator=torch.Generator().manual_seed(4)) * 3
+    cos, sin = K.rope_tables(64, 128, 10000.0)
+    with cpu_kernels.suspended():
+        rope_ops = K.apply_rope(x, cos, sin)
     saved = cpu_kernels._loaded
     try:
         cpu_kernels._loaded = lib
         assert not np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops))
+        assert not np.array_equal(_bits(K.apply_rope(x, cos, sin)), _bits(rope_ops))
     finally:
         cpu_kernels._loaded = saved
 

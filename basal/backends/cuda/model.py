@@ -183,10 +183,10 @@ class TreeLlama:
             k, v = kv.split([nkv * hd, nkv * hd], dim=-1)
             q_b = None if lw.qkv_bias is None else lw.qkv_bias[: nq * hd]
             q = yield from self._linear(x[t.readouts], lw.qkv[: nq * hd], q_b, readout=True)
-        k = K.apply_rope(k.float().view(-1, nkv, hd), t.cos, t.sin)
+        k = K.apply_rope(k.view(-1, nkv, hd), t.cos, t.sin)
         v = v.float().view(-1, nkv, hd)
         q_cos, q_sin = (t.cos, t.sin) if not last else (t.cos[t.readouts], t.sin[t.readouts])
-        q = K.apply_rope(q.float().view(-1, nq, hd), q_cos, q_sin)
+        q = K.apply_rope(q.view(-1, nq, hd), q_cos, q_sin)
         key_buf, value_buf = self._kv_buffers(i, k, v, t.prefix_keys)
         plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
         attn = yield from K.tree_attention_steps(q, key_buf, value_buf, plan, rows, self.fixed)

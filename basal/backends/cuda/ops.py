@@ -227,7 +227,20 @@ def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, head_dim] f32."""
+    """x [N, heads, head_dim] in the model dtype (its rows may be a column slice of the q/k/v GEMM's output),
+    cos/sin [N, head_dim] f32 -> f32 [N, heads, head_dim]. On the CPU with the compiled kernels, the conversion,
+    both products and the sum are one pass (cpu_kernels.c), with the same operations."""
+    n, heads, dim = x.shape
+    native = cpu_kernels.load() if x.device.type == "cpu" else None
+    code = _NATIVE_DTYPES.get(x.dtype)
+    if native is not None and code is not None and x.stride(2) == 1 and x.stride(1) == dim and dim % 2 == 0:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        assert cos.shape == sin.shape == (n, dim), (cos.shape, x.shape)
+        out = torch.empty(n, heads, dim, dtype=torch.float32)
+        args = (x.data_ptr(), x.stride(0), code, cos.data_ptr(), sin.data_ptr(), out.data_ptr(), heads, dim)
+        cpu_kernels.run_rows(native.basal_rope, args, n)
+        return out
+    x = x.float()
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

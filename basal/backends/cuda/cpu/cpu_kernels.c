@@ -219,3 +219,49 @@ void basal_gather_kv(const float *key_buf, const float *value_buf, const int64_t
         }
     }
 }
+
+static inline float load_dtype(const void *x, int64_t i, int64_t dtype) {
+    if (dtype == DTYPE_F32) return ((const float *)x)[i];
+    if (dtype == DTYPE_BF16) return load_bf16((const uint16_t *)x + i);
+    return (float)((const _Float16 *)x)[i];
+}
+
+/* kernels.apply_rope for rows [row_begin, row_end): x [N, heads, dim] in the model dtype, row n at x + n *
+ * row_stride elements (a column slice of the q/k/v GEMM's output), read as f32 (exact); cos/sin [N, dim] f32;
+ * out [N, heads, dim] f32 contiguous. out = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]: each
+ * product rounded, then the sum, as torch's mul, mul, add. */
+void basal_rope(const void *x, int64_t row_stride, int64_t dtype, const float *cos, const float *sin, float *out,
+                int64_t heads, int64_t dim, int64_t row_begin, int64_t row_end) {
+    int64_t half = dim / 2;
+    for (int64_t row = row_begin; row < row_end; row++) {
+        const float *c = cos + row * dim, *s = sin + row * dim;
+        for (int64_t h = 0; h < heads; h++) {
+            int64_t at = row * row_stride + h * dim;
+            float *o = out + (row * heads + h) * dim;
+            if (dtype == DTYPE_F32) {
+                const float *xh = (const float *)x + at;
+                for (int64_t i = 0; i < half; i++) {
+                    float a = xh[i] * c[i];
+                    float b = (-xh[i + half]) * s[i];
+                    o[i] = a + b;
+                }
+                for (int64_t i = half; i < dim; i++) {
+                    float a = xh[i] * c[i];
+                    float b = xh[i - half] * s[i];
+                    o[i] = a + b;
+                }
+            } else {
+                for (int64_t i = 0; i < half; i++) {
+                    float a = load_dtype(x, at + i, dtype) * c[i];
+                    float b = (-load_dtype(x, at + i + half, dtype)) * s[i];
+                    o[i] = a + b;
+                }
+                for (int64_t i = half; i < dim; i++) {
+                    float a = load_dtype(x, at + i, dtype) * c[i];
+                    float b = load_dtype(x, at + i - half, dtype) * s[i];
+                    o[i] = a + b;
+                }
+            }
+        }
+    }
+}

@@ -53,6 +53,7 @@ _SIGNATURES = {
     "basal_softmax_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 11],
     "basal_recurrence_span": [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 9],
     "basal_gather_kv": [_PTR, _PTR, _PTR, _PTR, _PTR, *[_I64] * 8],
+    "basal_rope": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, *[_I64] * 4],
 }
 
 _lock = threading.Lock()

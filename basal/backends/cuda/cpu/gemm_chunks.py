@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the ref
 CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
 EXPECTED_ROWS = (16, 64, 256, 1024, 4096)  # rows a GEMM sees per forward (readouts .. a long document)
 NEAR_BEST = 1.1  # sizes within 10% of the fastest time per row count as equally fast; the largest is taken
-PROBE_VERSION = 2  # in the disk cache key: plans timed by an older probe are timed again
+PROBE_VERSION = 3  # in the disk cache key: plans timed by an older probe are timed again
 TIMING_ROUNDS = 2  # round-robin calls of every size after the four bitwise checks, for timing only
 
 
@@ -70,7 +71,7 @@ class SizeResult:
     rows: int
     invariant: bool
     bits: bytes  # the anchor row's result
-    seconds: float  # fastest call of this size
+    seconds: float  # median call of this size (over every round of the probe)
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -106,21 +107,24 @@ def check_sizes(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[SizeResult]:
     """`check_size` for several sizes, round-robin: round k makes the k-th call of every size before any size's
-    next one, and `timing_rounds` more rounds repeat the last call for timing only. Each size's time is its
-    fastest call, so every size has calls spread over the whole probe: a busy moment on a shared machine slows
-    one call of each size instead of every call of one size (which once made a 32-row chunk "fastest")."""
+    next one, and `timing_rounds` more rounds repeat the last call for timing only, so every size has calls
+    spread over the whole probe: a busy moment on a shared machine slows one call of each size instead of every
+    call of one size (which once made a 32-row chunk "fastest"). Each size's time is the median of its calls,
+    not the fastest: on a shared machine a short call fits into a quiet gap more often than a long one, so the
+    fastest calls favoured small chunks (a 64-row o-projection "fastest" at a third of the 512-row rate)."""
     calls = {s: _size_calls(s, width, dtype, seed) for s in sizes}
     results: dict[int, list[bytes]] = {s: [] for s in sizes}
-    best = dict.fromkeys(sizes, float("inf"))
+    times: dict[int, list[float]] = {s: [] for s in sizes}
     for k in range(4 + timing_rounds):
         for s in sizes:
             chunk, pos = calls[s][min(k, 3)]
             t = clock()
             out = fn(chunk)
-            best[s] = min(best[s], clock() - t)
+            if k > 0:  # the first call of a size also pays for its warm-up
+                times[s].append(clock() - t)
             if k < 4:
                 results[s].append(_bits(out[pos]))
-    return [SizeResult(s, len(set(results[s])) == 1, results[s][0], best[s]) for s in sizes]
+    return [SizeResult(s, len(set(results[s])) == 1, results[s][0], statistics.median(times[s])) for s in sizes]
 
 
 def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> ChunkPlan:
