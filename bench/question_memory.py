@@ -35,7 +35,8 @@ model = ModelDir.load(synth_model(Path(tempfile.mkdtemp()) / "demo", "demo", see
 if old:  # prompts as basal had them: every prompt at once, each its own tuple of fresh ints
     import basal.core.engine.pipeline as pipeline_module
     tk = model.tokenizer
-    tk.encode_stream = lambda texts: iter([e.ids for e in tk._tk.encode_batch(list(texts), add_special_tokens=False)])
+    encode_all = lambda texts: tk._tk.encode_batch(list(texts), add_special_tokens=False)
+    tk.encode_stream = lambda texts: iter([tuple(e.ids) for e in encode_all(texts)])
     pipeline_module.PromptSharer = lambda: lambda state, ids: tuple(ids)
 pipe = Pipeline(model, TorchBackend.load(model))
 state = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100
