@@ -107,6 +107,27 @@ def test_attention_matches_across_spans(monkeypatch):
         assert np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops)), budget
 
 
+def test_attention_groups_end_at_their_padding_with_the_same_bits(monkeypatch):
+    """Questions of many lengths on one state: the regrouped groups hold at most `GROUP_PADDING` padding rows,
+    and every query keeps the bits of the grouping by tile count and `TILE_GROUP` alone (compiled and torch ops)."""
+    lens = [K.KEY_TILE + 7, 1, 2, 3, 5, 9, 17, 17, 18, 20, 33, 40, 64, 64, 70, 130]
+    q, k, v, plan, rows_of = _tree_case(11, lens, [-1, *[0] * (len(lens) - 1)], K.QUERY_ROWS)
+    groups = K.to_torch(plan, CPU)
+    for g in groups:
+        padding = int((g.q_pos[:, : g.rows_used] < 0).sum())
+        assert padding <= K.GROUP_PADDING * g.q_pos.shape[0] * g.rows_used, (g.q_pos.shape, g.rows_used)
+    new = _attention(q, k, v, plan, rows_of)
+    with cpu_kernels.suspended():
+        new_ops = _attention(q, k, v, plan, rows_of)
+    monkeypatch.setattr(K, "GROUP_PADDING", 1.0)  # no cut by padding: the groups before
+    assert len(K.to_torch(plan, CPU)) < len(groups)
+    old = _attention(q, k, v, plan, rows_of)
+    with cpu_kernels.suspended():
+        old_ops = _attention(q, k, v, plan, rows_of)
+    for t in (new, new_ops, old_ops):
+        assert np.array_equal(_bits(t), _bits(old))
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_model_logits_match(demo_model, dtype):
     from tests.determinism.harness import Harness, same_bits

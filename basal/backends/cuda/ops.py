@@ -274,12 +274,18 @@ class AttentionGroup:
         return rows.view(chunks, self.n_keys).add_(p).masked_fill_(p >= last, 0)
 
 
+GROUP_PADDING = 1 / 8  # most padding rows a regrouped group may hold, as a share of its rows (speed only)
+
+
 def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
     """The plan's chunks regrouped for the CPU kernel: by the key tiles each chunk needs (a tile past a chunk's
     last query position is masked for every row, and a tile no row sees changes no bit, so it is left out) and,
-    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the plan. Key ranges
-    stay ranges: a chunk's keys past its needed tiles are past its last query, so the plan's ranges already end
-    there."""
+    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the plan, and a group
+    ends where its padding (rows up to its widest chunk's) would pass `GROUP_PADDING` of its rows: a group runs
+    every chunk at its widest chunk's rows, so a 64-row chunk in a group of 17-row questions nearly quadrupled
+    the group's tile work. A chunk's rows have the same bits in any group (`tile_rows.py` proves the GEMMs'
+    used-row counts; the rest is per row). Key ranges stay ranges: a chunk's keys past its needed tiles are past
+    its last query, so the plan's ranges already end there."""
     chunks = []
     for g in plan.groups:
         for c in range(g.q_idx.shape[0]):
@@ -289,8 +295,12 @@ def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
     chunks.sort(key=lambda c: (c[0], c[1]))
     groups, start = [], 0
     while start < len(chunks):
-        end = start + 1
+        end, rows = start + 1, chunks[start][1]
         while end < len(chunks) and end - start < TILE_GROUP and chunks[end][0] == chunks[start][0]:
+            used = chunks[end][1]  # the group's widest chunk so far: the others' rows up to it are padding
+            if (end - start + 1) * used * (1 - GROUP_PADDING) > rows + used:
+                break
+            rows += used
             end += 1
         part = chunks[start:end]
         q_idx, q_pos = (torch.from_numpy(np.stack([c[i] for c in part])).to(device) for i in (2, 3))
