@@ -121,7 +121,7 @@ def check_upload(data: bytes, max_lines: int, max_line_bytes: int) -> list[Line 
         raise UploadRefused(f"the file has {len(lines)} lines; the limit is {max_lines} (split it into batches)")
     parsed = [parse(i, raw, max_line_bytes) for i, raw in enumerate(lines, 1)]
     seen: dict[str, int] = {}
-    for p in parsed:  # every record's custom_id, the placeholders of unreadable lines too, is unique
+    for p in parsed:  # every record's custom_id is unique, the ids given to unreadable lines (`line:N`) too
         if p.custom_id in seen:
             raise UploadRefused(
                 f"custom_id {p.custom_id!r} is on line {seen[p.custom_id]} and again on line {p.number}: "
