@@ -123,6 +123,11 @@ def _list_args(request: Request) -> tuple[str | None, int]:
     return after, int(raw)
 
 
+def _page(kind: type[FileList] | type[BatchList], data: list, more: bool) -> FileList | BatchList:
+    """One page of a list endpoint: its items, the ids at both ends (the cursor for `after`), whether more follow."""
+    return kind(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=more)
+
+
 def _ok(value: msgspec.Struct, status: int = 200) -> Response:
     return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
 
@@ -341,15 +346,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
             if purpose is not None and purpose not in ("batch", "batch_output"):
                 raise Refused(400, "invalid_purpose", 'purpose must be "batch" or "batch_output"', "purpose")
             rows, more = store.list_files(after, limit, purpose)
-            data = [file_object(r) for r in rows]
-            return _ok(
-                FileList(
-                    data=data,
-                    first_id=data[0].id if data else None,
-                    last_id=data[-1].id if data else None,
-                    has_more=more,
-                )
-            )
+            return _ok(_page(FileList, [file_object(r) for r in rows], more))
 
         return await guarded(request, work)
 
@@ -497,15 +494,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
         async def work() -> Response:
             after, limit = _list_args(request)
             rows, more = store.list_batches(after, limit)
-            data = [batch_object(r) for r in rows]
-            return _ok(
-                BatchList(
-                    data=data,
-                    first_id=data[0].id if data else None,
-                    last_id=data[-1].id if data else None,
-                    has_more=more,
-                )
-            )
+            return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
 
         return await guarded(request, work)
 

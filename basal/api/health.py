@@ -52,6 +52,14 @@ def _content(tp: type) -> dict:
     return {"application/json": {"schema": json_schema(tp)}}
 
 
+def _ready_or_not(tp: type, ready: str, not_ready: str) -> dict:
+    """The OpenAPI responses of a readiness probe: 200 with `ready`, 503 with `not_ready`, one body type."""
+    return {
+        "200": {"description": ready, "content": _content(tp)},
+        "503": {"description": not_ready, "content": _content(tp)},
+    }
+
+
 def health_routes(engines: EnginesFront) -> list:
     def answer(body: dict, status: str) -> Response:
         ok = status == "ok"
@@ -61,13 +69,11 @@ def health_routes(engines: EnginesFront) -> list:
         "/health",
         http_method=["GET", "HEAD"],
         operation_class=documented(
-            {
-                "200": {"description": "ready (as /health/ready)", "content": _content(HealthResponse)},
-                "503": {
-                    "description": "loading, overloaded, draining or shut down (retry elsewhere)",
-                    "content": _content(HealthResponse),
-                },
-            }
+            _ready_or_not(
+                HealthResponse,
+                "ready (as /health/ready)",
+                "loading, overloaded, draining or shut down (retry elsewhere)",
+            )
         ),
         summary="Readiness and the served models (the original probe; same status as /health/ready)",
         tags=["service"],
@@ -92,16 +98,11 @@ def health_routes(engines: EnginesFront) -> list:
         "/health/ready",
         http_method=["GET", "HEAD"],
         operation_class=documented(
-            {
-                "200": {
-                    "description": "every model is loaded and a decision request would be served",
-                    "content": _content(ReadyResponse),
-                },
-                "503": {
-                    "description": "loading (each model's step), overloaded, a model cannot answer, draining",
-                    "content": _content(ReadyResponse),
-                },
-            }
+            _ready_or_not(
+                ReadyResponse,
+                "every model is loaded and a decision request would be served",
+                "loading (each model's step), overloaded, a model cannot answer, draining",
+            )
         ),
         summary="Readiness: 200 when a decision request would be served, 503 (and why) when not",
         tags=["service"],

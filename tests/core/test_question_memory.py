@@ -21,6 +21,24 @@ def prompts_of(model, questions: int) -> list[str]:
     return [item.prompt(order, model.bos) for item in items for order in item.orders]
 
 
+def pipeline_and_items(model, questions: int, monkeypatch):
+    """A torch pipeline of `model` and the items of `questions` noul questions on STATE, encoded 64 KB at a time
+    (the pipeline warmed up)."""
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline
+
+    raw = {
+        "model": "m",
+        "state": STATE,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Case {i}?"} for i in range(questions)},
+    }
+    items = [q.item for q in parse_systemone(raw, lambda m: m).questions]
+    pipeline = Pipeline(model, TorchBackend.load(model))
+    monkeypatch.setattr(tokenizer_module, "ENCODE_CHARS", 64_000)
+    pipeline.tokenize_items(items[:2])  # warm up
+    return pipeline, items
+
+
 def test_tokenized_prompts_cost_a_few_bytes_per_token(demo_model):
     prompts = prompts_of(demo_model, 128)
     tokenizer = demo_model.tokenizer
@@ -60,19 +78,8 @@ def test_long_batches_are_encoded_in_bounded_pieces(demo_model, monkeypatch):
 def test_prompt_texts_are_built_as_they_are_encoded(demo_model, monkeypatch):
     """The pipeline hands the tokenizer its prompts as they are built: with 64 KB batches, the texts of 128
     questions on a 6.5 KB state (1.7 MB) are never all alive at once, and the ids are those of a plain list."""
-    from basal.backends.cuda.backend import TorchBackend
-    from basal.core.engine.pipeline import Pipeline
-
-    raw = {
-        "model": "m",
-        "state": STATE,
-        "questions": {f"q{i}": {"type": "noul", "instructions": f"Case {i}?"} for i in range(128)},
-    }
-    items = [q.item for q in parse_systemone(raw, lambda m: m).questions]
-    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     whole = demo_model.tokenizer.encode_batch(prompts_of(demo_model, 128))
-    monkeypatch.setattr(tokenizer_module, "ENCODE_CHARS", 64_000)
-    pipeline.tokenize_items(items[:2])  # warm up
+    pipeline, items = pipeline_and_items(demo_model, 128, monkeypatch)
     tracemalloc.start()
     try:
         tokenized = pipeline.tokenize_items(items)

@@ -9,7 +9,6 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from basal.core.model import tokenizer as tokenizer_module
 from basal.core.packing.tree import (
     PromptSharer,
     SharedIds,
@@ -20,9 +19,7 @@ from basal.core.packing.tree import (
     lcp,
     plan_forwards,
 )
-from basal.core.request.dialects import parse_systemone
-
-STATE = "Customer wrote: the parcel arrived damaged and I want a refund. " * 100  # ~6.5 KB
+from tests.core.test_question_memory import pipeline_and_items
 
 
 def naive_lcp(a, b) -> int:
@@ -101,26 +98,10 @@ def test_shared_prompts_pack_into_the_same_batches():
                 np.testing.assert_array_equal(getattr(fa.batch, name), getattr(fb.batch, name))
 
 
-def _tokenized(demo_model, questions: int, monkeypatch):
-    from basal.backends.cuda.backend import TorchBackend
-    from basal.core.engine.pipeline import Pipeline
-
-    raw = {
-        "model": "m",
-        "state": STATE,
-        "questions": {f"q{i}": {"type": "noul", "instructions": f"Case {i}?"} for i in range(questions)},
-    }
-    items = [q.item for q in parse_systemone(raw, lambda m: m).questions]
-    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
-    monkeypatch.setattr(tokenizer_module, "ENCODE_CHARS", 64_000)
-    pipeline.tokenize_items(items[:2])  # warm up
-    return pipeline, items
-
-
 def test_a_tokenized_request_grows_with_its_packed_tokens(demo_model, monkeypatch):
     """256 questions on a 6.5 KB state: the kept ids cost a few bytes per packed token (as tuples of their own,
     8 bytes per prompt token: ~50 times more here), and the ids are those the tokenizer gives each prompt."""
-    pipeline, items = _tokenized(demo_model, 256, monkeypatch)
+    pipeline, items = pipeline_and_items(demo_model, 256, monkeypatch)
     tracemalloc.start()
     try:
         tokenized = pipeline.tokenize_items(items)
@@ -140,7 +121,7 @@ def test_a_tokenized_request_grows_with_its_packed_tokens(demo_model, monkeypatc
 def test_costing_and_planning_do_not_rebuild_every_prompt(demo_model, monkeypatch):
     """Costing and planning read the shared ids as they are: their peak grows with the packed tokens (the packed
     arrays being built), never with the prompts' tokens (rebuilding each prompt's tuple would be ~10 MB here)."""
-    pipeline, items = _tokenized(demo_model, 256, monkeypatch)
+    pipeline, items = pipeline_and_items(demo_model, 256, monkeypatch)
     tokenized = pipeline.tokenize_items(items)
     tracemalloc.start()
     try:
