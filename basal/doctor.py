@@ -92,7 +92,7 @@ def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool,
 
 
 def chunk_lines(facts: dict) -> list[str]:
-    """The GEMM row-chunk plan per weight shape (torch backend), one line each."""
+    """The GEMM row-chunk plan (and column blocks) per weight shape (torch backend), one line each."""
     chunks = facts.get("gemm_chunks")
     if not isinstance(chunks, dict):
         return [f"    GEMM row chunks: {chunks}"] if chunks else []
@@ -100,7 +100,8 @@ def chunk_lines(facts: dict) -> list[str]:
     for shape, p in chunks.items():
         tails = f"tails {p['tails'][0]}-{p['tails'][-1]}" if len(p["tails"]) > 1 else "no other sizes"
         same = "bits of the 64-row reference" if p["reference_bits"] else "bits DIFFER from the 64-row reference"
-        out.append(f"    GEMM {shape:<22} {p['rows']:>4} rows ({tails}; {same})")
+        cols = f" in {p['cols']}-column blocks" if p.get("cols") else ""
+        out.append(f"    GEMM {shape:<22} {p['rows']:>4} rows{cols} ({tails}; {same})")
     return out
 
 

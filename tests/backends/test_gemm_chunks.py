@@ -137,7 +137,115 @@ def test_disk_cache_is_reused_and_rechecked(tmp_path):
     second = G.ChunkTable(tmp_path / "chunks.json")
     assert second.for_weight(W) == plan and second.source[(96, 128, "float32", False)] == "cached"
     (label, entry), *_ = second.describe([(W, None)]).items()
-    assert label == "96x128 float32" and entry == {"rows": plan.rows, "tails": list(plan.tails), "reference_bits": True}
+    assert label == "96x128 float32"
+    assert entry == {"rows": plan.rows, "tails": list(plan.tails), "reference_bits": True, "cols": plan.cols}
+
+
+def test_column_spans():
+    assert G.column_spans(96, 0) == [(0, 96)] and G.column_spans(96, 96) == [(0, 96)]
+    assert G.column_spans(96, 40) == [(0, 40), (40, 80), (80, 96)]
+    assert G.column_spans(96, 32) == [(0, 32), (32, 64), (64, 96)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_column_blocks_give_the_whole_width_bits(dtype, bias):
+    """A plan with column blocks (the last one narrower) gives every row the bits of the one-call path."""
+    w = W.to(dtype)
+    b = torch.randn(96, generator=torch.Generator().manual_seed(2)).to(dtype) if bias else None
+    whole = G.ChunkPlan(64, (8, 16, 64), True)
+    blocked = replace(whole, cols=40)
+    x = torch.randn(300, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
+    for n in (1, 5, 17, 64, 130, 300):
+        assert _bits(K.linear(x[:n], w, b, blocked)) == _bits(K.linear(x[:n], w, b, whole)), n
+
+
+WIDE = torch.randn(1200, 64, generator=torch.Generator().manual_seed(3))  # wider than every column candidate
+
+
+def _whole_bits(plan: G.ChunkPlan, w: torch.Tensor = WIDE) -> dict[int, bytes]:
+    sizes = sorted({plan.rows, *plan.tails})
+    return {r.rows: r.bits for r in G.check_sizes(G._blocked_linear(w, None, 0), sizes, w.shape[1], w.dtype, 0)}
+
+
+def _clocked(monkeypatch, seconds_per_call):
+    """A fake clock that calls of `_blocked_linear` advance by `seconds_per_call(cols, rows)`."""
+    now, real = [0.0], G._blocked_linear
+
+    def blocked(weight, bias, cols):
+        fn = real(weight, bias, cols)
+
+        def timed(c):
+            now[0] += seconds_per_call(cols, c.shape[0])
+            return fn(c)
+
+        return timed
+
+    monkeypatch.setattr(G, "_blocked_linear", blocked)
+    return lambda: now[0]
+
+
+def test_the_probe_takes_the_fastest_column_block(monkeypatch):
+    plan = G.ChunkPlan(64, (8, 64), True)
+    bits = _whole_bits(plan)
+    real = G._blocked_linear
+    for seconds, cols in [
+        ({0: 3.0, 1024: 1.0, 512: 1.5}, 1024),
+        ({0: 3.0, 1024: 1.5, 512: 1.0}, 512),
+        ({0: 3.0, 1024: 1.02, 512: 1.0}, 1024),  # within COLUMNS_NEAR_BEST: the fewest calls
+        ({0: 1.0, 1024: 1.5, 512: 2.0}, 0),  # blocks slower: one call
+    ]:
+        monkeypatch.setattr(G, "_blocked_linear", real)
+        clock = _clocked(monkeypatch, lambda c, rows, seconds=seconds: seconds[c])
+        assert G.probe_columns(WIDE, None, plan, bits, clock=clock) == replace(plan, cols=cols), seconds
+
+
+def test_the_probe_refuses_column_blocks_that_change_bits(monkeypatch):
+    """Negative control: a block size whose calls round differently (here: its last block scaled by 1 + 2**-20)
+    is never used, however fast: changed at every size, at the full size only or at a tail only."""
+    plan = G.ChunkPlan(64, (8, 64), True)
+    bits = _whole_bits(plan)
+    real = G._blocked_linear
+
+    def changes_bits(only_rows=None):
+        def blocked(weight, bias, cols):
+            fn = real(weight, bias, cols)
+
+            def call(c):
+                out = fn(c)
+                if cols and (only_rows is None or c.shape[0] == only_rows):
+                    out[:, -1] *= 1 + 2**-20
+                return out
+
+            return call
+
+        return blocked
+
+    fast_blocks = lambda cols, rows: 1.0 if cols else 3.0  # noqa: E731
+    for only in (None, 64, 8):
+        monkeypatch.setattr(G, "_blocked_linear", changes_bits(only))
+        clock = _clocked(monkeypatch, fast_blocks)
+        assert G.probe_columns(WIDE, None, plan, bits, clock=clock) == plan, only
+    # the same blocks without the change are taken (the control: the test can tell the two apart)
+    monkeypatch.setattr(G, "_blocked_linear", real)
+    clock = _clocked(monkeypatch, fast_blocks)
+    assert G.probe_columns(WIDE, None, plan, bits, clock=clock).cols > 0
+
+
+def test_a_cached_column_plan_is_rechecked_against_the_whole_width(monkeypatch, tmp_path):
+    table = G.ChunkTable(tmp_path / "chunks.json")
+    plan = G.ChunkPlan(64, (8, 64), True, cols=512)
+    assert G.verify(plan, WIDE)
+    real = G._blocked_linear
+
+    def drifts(weight, bias, cols):
+        fn = real(weight, bias, cols)
+        return (lambda c: fn(c) * (1 + 2**-20)) if cols else fn
+
+    monkeypatch.setattr(G, "_blocked_linear", drifts)
+    assert not G.verify(plan, WIDE)
+    table._write((1200, 64, "float32", False), plan)
+    assert table.for_weight(WIDE).cols == 0 and table.source[(1200, 64, "float32", False)] == "probed"
 
 
 def test_backend_reports_its_plans(demo_model):
@@ -163,4 +271,6 @@ def test_models_endpoint_and_doctor_report_the_plans(demo_model):
     info = engines.model_info(demo_model.name).compute
     assert info["backend"] == "torch" and isinstance(info["gemm_chunks"], dict) and info["gemm_chunks"]
     lines = chunk_lines(info)
-    assert len(lines) == len(info["gemm_chunks"]) and all("rows (" in line for line in lines)
+    assert len(lines) == len(info["gemm_chunks"]) and all(" rows" in line for line in lines)
+    blocked = {"17920x1536 float32": {"rows": 512, "tails": [8, 512], "reference_bits": True, "cols": 1024}}
+    assert "512 rows in 1024-column blocks (tails 8-512" in chunk_lines({"gemm_chunks": blocked})[0]

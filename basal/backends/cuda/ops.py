@@ -26,7 +26,7 @@ import torch
 
 from basal.backends.cuda import tile_rows
 from basal.backends.cuda.cpu import cpu_kernels
-from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan, column_spans, linear_into
 from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionPlan  # noqa: F401  (re-exported)
 from basal.core.packing.passes import run_to_end
 
@@ -86,19 +86,14 @@ def linear(
 def linear_steps(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
 ) -> Generator[None, None, torch.Tensor]:
-    """`F.linear` by row chunks. Each chunk's GEMM writes into its rows of the output (`mm`/`addmm` with `out=`:
-    the kernels `F.linear` itself calls on 2-D inputs, so the bits are the same)."""
+    """`F.linear` by row chunks, and by column blocks where the plan has them. Each chunk's GEMMs write into its
+    rows of the output (`mm`/`addmm` with `out=`: the kernels `F.linear` itself calls on 2-D inputs, so the bits
+    are the same)."""
     if not fixed:
         return torch.nn.functional.linear(x, w, b)
     w_t = w.t()
-
-    def gemm(c: torch.Tensor, out: torch.Tensor) -> None:
-        if b is None:
-            torch.mm(c, w_t, out=out)
-        else:
-            torch.addmm(b, c, w_t, out=out)
-
-    return (yield from _chunk_steps(gemm, x, rows, w.shape[0]))
+    spans = column_spans(w.shape[0], rows.cols if isinstance(rows, ChunkPlan) else 0)
+    return (yield from _chunk_steps(lambda c, out: linear_into(c, w_t, b, spans, out), x, rows, w.shape[0]))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
