@@ -17,7 +17,12 @@ Both run on the same loaded weights, alternating, and give the same bits (checke
 Workloads: one question on a ~500-token state; 25 and 50 questions on one ~700-token state; throughput of 4
 concurrent clients (in-process engine) each sending 10 questions on its own ~512-token state. The achieved
 fraction is useful FLOPs per second (`basal.benchsuite.flops`) over the combined rate of `F.linear` on 512-row calls of
-the model's weight shapes, measured at the start of the run (`basal.benchsuite.limits`).
+the model's weight shapes (`basal.benchsuite.limits`), in two ways: against the median of the rates measured
+between the workloads (`fraction_*`), and *paired* (`fraction_paired_*`): every timed forward is flanked by a
+measurement of the rate just before and just after it, and its fraction is taken against the mean of the two. On
+a shared machine the rate moves by a third within a minute (109–174 GFLOP/s in one run), so a forward and a limit
+measured far apart can disagree by that much; the paired fraction compares each forward with the machine of its
+own moment (the median over the repetitions is shown, and the range).
 """
 
 from __future__ import annotations
@@ -143,7 +148,12 @@ def run_model(path: Path, reps: int) -> dict:
     backend = TorchBackend.load(model, dtype=DTYPE[0])
     load_s = time.perf_counter() - t
     pipeline = Pipeline(model, backend)
-    measured = [limits.measure(model.config, DTYPE[0])]  # again before every workload; the median is the limit
+    measured = [limits.measure(model.config, DTYPE[0])]  # again around every timed forward; the median is the limit
+
+    def rate_now() -> float:
+        measured.append(limits.measure(model.config, DTYPE[0]))
+        return measured[-1].combined_gflops
+
     print(f"{path.name}: load {load_s:.1f} s, GEMM rate {measured[0].combined_gflops:.0f} GFLOP/s", flush=True)
     tok = model.tokenizer
     single = _request(tok, 1, 500, 1)
@@ -157,13 +167,14 @@ def run_model(path: Path, reps: int) -> dict:
         (f"{n} questions, one ~700-token state", r) for n, r in many.items()
     ]:
         flops = limits.request_flops(pipeline, request).total
-        measured.append(limits.measure(model.config, DTYPE[0]))
         with before(backend):
             old_bits = _logit_bits(pipeline, request)  # also the warm-up
         new_bits = _logit_bits(pipeline, request)
         times: dict[str, list[float]] = {"before": [], "after": []}
         attention: dict[str, list[float]] = {"before": [], "after": []}
         cpu: dict[str, list[float]] = {"before": [], "after": []}  # process CPU seconds: less hit by a loaded machine
+        paired: dict[str, list[float]] = {"before": [], "after": []}
+        rate = rate_now()
         for _ in range(reps):
             for label, mode in (("before", before), ("after", after)):
                 with mode(backend):
@@ -173,20 +184,27 @@ def run_model(path: Path, reps: int) -> dict:
                     times[label].append(time.perf_counter() - t)
                     cpu[label].append(time.process_time() - c)
                     attention[label].append(ATTENTION_S[0])
+                rate, previous = rate_now(), rate
+                paired[label].append(paired_fraction(flops, times[label][-1], previous, rate))
         rows.append(_row(name, flops, times, old_bits == new_bits))
+        rows[-1]["fraction_paired_before"], rows[-1]["fraction_paired_after"] = paired["before"], paired["after"]
         rows[-1]["attention_before_s"], rows[-1]["attention_after_s"] = attention["before"], attention["after"]
         rows[-1]["cpu_before_s"], rows[-1]["cpu_after_s"] = cpu["before"], cpu["after"]
         rows[-1]["cpu_speedup"] = min(cpu["before"]) / min(cpu["after"])
         print(json.dumps(rows[-1]), flush=True)
     clients = [_request(tok, 10, 512, 20 + i, "en" if i % 2 else "pl") for i in range(4)]
     flops = sum(limits.request_flops(pipeline, r).total for r in clients)
-    measured.append(limits.measure(model.config, DTYPE[0]))
     times = {"before": [], "after": []}
+    paired = {"before": [], "after": []}
+    rate = rate_now()
     for _ in range(reps):
         for label, mode in (("before", before), ("after", after)):
             with mode(backend):
                 times[label].append(_throughput(pipeline, clients))
+            rate, previous = rate_now(), rate
+            paired[label].append(paired_fraction(flops, times[label][-1], previous, rate))
     rows.append(_row("throughput, 4 clients x 10 questions", flops, times, None, decisions=40))
+    rows[-1]["fraction_paired_before"], rows[-1]["fraction_paired_after"] = paired["before"], paired["after"]
     print(json.dumps(rows[-1]), flush=True)
     limit = limits.typical(measured)
     return refresh_fractions(
@@ -200,6 +218,11 @@ def run_model(path: Path, reps: int) -> dict:
             "rows": rows,
         }
     )
+
+
+def paired_fraction(flops: float, seconds: float, rate_before: float, rate_after: float) -> float:
+    """A forward's FLOP rate over the mean of the GEMM rates (GFLOP/s) measured just before and just after it."""
+    return flops / seconds / 1e9 / ((rate_before + rate_after) / 2)
 
 
 def _row(name, flops, times, same_bits, decisions=None) -> dict:
@@ -314,9 +337,9 @@ def main() -> None:
         )
         print(
             "| workload | GFLOP | before s | after s | speedup | CPU-seconds speedup | attention s before → after | "
-            "fraction before | fraction after | same bits |"
+            "fraction before | fraction after | paired fraction after (range) | same bits |"
         )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for r in m["rows"]:
             att = "—"
             if "attention_before_s" in r:
@@ -324,9 +347,15 @@ def main() -> None:
             print(
                 f"| {r['workload']} | {r['gflop']:.1f} | {_span(r['before_s'])} | {_span(r['after_s'])} | "
                 f"{r['speedup']:.2f}x | {_ratio(r.get('cpu_speedup'))} | {att} | "
-                f"{r['fraction_before']:.2f} | {r['fraction_after']:.2f} | "
+                f"{r['fraction_before']:.2f} | {r['fraction_after']:.2f} | {_paired(r.get('fraction_paired_after'))} | "
                 f"{'—' if r['same_bits'] is None else 'yes' if r['same_bits'] else 'NO'} |"
             )
+
+
+def _paired(fractions: list[float] | None) -> str:
+    if not fractions:
+        return "—"
+    return f"{statistics.median(fractions):.2f} ({min(fractions):.2f}–{max(fractions):.2f})"
 
 
 def cpu_flags() -> list[str]:

@@ -90,6 +90,15 @@ def test_evidence_speed_smoke(demo_dir, tmp_path):
     assert row["state_tokens"] == 64 and row["on_ms"] > 0 and row["off_ms"] > 0
 
 
+def test_cpu_speed_pairs_each_forward_with_the_rates_around_it():
+    """100 GFLOP in 1 s between rates of 80 and 120 GFLOP/s: 100 / mean(80, 120) = 1.0, not 100 / 80 or / 120."""
+    from bench import cpu_speed
+
+    assert cpu_speed.paired_fraction(100e9, 1.0, 80.0, 120.0) == 1.0
+    assert cpu_speed.paired_fraction(100e9, 2.0, 100.0, 100.0) == 0.5
+    assert cpu_speed._paired([0.7, 0.9, 0.8]) == "0.80 (0.70–0.90)" and cpu_speed._paired(None) == "—"
+
+
 def test_cpu_speed_plot_from_saved_results(tmp_path):
     """`bench.cpu_speed --replot`: fractions recomputed against the median measured rate, then drawn."""
     from bench import cpu_speed
