@@ -99,6 +99,25 @@ def test_cpu_speed_pairs_each_forward_with_the_rates_around_it():
     assert cpu_speed._paired([0.7, 0.9, 0.8]) == "0.80 (0.70–0.90)" and cpu_speed._paired(None) == "—"
 
 
+def test_gemm_columns_smoke(demo_model):
+    """bench.gemm_columns on the demo model: a rate per shape, the three plan sets swapped in and back, the same
+    bits under each."""
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline
+    from basal.core.request.dialects import parse_systemone
+    from bench import gemm_columns
+
+    rates = gemm_columns.shape_rates(demo_model.config, 16, 1)
+    assert set(rates) == {"qkv", "o", "gate_up", "down"} and all(r[0] > 0 for r in rates.values())
+    backend = TorchBackend.load(demo_model)
+    pipeline = Pipeline(demo_model, backend)
+    body = {"model": "m", "state": "The door is open.", "questions": {"q": {"type": "noul", "instructions": "Open?"}}}
+    ab = gemm_columns.forward_ab(pipeline, backend, parse_systemone(body, lambda m: m), 1)
+    assert ab["same_bits"] and set(ab["seconds"]) == {"one call", "probed", "512 columns"}
+    plans = backend.net.chunks.plans  # the probed plans are back in place
+    assert {f"{k[0]}x{k[1]}": p.cols for k, p in plans.items()} == ab["probed_cols"]
+
+
 def test_cpu_speed_plot_from_saved_results(tmp_path):
     """`bench.cpu_speed --replot`: fractions recomputed against the median measured rate, then drawn."""
     from bench import cpu_speed
