@@ -18,7 +18,7 @@ padding counted as wasted work: cost(R) = mean over n of ceil(n / R) * t(R) / n.
 
 Column blocks: once the rows are chosen, the probe also times the chosen size with the weight split into blocks of
 `COLUMN_CANDIDATES` output columns (one library call per block, each writing its columns of the output). A wide
-weight (the MLP's gate/up projection, 17,920 columns on the mini shapes) runs about a fifth faster in 512-column
+weight (the MLP's gate/up projection, 17,920 columns on the mini shapes) ran 8-23% faster in 1,024- or 512-column
 blocks on the 2026 development machines, whose caches do not hold a whole row chunk's output. A block size is used
 only where every size of the plan gives the whole-width call's bits with it.
 
