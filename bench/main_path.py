@@ -49,8 +49,15 @@ def row_chunk_steps(
 
 
 def linear_steps(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    rows: int | ChunkPlan,
+    fixed: bool = True,
+    out: torch.Tensor | None = None,
 ) -> Generator[None, None, torch.Tensor]:
+    """`out` is accepted for the current model's calls and not used: main's kernels returned new tensors."""
+    del out
     return (yield from row_chunk_steps(lambda c: torch.nn.functional.linear(c, w, b), x, rows, fixed))
 
 
@@ -86,9 +93,10 @@ def det_exp(x: torch.Tensor, fixed: bool = True) -> torch.Tensor:
     return p.to(x.dtype)
 
 
-def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor, fixed: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """[N, 2F] = [gate | up] -> silu(gate) * up in the model dtype; silu in f32 with `det_exp`, computed in row
-    chunks that stay in cache."""
+    chunks that stay in cache (`out` not used, as `linear_steps`)."""
+    del out
 
     def one(gu: torch.Tensor) -> torch.Tensor:
         g, u = gu.chunk(2, dim=-1)

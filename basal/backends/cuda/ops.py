@@ -57,14 +57,17 @@ def _chunk_steps(
     rows: int | ChunkPlan,
     width: int | None,
     dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """Call `fn_into(chunk, out_rows)` on the row chunks of `x`, each writing its rows of one output tensor (no
     `torch.cat` of the pieces); only the tail chunk is copied to get its zero padding. `width`: output columns
-    (None: as `x`). Returns the first `len(x)` rows of the output."""
+    (None: as `x`). `out`: a buffer to write into (at least `padded_rows(len(x), rows)` rows), else a new tensor.
+    Returns the first `len(x)` rows of the output."""
     n = x.shape[0]
     plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
     sizes = plan.calls(n)
-    out = x.new_empty((sum(sizes), *(x.shape[1:] if width is None else (width,))), dtype=dtype or x.dtype)
+    if out is None:
+        out = x.new_empty((sum(sizes), *(x.shape[1:] if width is None else (width,))), dtype=dtype or x.dtype)
     start = 0
     for i, size in enumerate(sizes):
         chunk = x[start : start + size]
@@ -77,6 +80,12 @@ def _chunk_steps(
     return out[:n]
 
 
+def padded_rows(n: int, rows: int | ChunkPlan) -> int:
+    """Rows `_chunk_steps` computes for `n` rows (the tail chunk padded): what an `out` buffer must hold."""
+    plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
+    return sum(plan.calls(n))
+
+
 def linear(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
 ) -> torch.Tensor:
@@ -84,16 +93,22 @@ def linear(
 
 
 def linear_steps(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    rows: int | ChunkPlan,
+    fixed: bool = True,
+    out: torch.Tensor | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """`F.linear` by row chunks, and by column blocks where the plan has them. Each chunk's GEMMs write into its
     rows of the output (`mm`/`addmm` with `out=`: the kernels `F.linear` itself calls on 2-D inputs, so the bits
-    are the same)."""
+    are the same); `out`: a buffer for it (`_chunk_steps`)."""
     if not fixed:
         return torch.nn.functional.linear(x, w, b)
     w_t = w.t()
     spans = column_spans(w.shape[0], rows.cols if isinstance(rows, ChunkPlan) else 0)
-    return (yield from _chunk_steps(lambda c, out: linear_into(c, w_t, b, spans, out), x, rows, w.shape[0]))
+    into = lambda c, dest: linear_into(c, w_t, b, spans, dest)  # noqa: E731
+    return (yield from _chunk_steps(into, x, rows, w.shape[0], out=out))
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, rows: int, fixed: bool = True) -> torch.Tensor:
@@ -184,10 +199,10 @@ def _exp_nonpositive_into(x: torch.Tensor, out: torch.Tensor) -> None:
 _NATIVE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # cpu_kernels.c's dtype codes
 
 
-def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor, fixed: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """[N, 2F] = [gate | up] -> silu(gate) * up in the model dtype; silu in f32 with `det_exp`. Elementwise, so
     it runs in row blocks of about `EXP_BLOCK` gate elements that stay in cache, each writing its rows of the
-    output."""
+    output (`out`: a buffer of at least N rows for it, else a new tensor)."""
     width = gate_up.shape[1] // 2
     if not fixed:
         g32 = gate_up[:, :width].float()
@@ -197,7 +212,7 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
     code = _NATIVE_DTYPES.get(gate_up.dtype)
     if native is not None and code is not None:  # the same ops, one pass per element (cpu_kernels.c)
         gate_up = gate_up.contiguous()
-        out = gate_up.new_empty(len(gate_up), width)
+        out = gate_up.new_empty(len(gate_up), width) if out is None else out[: len(gate_up)]
         cpu_kernels.run_rows(native.basal_swiglu, (gate_up.data_ptr(), out.data_ptr(), width, code), len(gate_up))
         return out
 
@@ -209,7 +224,10 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True) -> torch.Tensor:
         e.add_(1.0)  # = 1.0 + e
         torch.mul(torch.div(g32, e, out=e).to(gu.dtype), gu[:, width:], out=out)
 
-    return run_to_end(_chunk_steps(into, gate_up, max(1, min(len(gate_up), EXP_BLOCK // width)), width))
+    block = max(1, min(len(gate_up), EXP_BLOCK // width))
+    if out is not None and len(out) < padded_rows(len(gate_up), block):
+        out = None  # the padded tail block would not fit
+    return run_to_end(_chunk_steps(into, gate_up, block, width, out=out))
 
 
 def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
