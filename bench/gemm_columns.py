@@ -62,6 +62,30 @@ def shape_rates(cfg, rows: int, calls: int) -> dict[str, dict[int, float]]:
     return out
 
 
+def fresh_vs_reused(cfg, rows: int, calls: int) -> dict[str, float]:
+    """Seconds (median) of the gate/up projection of `rows` rows into a new output and into a reused one."""
+    n, k = gemm_shapes(cfg)["gate_up"]
+    w_t, x = torch.randn(n, k).t(), torch.randn(rows, k)
+    spans = G.column_spans(n, 1024)
+    reused = torch.empty(rows, n)
+
+    def project(out: torch.Tensor) -> None:
+        for r in range(0, rows, 512):
+            G.linear_into(x[r : r + 512], w_t, None, spans, out[r : r + 512])
+
+    times: dict[str, list[float]] = {"fresh": [], "reused": []}
+    with torch.inference_mode():
+        project(reused)
+        for _ in range(calls):
+            t = time.perf_counter()
+            project(torch.empty(rows, n))
+            times["fresh"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            project(reused)
+            times["reused"].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def forward_ab(pipeline: Pipeline, backend: TorchBackend, request, reps: int) -> dict:
     """Wall seconds of one request under each plan set, alternating; and whether the logit bits agree."""
     table = backend.net.chunks
@@ -103,6 +127,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = ModelDir.load(synth_model(Path(tmp) / "mini", "mini", layers=a.layers))
         rates = shape_rates(model.config, 512, a.calls)
+        output = fresh_vs_reused(model.config, 4608, 5)
         backend = TorchBackend.load(model, dtype="f32")
         pipeline = Pipeline(model, backend)
         tok = model.tokenizer
@@ -116,6 +141,7 @@ def main() -> None:
         "questions": a.questions,
         "gflop": flops / 1e9,
         "shape_gflops_512_rows": {name: {str(c): r for c, r in by.items()} for name, by in rates.items()},
+        "gate_up_4608_rows_s": output,
         **ab,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +151,8 @@ def main() -> None:
     print("| --- | ---: | " + " | ".join("---:" for _ in BLOCKS[1:]) + " |")
     for name, by in rates.items():
         print(f"| {name} | " + " | ".join(f"{by[c]:.0f}" if c in by else "—" for c in BLOCKS) + " |")
+    fresh, reused = output["fresh"], output["reused"]
+    print(f"\ngate/up of 4,608 rows, median of 5: {fresh:.2f} s into a new tensor, {reused:.2f} s into a reused one")
     print(f"\nmini cut to {a.layers} layers, {a.questions} questions on one ~700-token state, {a.reps} passes each")
     print(f"probed blocks: {ab['probed_cols']}; same bits under every plan: {ab['same_bits']}\n")
     print("| plans | wall s | GFLOP/s (median) |")

@@ -107,6 +107,7 @@ def test_gemm_columns_smoke(demo_model):
     from basal.core.request.dialects import parse_systemone
     from bench import gemm_columns
 
+    assert set(gemm_columns.fresh_vs_reused(demo_model.config, 1030, 1)) == {"fresh", "reused"}
     rates = gemm_columns.shape_rates(demo_model.config, 16, 1)
     assert set(rates) == {"qkv", "o", "gate_up", "down"} and all(r[0] > 0 for r in rates.values())
     backend = TorchBackend.load(demo_model)
