@@ -31,7 +31,7 @@ def test_blocks_give_the_whole_batch_bits(demo_model, dtype, up, down):
     x = torch.randn(700, lw.gate_up.shape[1], generator=torch.Generator().manual_seed(3)).to(lw.gate_up.dtype)
     try:
         with torch.inference_mode():
-            for n in (1, 5, up, 3 * max(up, down), 3 * max(up, down) + 7, 700):
+            for n in (0, 1, 5, up, 3 * max(up, down), 3 * max(up, down) + 7, 700):
                 gate_up = run_to_end(K.linear_steps(x[:n], lw.gate_up, lw.gate_up_bias, table.plans[up_key]))
                 act = K.swiglu(gate_up)
                 whole = run_to_end(K.linear_steps(act, lw.down, lw.down_bias, table.plans[down_key]))

@@ -202,7 +202,7 @@ class TreeLlama:
     def _mlp(self, x: torch.Tensor, lw, readout: bool) -> Generator[None, None, torch.Tensor]:
         """down(SwiGLU(gate_up(x))). With probed plans, one block of rows at a time through buffers every block
         reuses: the [N, 2F] activation never exists whole, so a forward neither holds it (N x 2F floats) nor
-        pays the page faults of a fresh tensor that size (on the CPU, ~12% of the projection's time). A row's
+        pays the page faults of a fresh tensor that size (on the CPU, 6-12% of the projection's time). A row's
         bits do not depend on the block: every call keeps to the sizes of its weight's plan, whose rows all have
         the same bits whatever the chunk (`gemm_chunks.py`), and SwiGLU is elementwise."""
         if self.chunks is None or not self.fixed:
@@ -211,7 +211,7 @@ class TreeLlama:
         up_plan = self.chunks.for_weight(lw.gate_up, lw.gate_up_bias)
         down_plan = self.chunks.for_weight(lw.down, lw.down_bias)
         n, block = x.shape[0], max(up_plan.rows, down_plan.rows)
-        lengths = {min(n, block), n % block} - {0}
+        lengths = ({min(n, block), n % block} - {0}) or {0}  # the row counts of the blocks
         up_rows = max(K.padded_rows(r, up_plan) for r in lengths)
         down_rows = max(K.padded_rows(r, down_plan) for r in lengths)
         gate_up = x.new_empty(up_rows, lw.gate_up.shape[0])

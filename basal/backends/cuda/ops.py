@@ -107,7 +107,10 @@ def linear_steps(
         return torch.nn.functional.linear(x, w, b)
     w_t = w.t()
     spans = column_spans(w.shape[0], rows.cols if isinstance(rows, ChunkPlan) else 0)
-    into = lambda c, dest: linear_into(c, w_t, b, spans, dest)  # noqa: E731
+
+    def into(c: torch.Tensor, dest: torch.Tensor) -> None:
+        linear_into(c, w_t, b, spans, dest)
+
     return (yield from _chunk_steps(into, x, rows, w.shape[0], out=out))
 
 
