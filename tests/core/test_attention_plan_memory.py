@@ -3,14 +3,13 @@ key ranges, so that planning and the plans a forward keeps grow with packed toke
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 import torch
 
 from basal.backends.cuda import ops as K
 from basal.core.packing.attention_plan import KEY_TILE, TILE_GROUP, plan_attention
+from tests.core.many_questions import traced
 
 CPU = torch.device("cpu")
 
@@ -83,12 +82,7 @@ def test_planning_memory_grows_with_packed_tokens(state):
     n = len(args[0])
     readouts = np.arange(state + 3, n, 4)
     plan_attention(*args, np.arange(n), 64)  # warm up
-    tracemalloc.start()
-    try:
-        plans = plan_attention(*args, np.arange(n), 64), plan_attention(*args, readouts, 1)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    plans, _, peak = traced(lambda: (plan_attention(*args, np.arange(n), 64), plan_attention(*args, readouts, 1)))
     assert peak < PER_TOKEN * n, (peak, n)
     kept = sum(t.nbytes for p in plans for g in K.to_torch(p, CPU) for t in (g.q_idx, g.q_pos, g.k_row, g.k_end))
     assert kept < PER_TOKEN * n, (kept, n)

@@ -19,7 +19,7 @@ from basal.core.packing.tree import (
     lcp,
     plan_forwards,
 )
-from tests.core.test_question_memory import pipeline_and_items
+from tests.core.many_questions import pipeline_and_items, traced
 
 
 def naive_lcp(a, b) -> int:
@@ -102,12 +102,7 @@ def test_a_tokenized_request_grows_with_its_packed_tokens(demo_model, monkeypatc
     """256 questions on a 6.5 KB state: the kept ids cost a few bytes per packed token (as tuples of their own,
     8 bytes per prompt token: ~50 times more here), and the ids are those the tokenizer gives each prompt."""
     pipeline, items = pipeline_and_items(demo_model, 256, monkeypatch)
-    tracemalloc.start()
-    try:
-        tokenized = pipeline.tokenize_items(items)
-        held, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    tokenized, held, peak = traced(lambda: pipeline.tokenize_items(items))
     prompts = [item.prompt(order, demo_model.bos) for item in items for order in item.orders]
     assert [p for t in tokenized for p in t.prompts] == demo_model.tokenizer.encode_batch(prompts)
     packed = pipeline.cost(tokenized)
