@@ -50,7 +50,7 @@ from basal.api.schema_types import (
 )
 from basal.batch.service import BatchService
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
-from basal.core.engine.engines import EnginesFront
+from basal.core.engine.front import EnginesFront
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
 from basal.core.request.dialects import parse_systemone

@@ -25,7 +25,7 @@ from basal.api.errors import auth_error, error_response, too_large
 from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
-from basal.core.engine.engines import EnginesFront, ModelInfo, Result
+from basal.core.engine.front import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body, parse_basal

@@ -17,7 +17,7 @@ from litestar import Response, route
 from basal.api.errors import OVERLOADED_HEADERS
 from basal.api.openapi import documented
 from basal.api.schema_types import HealthResponse, json_schema
-from basal.core.engine.engines import EnginesFront
+from basal.core.engine.front import EnginesFront
 
 Readiness = Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]
 

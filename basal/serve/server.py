@@ -17,7 +17,8 @@ from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store
 from basal.core.engine.engine import Engine, EngineSettings
-from basal.core.engine.engines import Engines, EnginesFront
+from basal.core.engine.engines import Engines
+from basal.core.engine.front import EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
