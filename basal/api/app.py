@@ -30,7 +30,6 @@ from basal.api.decisions import (
 )
 from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
 from basal.api.health import health_routes
-from basal.api.observe import RequestContext
 from basal.api.openapi import (
     BEARER,
     DIAGNOSTICS_PARAMETER,
@@ -54,6 +53,7 @@ from basal.core.engine.front import EnginesFront
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
 from basal.core.request.dialects import parse_systemone
+from basal.observability.request_context import RequestContext
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ from litestar import Request, Response
 
 from basal.api.body import TransitBytes, check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response, too_large
-from basal.api.observe import current_request_id, new_request_id, note
-from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.front import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver
@@ -31,7 +29,9 @@ from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemon
 from basal.core.request.dialects import decode_body, parse_basal
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
-from basal.logs import REQUEST_ID
+from basal.observability.logs import REQUEST_ID
+from basal.observability.request_context import current_request_id, new_request_id, note
+from basal.observability.tracing import Tracer
 
 DIAGNOSTICS_HEADER = "x-basal-diagnostics"
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)

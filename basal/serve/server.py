@@ -205,7 +205,7 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
     tracer = None
     if config.otlp_endpoint:
-        from basal.api.tracing import otlp_tracer
+        from basal.observability.tracing import otlp_tracer
 
         tracer = otlp_tracer(config.otlp_endpoint)
     return ApiSettings(

@@ -20,7 +20,7 @@ from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
-from basal.logs import formatter
+from basal.observability.logs import formatter
 from tests.api.test_http import REQUEST, post
 from tests.stub_backend import FakeBackend
 
