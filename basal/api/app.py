@@ -17,9 +17,9 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
-from basal.api.batches import batch_routes
-from basal.api.capabilities import capabilities
-from basal.api.decisions import (
+from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
+from basal.api.routes.batches import batch_routes
+from basal.api.routes.decisions import (
     ApiSettings,
     ModelFacts,
     basal_parser,
@@ -28,9 +28,10 @@ from basal.api.decisions import (
     handle_decision,
     key_verdict,
 )
-from basal.api.errors import AUTH_MISSING, AUTH_WRONG, OVERLOADED_HEADERS, litestar_http_exception, unhandled_exception
-from basal.api.health import health_routes
-from basal.api.openapi import (
+from basal.api.routes.health import health_routes
+from basal.api.routes.playground import playground_routes
+from basal.api.wire.capabilities import capabilities
+from basal.api.wire.openapi import (
     BEARER,
     DIAGNOSTICS_PARAMETER,
     REQUEST_EXAMPLES,
@@ -38,9 +39,8 @@ from basal.api.openapi import (
     documented,
     request_schema,
 )
-from basal.api.playground import playground_routes
-from basal.api.schema_pages import SCHEMA_PATH, schema_pages
-from basal.api.schema_types import (
+from basal.api.wire.schema_pages import SCHEMA_PATH, schema_pages
+from basal.api.wire.schema_types import (
     BasalRequest,
     ModelsResponse,
     SystemOneError,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
-from basal.api.listener import DrainingServer, server_config
+from basal.api.http.listener import DrainingServer, server_config
+from basal.api.routes.decisions import ApiSettings
 from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store

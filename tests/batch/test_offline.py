@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from basal.api.decisions import ApiSettings, body_decider
+from basal.api.routes.decisions import ApiSettings, body_decider
 from basal.batch.offline import recorded_ids, run_file
 from basal.cli import main
 from tests.servers import make_engines
@@ -75,3 +75,4 @@ def test_the_command(demo_dir, tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_bytes(b"")
     assert main(["run-batch", str(tmp_path / "bad.jsonl"), "-o", str(output)]) == 2
     assert "empty" in capsys.readouterr().err
+

@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from basal.api.body import TransitBytes, check_content_type, decompress, read_body
 from basal.api.errors import auth_error, error_response, too_large
+from basal.api.http.body import TransitBytes, check_content_type, decompress, read_body
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.front import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver

@@ -15,8 +15,8 @@ import msgspec
 from litestar import Response, route
 
 from basal.api.errors import OVERLOADED_HEADERS
-from basal.api.openapi import documented
-from basal.api.schema_types import HealthResponse, json_schema
+from basal.api.wire.openapi import documented
+from basal.api.wire.schema_types import HealthResponse, json_schema
 from basal.core.engine.front import EnginesFront
 
 Readiness = Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from litestar.openapi.spec import Operation
 
-from basal.api.schema_types import BasalError, SystemOneError, UnsupportedError, json_schema
+from basal.api.wire.schema_types import BasalError, SystemOneError, UnsupportedError, json_schema
 from basal.core.request.limits import Limits
 
 BEARER = "bearerAuth"

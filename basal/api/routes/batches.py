@@ -19,7 +19,9 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.response import File
 
-from basal.api.batch_types import (
+from basal.api.errors import ClientGone
+from basal.api.routes.decisions import ApiSettings, check_auth
+from basal.api.wire.batch_types import (
     MAX_EXPIRES_S,
     MIN_EXPIRES_S,
     ApiError,
@@ -33,9 +35,7 @@ from basal.api.batch_types import (
     FileObject,
     RequestCounts,
 )
-from basal.api.decisions import ApiSettings, check_auth
-from basal.api.errors import ClientGone
-from basal.api.openapi import documented, json_schema
+from basal.api.wire.openapi import documented, json_schema
 from basal.batch.lines import UploadRefused
 from basal.batch.service import WINDOW_S, BatchService, lines_of
 from basal.batch.store import Conflict, TooMany
