@@ -245,7 +245,7 @@ def _run_batch(a: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from basal.api.routes.decisions import body_decider
+    from basal.api.decide import body_decider
     from basal.batch.offline import run_file
     from basal.progress import Progress
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config

@@ -14,7 +14,7 @@ from litestar.testing import TestClient
 
 from basal.api.app import create_app
 from basal.api.routes import decisions as handling
-from basal.api.routes.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.servers import make_engines
 
 REQUEST = {

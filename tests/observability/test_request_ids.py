@@ -14,7 +14,7 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.routes.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.engine.engine import Engine
 from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate

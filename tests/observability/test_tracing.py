@@ -13,7 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.routes.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.observability.tracing import Tracer
 from tests.api.test_http import REQUEST, post
 from tests.servers import make_engines

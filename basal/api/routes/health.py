@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
-from litestar import Response, route
+from litestar import Request, Response, route
+from litestar.handlers import HTTPRouteHandler
 
+from basal.api.context import api_context
 from basal.api.errors import OVERLOADED_HEADERS
-from basal.api.wire.openapi import documented
-from basal.api.wire.schema_types import HealthResponse, json_schema
+from basal.api.wire.openapi import documented, json_content
+from basal.api.wire.schema_types import HealthResponse
 from basal.core.engine.front import EnginesFront
 
 Readiness = Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]
@@ -48,70 +50,73 @@ def readiness(engines: EnginesFront) -> Readiness:
     return "ok"
 
 
-def _content(tp: type) -> dict:
-    return {"application/json": {"schema": json_schema(tp)}}
-
-
 def _ready_or_not(tp: type, ready: str, not_ready: str) -> dict:
     """The OpenAPI responses of a readiness probe: 200 with `ready`, 503 with `not_ready`, one body type."""
     return {
-        "200": {"description": ready, "content": _content(tp)},
-        "503": {"description": not_ready, "content": _content(tp)},
+        "200": {"description": ready, "content": json_content(tp)},
+        "503": {"description": not_ready, "content": json_content(tp)},
     }
 
 
-def health_routes(engines: EnginesFront) -> list:
-    def answer(body: dict, status: str) -> Response:
-        ok = status == "ok"
-        return Response(body, status_code=200 if ok else 503, headers=None if ok else OVERLOADED_HEADERS)
+def _answer(body: dict, status: str) -> Response:
+    ok = status == "ok"
+    return Response(body, status_code=200 if ok else 503, headers=None if ok else OVERLOADED_HEADERS)
 
-    @route(
-        "/health",
-        http_method=["GET", "HEAD"],
-        operation_class=documented(
-            _ready_or_not(
-                HealthResponse,
-                "ready (as /health/ready)",
-                "loading, overloaded, draining or shut down (retry elsewhere)",
-            )
-        ),
-        summary="Readiness and the served models (the original probe; same status as /health/ready)",
-        tags=["service"],
-    )
-    async def health() -> Response:
-        status = readiness(engines)
-        return answer({"status": status, "models": engines.names, "default_model": engines.default}, status)
 
-    @route(
-        "/health/live",
-        http_method=["GET", "HEAD"],
-        operation_class=documented(
-            {"200": {"description": "the process serves HTTP", "content": _content(LiveResponse)}}
-        ),
-        summary="Liveness: 200 while the process answers HTTP (also while loading, draining or busy)",
-        tags=["service"],
-    )
-    async def live() -> Response:
-        return Response({"status": "alive"})
+async def health(request: Request) -> Response:
+    engines = api_context(request).engines
+    status = readiness(engines)
+    return _answer({"status": status, "models": engines.names, "default_model": engines.default}, status)
 
-    @route(
-        "/health/ready",
-        http_method=["GET", "HEAD"],
-        operation_class=documented(
-            _ready_or_not(
-                ReadyResponse,
-                "every model is loaded and a decision request would be served",
-                "loading (each model's step), overloaded, a model cannot answer, draining",
-            )
-        ),
-        summary="Readiness: 200 when a decision request would be served, 503 (and why) when not",
-        tags=["service"],
-    )
-    async def ready() -> Response:
-        status = readiness(engines)
-        loading = dict(engines.progress)
-        models = {name: loading.get(name, "loaded") for name in engines.names}
-        body = {"status": status, "models": models, "inflight": engines.inflight, "max_inflight": engines.max_inflight}
-        return answer(body, status)
 
-    return [health, live, ready]
+async def live() -> Response:
+    return Response({"status": "alive"})
+
+
+async def ready(request: Request) -> Response:
+    engines = api_context(request).engines
+    status = readiness(engines)
+    loading = dict(engines.progress)
+    models = {name: loading.get(name, "loaded") for name in engines.names}
+    body = {"status": status, "models": models, "inflight": engines.inflight, "max_inflight": engines.max_inflight}
+    return _answer(body, status)
+
+
+def health_routes() -> list[HTTPRouteHandler]:
+    return [
+        route(
+            "/health",
+            http_method=["GET", "HEAD"],
+            operation_class=documented(
+                _ready_or_not(
+                    HealthResponse,
+                    "ready (as /health/ready)",
+                    "loading, overloaded, draining or shut down (retry elsewhere)",
+                )
+            ),
+            summary="Readiness and the served models (the original probe; same status as /health/ready)",
+            tags=["service"],
+        )(health),
+        route(
+            "/health/live",
+            http_method=["GET", "HEAD"],
+            operation_class=documented(
+                {"200": {"description": "the process serves HTTP", "content": json_content(LiveResponse)}}
+            ),
+            summary="Liveness: 200 while the process answers HTTP (also while loading, draining or busy)",
+            tags=["service"],
+        )(live),
+        route(
+            "/health/ready",
+            http_method=["GET", "HEAD"],
+            operation_class=documented(
+                _ready_or_not(
+                    ReadyResponse,
+                    "every model is loaded and a decision request would be served",
+                    "loading (each model's step), overloaded, a model cannot answer, draining",
+                )
+            ),
+            summary="Readiness: 200 when a decision request would be served, 503 (and why) when not",
+            tags=["service"],
+        )(ready),
+    ]

@@ -92,6 +92,11 @@ REQUEST_EXAMPLES = {  # every example is answered 200 (tests/api/test_openapi_do
 }
 
 
+def json_content(tp: Any) -> dict[str, Any]:
+    """An OpenAPI `content` of one JSON body of type `tp`."""
+    return {"application/json": {"schema": json_schema(tp)}}
+
+
 def _json(description: str, tp: Any, headers: dict[str, Any] | None = None) -> dict[str, Any]:
     response: dict[str, Any] = {
         "description": description,

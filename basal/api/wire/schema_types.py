@@ -88,8 +88,8 @@ class BasalRequest(msgspec.Struct):
     model: str | None = None
 
 
-class ServedModel(msgspec.Struct):
-    """One entry of `GET /v1/models` (the front's facts about a model are `basal.core.engine.front.ModelInfo`)."""
+class ServedModel(msgspec.Struct):  # the front's own facts about a model are `core.engine.front.ModelInfo`
+    """One served model, as `GET /v1/models` lists it."""
 
     name: str
     release_date: str
