@@ -32,6 +32,7 @@ from basal.api.wire.openapi import BEARER
 from basal.api.wire.schema_pages import SCHEMA_PATH, schema_pages
 from basal.batch.service import BatchService
 from basal.core.engine.front import EnginesFront
+from basal.core.errors import RequestError
 from basal.observability.request_context import RequestContext
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,11 @@ def create_app(
     app = Litestar(
         route_handlers=routes,
         state=State({"api": context}),
-        exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},
+        exception_handlers={
+            RequestError: refusal_response,
+            HTTPException: litestar_http_exception,
+            Exception: unhandled_exception,
+        },
         request_max_body_size=settings.max_body_bytes,
         cors_config=CORSConfig(allow_origins=list(settings.cors_origins)) if settings.cors_origins else None,
         openapi_config=openapi_config(bool(settings.api_keys)),
@@ -90,6 +95,12 @@ def openapi_config(keys: bool) -> OpenAPIConfig:
             else None
         ),
     )
+
+
+def refusal_response(request: Request, exc: RequestError) -> Response:
+    """A refusal raised by a route or a guard (`api/errors.py`), as its status and body. The decision routes answer
+    their own (`handle_decision` never raises); the Batch routes' Router answers theirs in their shape."""
+    return Response(exc.body, status_code=exc.status)
 
 
 def litestar_http_exception(request: Request, exc: HTTPException) -> Response:

@@ -76,6 +76,16 @@ def auth_error(missing: bool, dialect: str) -> RequestError:
     return RequestError(status, {"detail": {"error_type": "authentication_error", "message": message}})
 
 
+def service_auth_error(missing: bool) -> RequestError:
+    """403 without a key, 401 with a wrong one, on /metrics and /schema (not a decision: the plain `detail` body)."""
+    return RequestError(403, {"detail": AUTH_MISSING}) if missing else RequestError(401, {"detail": AUTH_WRONG})
+
+
+def not_found() -> RequestError:
+    """404, as Litestar answers a path it does not route (`app.litestar_http_exception`)."""
+    return RequestError(404, {"detail": "Not Found"})
+
+
 BATCH_ERROR_TYPES = {
     401: "authentication_error",
     403: "authentication_error",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import hmac
 
 from litestar.connection import ASGIConnection
-from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 
 from basal.api.context import api_context
-from basal.api.errors import AUTH_MISSING, AUTH_WRONG, auth_error
+from basal.api.errors import auth_error, service_auth_error
 from basal.api.settings import ApiSettings
 
 
@@ -39,7 +38,5 @@ def service_key(connection: ASGIConnection, _handler: object = None) -> None:
     context = api_context(connection)
     if context.keyed_service:
         verdict = key_verdict(connection.headers.get("authorization"), context.settings.api_keys)
-        if verdict == "missing":
-            raise PermissionDeniedException(AUTH_MISSING)
-        if verdict == "wrong":
-            raise NotAuthorizedException(AUTH_WRONG)
+        if verdict is not None:
+            raise service_auth_error(missing=verdict == "missing")

@@ -12,7 +12,6 @@ from basal.api.settings import ApiSettings
 from basal.api.wire.capabilities import capabilities
 from basal.api.wire.openapi import documented, json_content
 from basal.api.wire.schema_types import ModelsResponse, SystemOneError
-from basal.core.errors import RequestError
 
 DESCRIPTION = "basal typed-decision model (choice / noul / score / act / multi), Polish and English"
 LOADING = "The models are still loading. Retry after a short delay (GET /health/ready says when)."
@@ -21,10 +20,7 @@ LOADING = "The models are still loading. Retry after a short delay (GET /health/
 async def models(request: Request) -> Response:
     context = api_context(request)
     engines, settings = context.engines, context.settings
-    try:
-        check_auth(request, settings, "systemone")
-    except RequestError as e:
-        return Response(e.body, status_code=e.status)
+    check_auth(request, settings, "systemone")  # a refusal is answered by the app's `refusal_response`
     if engines.progress:  # what a model computes with is known once its backend has loaded
         return Response({"detail": LOADING}, status_code=503, headers=OVERLOADED_HEADERS)
     return Response(

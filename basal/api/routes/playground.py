@@ -11,10 +11,11 @@ from functools import cache
 from pathlib import Path
 
 from litestar import Response, get
-from litestar.exceptions import NotFoundException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.response import Redirect
+
+from basal.api.errors import not_found
 
 STATIC = Path(__file__).parents[1] / "static"  # basal/api/static: the page's files
 PLAYGROUND_PATH = "/playground"
@@ -35,7 +36,7 @@ def _assets() -> dict[str, bytes]:
 def _asset(name: str) -> Response:
     assets = _assets()
     if name not in assets:
-        raise NotFoundException(f"no playground file {name!r}")
+        raise not_found()
     return Response(assets[name], media_type=MEDIA_TYPES[Path(name).suffix], headers=HEADERS)
 
 
