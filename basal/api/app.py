@@ -19,7 +19,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
 from basal.api.context import ApiContext
-from basal.api.decide import ModelFacts, body_decider, parsers
+from basal.api.decide import body_decider, parsers
 from basal.api.http.auth import service_key
 from basal.api.routes.batches import batch_routes
 from basal.api.routes.decisions import decision_routes
@@ -46,7 +46,7 @@ def create_app(
 ) -> Litestar:
     """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store."""
     settings = settings or ApiSettings()
-    context = ApiContext(engines, settings, parsers(engines, settings, ModelFacts(engines)), batches)
+    context = ApiContext(engines, settings, parsers(engines, settings), batches)
     routes = [*decision_routes(settings), *model_routes(settings), *health_routes(), *metrics_routes(settings)]
     routes += playground_routes()
     starts, stops = [engines.start], [*on_shutdown]
