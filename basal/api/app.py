@@ -52,7 +52,7 @@ def create_app(
     starts, stops = [engines.start], [*on_shutdown]
     if batches is not None:
         batches.attach(body_decider(engines, settings, context.parsers["basal"]))
-        routes.append(batch_routes(settings))
+        routes += batch_routes(settings)
         starts.append(batches.start)
         stops.append(batches.stop)  # batch lines stop first (they run again at the next start)
 
@@ -98,8 +98,8 @@ def openapi_config(keys: bool) -> OpenAPIConfig:
 
 
 def refusal_response(request: Request, exc: RequestError) -> Response:
-    """A refusal raised by a route or a guard (`api/errors.py`), as its status and body. The decision routes answer
-    their own (`handle_decision` never raises); the Batch routes' Router answers theirs in their shape."""
+    """A refusal raised by a route or a guard (`api/errors.py`), as its status and body (a dict, or a wire Struct:
+    the Batch routes' `ApiError`). The decision routes answer their own (`handle_decision` never raises)."""
     return Response(exc.body, status_code=exc.status)
 
 

@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, Router, delete, get, post
+from litestar import Request, Response, delete, get, post
+from litestar.handlers import HTTPRouteHandler
 from litestar.response import File
 
 from basal.api.context import api_context
@@ -43,11 +44,6 @@ MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
 DEFAULT_LIST = 20
 MAX_METADATA = 16  # metadata pairs; keys up to 64 characters, values up to 512 (as OpenAI)
 JSONL = "application/jsonl"
-
-
-def refusal(request: Request, exc: RequestError) -> Response:
-    """What these routes answer for a refusal (`errors.batch_refusal`): its status and its `ApiError` body."""
-    return Response(msgspec.json.encode(exc.body), status_code=exc.status, media_type="application/json")
 
 
 def _auth(request: Request) -> None:
@@ -125,7 +121,7 @@ def _expires_seconds(value: Any, param: str) -> int:
     return value
 
 
-# the routes: module-level handlers, each refusal a `batch_refusal` that the Router's `refusal` answers
+# the routes: module-level handlers; a refusal is raised (`batch_refusal`) and answered by the app's `refusal_response`
 
 
 async def upload(request: Request) -> Response:
@@ -289,9 +285,8 @@ UPLOAD_SCHEMA = {
 }
 
 
-def batch_routes(settings: ApiSettings) -> Router:
-    """The Files and Batches API's routes, documented with every status they send; their refusals answered by
-    `refusal`."""
+def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
+    """The Files and Batches API's routes, documented with every status they send."""
     keys = bool(settings.api_keys)
 
     def responses(ok: str, tp: Any, *errors: tuple[str, str]) -> dict[str, Any]:
@@ -307,7 +302,7 @@ def batch_routes(settings: ApiSettings) -> Router:
         "content": {JSONL: {"schema": {"type": "string"}}},
     }
     no_file, no_batch = ("404", "no such file"), ("404", "no such batch")
-    handlers = [
+    return [
         post(
             "/v1/files",
             operation_class=documented(
@@ -396,4 +391,3 @@ def batch_routes(settings: ApiSettings) -> Router:
             status_code=200,
         )(cancel_batch),
     ]
-    return Router("/", route_handlers=handlers, exception_handlers={RequestError: refusal})
