@@ -52,7 +52,7 @@ class BatchService:
         self._task: asyncio.Task | None = None
 
     def attach(self, decide: Decide) -> None:
-        """The decision path lines go through (`basal.api.decisions.body_decider`), set when the app is built."""
+        """The decision path lines go through (`basal.api.decide.body_decider`), set when the app is built."""
         self.decide = decide
 
     async def start(self) -> None:

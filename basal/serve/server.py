@@ -8,16 +8,15 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
-from basal.api.listener import DrainingServer, server_config
+from basal.api.settings import ApiSettings
 from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store
 from basal.core.engine.engine import Engine, EngineSettings
-from basal.core.engine.engines import Engines, EnginesFront
+from basal.core.engine.engines import Engines
+from basal.core.engine.front import EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
@@ -30,6 +29,9 @@ from basal.progress import Progress
 from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
+
+if TYPE_CHECKING:
+    from basal.api.http.listener import DrainingServer
 
 log = logging.getLogger("basal")
 
@@ -204,7 +206,7 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
     tracer = None
     if config.otlp_endpoint:
-        from basal.api.tracing import otlp_tracer
+        from basal.observability.tracing import otlp_tracer
 
         tracer = otlp_tracer(config.otlp_endpoint)
     return ApiSettings(
@@ -297,6 +299,9 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches:
 def _server(
     engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
 ) -> DrainingServer:
+    from basal.api.app import create_app  # the web stack, imported only by what listens (`run-batch` does not)
+    from basal.api.http.listener import DrainingServer, server_config
+
     app = create_app(engines, api_settings(config), batches=batches)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",

@@ -21,7 +21,7 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # error bodies
     max_errors: int = 64  # errors listed in one 422
     max_echo_chars: int = 200  # characters of the request echoed in an error (input values, names, keys)
-    # connections (uvicorn + basal.api.connection_guard)
+    # connections (uvicorn + basal.api.http.connection_guard)
     max_connections: int = 2048  # open HTTP connections; more are closed at once
     max_header_count: int = 128  # header lines of one request (431 beyond)
     max_header_bytes: int = 65_536  # request line + headers of one request (431 beyond)

@@ -7,14 +7,17 @@ this server, so a browser refuses any other host even if a later edit tried one.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from litestar import Response, get
-from litestar.exceptions import NotFoundException
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.response import Redirect
 
-STATIC = Path(__file__).with_name("static")
+from basal.api.errors import not_found
+
+STATIC = Path(__file__).parents[1] / "static"  # basal/api/static: the page's files
 PLAYGROUND_PATH = "/playground"
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8", ".js": "text/javascript"}
 HEADERS = {
@@ -24,30 +27,35 @@ HEADERS = {
 }
 
 
+@cache
 def _assets() -> dict[str, bytes]:
     """Every file the page is made of, read once (a few kilobytes)."""
     return {p.name: p.read_bytes() for p in sorted(STATIC.iterdir()) if p.suffix in MEDIA_TYPES}
 
 
-def playground_routes() -> list:
-    """The page, its assets, and the redirect from ``/`` (relative, so it holds behind a proxy's path prefix)."""
+def _asset(name: str) -> Response:
     assets = _assets()
+    if name not in assets:
+        raise not_found()
+    return Response(assets[name], media_type=MEDIA_TYPES[Path(name).suffix], headers=HEADERS)
 
-    def asset(name: str) -> Response:
-        if name not in assets:
-            raise NotFoundException(f"no playground file {name!r}")
-        return Response(assets[name], media_type=MEDIA_TYPES[Path(name).suffix], headers=HEADERS)
 
-    @get(PLAYGROUND_PATH, include_in_schema=False)
-    async def page() -> Response:
-        return asset("index.html")
+async def page() -> Response:
+    return _asset("index.html")
 
-    @get(f"{PLAYGROUND_PATH}/{{name:str}}", include_in_schema=False)
-    async def playground_file(name: FromPath[str]) -> Response:
-        return asset(name)
 
-    @get("/", include_in_schema=False)
-    async def root() -> Redirect:
-        return Redirect(PLAYGROUND_PATH.lstrip("/"), status_code=302)
+async def playground_file(name: FromPath[str]) -> Response:
+    return _asset(name)
 
-    return [page, playground_file, root]
+
+async def root() -> Redirect:
+    return Redirect(PLAYGROUND_PATH.lstrip("/"), status_code=302)
+
+
+def playground_routes() -> list[HTTPRouteHandler]:
+    """The page, its assets, and the redirect from ``/`` (relative, so it holds behind a proxy's path prefix)."""
+    return [
+        get(PLAYGROUND_PATH, include_in_schema=False)(page),
+        get(f"{PLAYGROUND_PATH}/{{name:str}}", include_in_schema=False)(playground_file),
+        get("/", include_in_schema=False)(root),
+    ]
