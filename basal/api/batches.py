@@ -12,6 +12,7 @@ import json
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,10 @@ from basal.api.openapi import documented, json_schema
 from basal.batch.lines import UploadRefused
 from basal.batch.service import WINDOW_S, BatchService, lines_of
 from basal.batch.store import Conflict, TooMany
-from basal.core.errors import RequestError
+from basal.core.errors import DETAIL_CHARS, RequestError, cut
 
 MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
+MESSAGE_WORDS = 200  # characters of a refusal's own words, beside what it quotes (`limits.max_echo_chars`)
 DEFAULT_LIST = 20
 MAX_FORM_HEAD = 64 << 10  # bytes of form fields and part headers before the file's bytes
 MAX_METADATA = 16  # metadata pairs; keys up to 64 characters, values up to 512 (as OpenAI)
@@ -56,7 +58,9 @@ class Refused(Exception):
         self.status, self.code, self.message, self.param = status, code, message, param
 
 
-def _refusal(e: Refused) -> Response:
+def _refusal(e: Refused, max_echo_chars: int = DETAIL_CHARS) -> Response:
+    """The error body of a refusal; its message cut to `max_echo_chars` beyond the words of the message itself,
+    so whatever it quotes of the request (an id, a decoder's text) never makes it grow with the request."""
     kind = {
         401: "authentication_error",
         403: "authentication_error",
@@ -65,7 +69,8 @@ def _refusal(e: Refused) -> Response:
         413: "invalid_request_error",
         429: "rate_limit_error",
     }.get(e.status, "invalid_request_error")
-    body = ApiError(error=ErrorDetail(message=e.message, type=kind, param=e.param, code=e.code))
+    message = cut(e.message, max_echo_chars + MESSAGE_WORDS)
+    body = ApiError(error=ErrorDetail(message=message, type=kind, param=e.param, code=e.code))
     return Response(msgspec.json.encode(body), status_code=e.status, media_type="application/json")
 
 
@@ -113,8 +118,11 @@ def batch_object(row: dict) -> BatchObject:
     )
 
 
-def _list_args(request: Request) -> tuple[str | None, int]:
+def _list_args(request: Request, known: Callable[[str], object]) -> tuple[str | None, int]:
+    """`after` (a cursor: an id `known` finds) and `limit` of a list request."""
     after = request.query_params.get("after")
+    if after is not None and known(after) is None:
+        raise Refused(400, "invalid_cursor", f"after={after!r} names nothing in this list (deleted, or never in it)")
     raw = request.query_params.get("limit")
     if raw is None:
         return after, DEFAULT_LIST
@@ -271,7 +279,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
             _auth(request, settings)
             return await work()
         except Refused as e:
-            return _refusal(e)
+            return _refusal(e, settings.limits.max_echo_chars)
 
     upload_schema = {
         "type": "object",
@@ -341,7 +349,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
     )
     async def list_files(request: Request) -> Response:
         async def work() -> Response:
-            after, limit = _list_args(request)
+            after, limit = _list_args(request, store.get_file)
             purpose = request.query_params.get("purpose")
             if purpose is not None and purpose not in ("batch", "batch_output"):
                 raise Refused(400, "invalid_purpose", 'purpose must be "batch" or "batch_output"', "purpose")
@@ -492,7 +500,7 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
     )
     async def list_batches(request: Request) -> Response:
         async def work() -> Response:
-            after, limit = _list_args(request)
+            after, limit = _list_args(request, store.get_batch)
             rows, more = store.list_batches(after, limit)
             return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
 
