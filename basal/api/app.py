@@ -40,7 +40,7 @@ from basal.api.openapi import (
     request_schema,
 )
 from basal.api.playground import playground_routes
-from basal.api.schema_pages import SCHEMA_PATH, schema_pages
+from basal.api.schema_pages import SCHEMA_HEADERS, SCHEMA_PATH, schema_pages
 from basal.api.schema_types import (
     BasalRequest,
     ModelsResponse,
@@ -224,7 +224,13 @@ def create_app(
         openapi_config=OpenAPIConfig(
             title="basal",
             version=__version__,
-            openapi_router=Router(SCHEMA_PATH, route_handlers=[], guards=[service_key], include_in_schema=False),
+            openapi_router=Router(
+                SCHEMA_PATH,
+                route_handlers=[],
+                guards=[service_key],
+                include_in_schema=False,
+                response_headers=SCHEMA_HEADERS,
+            ),
             render_plugins=schema_pages(),
             components=Components(
                 security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
