@@ -120,6 +120,8 @@ def _members(t: mi.Type) -> list[mi.Type]:
         ({"release_date": "2026-13-01"}, "`release_date` has month 13: a month is 01 to 12"),
         ({"release_date": "2026-02-30"}, "`release_date` is not a day of the calendar: 2026-02 has no day 30"),
         ({"release_date": "soon"}, "`release_date` must be a date written YYYY-MM-DD"),
+        ({"release_date": "0000-01-01"}, "`release_date` has year 0000: the calendar starts at 0001"),
+        ({"api_keys": "secret"}, "`api_keys` is 'secret' (text): expected a list of text (api key)"),
         ({"api_keys": [""]}, "`api_keys` has item 1 of 1, which is an empty API key"),
         ({"api_keys": ["ok", "  "]}, "`api_keys` has item 2 of 2, which is an empty API key"),
         ({"api_keys": [" key"]}, "starts or ends with white space"),
@@ -178,6 +180,8 @@ def test_an_empty_key_list_from_the_environment_needs_no_auth(clean_environment)
         else:
             clean_environment.setenv("BASAL_NO_AUTH", "true")
             assert parse_config(data).no_auth is True and api_settings(parse_config(data)).api_keys == ()
+    clean_environment.delenv("BASAL_NO_AUTH")
+    assert api_settings(parse_config({"api_keys": ["k"]})).api_keys == ("k",)  # keys from the file: not open
     clean_environment.setenv("BASAL_API_KEYS", "k1, k2")
     with pytest.raises(ConfigError, match=r"`no_auth`.*gives 2"):
         parse_config({})

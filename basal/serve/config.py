@@ -281,7 +281,8 @@ def with_environment(data: dict, where: str = "configuration", environ: Mapping[
     for problem in unknown:
         log.warning("%s (ignored; every key: docs/configuration.md)", problem)
     no_auth = data.get("no_auth", tree.get("no_auth", False))
-    if API_KEYS_VAR in environ and not environment_api_keys(environ) and not bad and no_auth is not True:
+    keyless = not environment_api_keys(environ) and not data.get("api_keys")  # the file's or the flags' keys
+    if API_KEYS_VAR in environ and keyless and not bad and no_auth is not True:
         bad.append(
             f"{API_KEYS_VAR} is set but holds no key ({environ[API_KEYS_VAR]!r}): give the keys (a,b), or say "
             "--no-auth (no_auth: true, BASAL_NO_AUTH=true) to serve without keys on purpose"

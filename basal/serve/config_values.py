@@ -40,6 +40,8 @@ def date_problem(text: str) -> str | None:
     if len(parts) != 3 or [len(p) for p in parts] != [4, 2, 2] or not all(p.isascii() and p.isdigit() for p in parts):
         return "must be a date written YYYY-MM-DD, e.g. 2026-10-05"
     year, month, day = map(int, parts)
+    if year < 1:
+        return "has year 0000: the calendar starts at 0001 (YYYY-MM-DD)"
     if not 1 <= month <= 12:
         return f"has month {month}: a month is 01 to 12 (YYYY-MM-DD)"
     try:
@@ -50,21 +52,23 @@ def date_problem(text: str) -> str | None:
 
 
 def api_key_problem(text: str) -> str | None:
+    """Why `text` cannot be an API key: empty (`Bearer ` with nothing after it would match), or padded."""
     if not text.strip():
         return "is an empty API key: every key must have characters (a template with a missing secret gives '')"
     if text != text.strip():
-        return "is an API key that starts or ends with white space, which no client can send: remove it"
+        return "is an API key that starts or ends with white space, which HTTP trims from a header: remove it"
     return None
 
 
 FORMATS = {"host:port": host_port_problem, "date": date_problem, "api key": api_key_problem}
 
 
-def words(t: mi.Type) -> str:
-    """What a type holds, as a user says it."""
+def words(t: mi.Type, fmt: str | None = None) -> str:
+    """What a type holds (of format `fmt`, if given), as a user says it."""
     if isinstance(t, mi.Metadata):
-        fmt = (t.extra or {}).get("format")
-        return f"text ({fmt.upper() if fmt == 'host:port' else fmt})" if fmt else words(t.type)
+        return words(t.type, (t.extra or {}).get("format"))
+    if fmt is not None:
+        return f"text ({fmt.upper() if fmt == 'host:port' else fmt})"
     if isinstance(t, mi.BoolType):
         return "true or false"
     if isinstance(t, mi.IntType):
@@ -100,6 +104,7 @@ def _shown(value: object) -> str:
 
 
 def _range(t: mi.IntType | mi.FloatType, value: float) -> str | None:
+    """Why a number is not finite or outside the key's bounds (declared, else 0 to `CEILING`)."""
     if isinstance(t, mi.FloatType) and not math.isfinite(value):
         return f"must be a finite number, got {value!r}"
     low = t.ge if t.ge is not None else t.gt if t.gt is not None else 0
@@ -128,7 +133,7 @@ def value_problem(t: mi.Type, value: object) -> str | None:
         return value_problem(members[0], value)
     if isinstance(t, mi.LiteralType | mi.AnyType):
         return None
-    expected = f"is {_shown(value)}: expected {words(mi.Metadata(t, None, {'format': fmt}) if fmt else t)}"
+    expected = f"is {_shown(value)}: expected {words(t, fmt)}"
     if isinstance(t, mi.StructType | mi.DictType):
         return None if isinstance(value, dict) else expected
     if isinstance(t, mi.BoolType):
