@@ -184,7 +184,7 @@ def test_an_empty_key_list_from_the_environment_needs_no_auth(clean_environment)
     assert api_settings(parse_config({"api_keys": ["k"]})).api_keys == ("k",)  # keys from the file: not open
     clean_environment.setenv("BASAL_API_KEYS", "k1, k2")
     with pytest.raises(ConfigError, match=r"`no_auth`.*gives 2"):
-        parse_config({})
+        parse_config({"no_auth": True})
 
 
 def test_no_auth_is_a_flag(clean_environment):
