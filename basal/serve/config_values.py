@@ -78,7 +78,8 @@ def words(t: mi.Type, fmt: str | None = None) -> str:
     if isinstance(t, mi.StrType):
         return "text"
     if isinstance(t, mi.ListType):
-        return f"a list of {words(t.item_type).removeprefix('a ')}"
+        item = words(t.item_type)
+        return "a list of sections" if item == "a section of keys" else f"a list of {item.removeprefix('a ')}"
     if isinstance(t, mi.StructType | mi.DictType):
         return "a section of keys"
     if isinstance(t, mi.LiteralType):
@@ -90,6 +91,8 @@ def words(t: mi.Type, fmt: str | None = None) -> str:
 
 def _shown(value: object) -> str:
     """A value as a user wrote it, with its kind when a YAML reader may not expect it."""
+    if value is None:
+        return "empty (null)"
     if isinstance(value, bool):
         return f"{str(value).lower()} (true or false)"
     if isinstance(value, int | float):
