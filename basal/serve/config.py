@@ -22,17 +22,17 @@ from msgspec import Meta
 
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
 from basal.core.request.limits import Limits
-from basal.serve.config_keys import ENV_SEP, environment_tree, problems
+from basal.serve.config_keys import ENV_PREFIX, ENV_SEP, environment_tree, problems
 from basal.serve.config_values import ApiKey, HostPort, IsoDate
 
 log = logging.getLogger("basal")
 
+API_KEYS_VAR = "BASAL_API_KEYS"  # adds keys to the file's (`environment_api_keys`)
 MAX_MB = 1 << 20  # sizes in MB (a body, an upload, a line) up to a TiB: more is no size this machine holds
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
 # BASAL_ variables that are not configuration keys: read elsewhere (basal.core.home, the CPU kernels), by the
 # CLI (BASAL_CONFIG, BASAL_MODEL), by compose (BASAL_TARGET) or by the tests
-API_KEYS_VAR = "BASAL_API_KEYS"
 NOT_KEYS = frozenset(
     {"BASAL_HOME", "BASAL_CPU_KERNELS", "BASAL_CONFIG", "BASAL_MODEL", "BASAL_TARGET", "BASAL_BACKGROUND_PROBE"}
 )
@@ -187,7 +187,7 @@ def _same_listener(addr: str, other: str) -> bool:
     other_host, _, other_port = other.rpartition(":")
     if port != other_port:
         return False
-    hosts = {h.strip("[]").replace("localhost", "127.0.0.1") for h in (host, other_host)}
+    hosts = {"127.0.0.1" if h == "localhost" else h.strip("[]") for h in (host, other_host)}
     return len(hosts) == 1 or bool(hosts & {"0.0.0.0", "::", ""})
 
 
@@ -333,7 +333,9 @@ def _variables_at(message: str) -> str:
     message says where a value may have come from. "" when the environment has none of them."""
     keys = {k.upper() for k in re.findall(r"`([a-z_]+)`", message)}
     names = sorted(
-        v for v in os.environ if v.startswith("BASAL_") and v not in NOT_KEYS and v[6:].rsplit(ENV_SEP, 1)[-1] in keys
+        v
+        for v in os.environ
+        if v.startswith(ENV_PREFIX) and v not in NOT_KEYS and v.removeprefix(ENV_PREFIX).rsplit(ENV_SEP, 1)[-1] in keys
     )
     shown = ", ".join(f"{v}={os.environ[v][:80]!r}" for v in names if v != API_KEYS_VAR)
     return f" (the environment has {shown})" if shown else ""
