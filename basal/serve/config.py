@@ -332,10 +332,7 @@ def _variables_at(message: str) -> str:
     " (the environment has BASAL_MODELS__0__STATE_CACHE_MB=...)": such a check sees the merged tree, so the
     message says where a value may have come from. "" when the environment has none of them."""
     keys = {k.upper() for k in re.findall(r"`([a-z_]+)`", message)}
-    names = sorted(
-        v
-        for v in os.environ
-        if v.startswith(ENV_PREFIX) and v not in NOT_KEYS and v.removeprefix(ENV_PREFIX).rsplit(ENV_SEP, 1)[-1] in keys
-    )
+    config_vars = [v for v in os.environ if v.startswith(ENV_PREFIX) and v not in NOT_KEYS]
+    names = sorted(v for v in config_vars if v.removeprefix(ENV_PREFIX).rsplit(ENV_SEP, 1)[-1] in keys)
     shown = ", ".join(f"{v}={os.environ[v][:80]!r}" for v in names if v != API_KEYS_VAR)
     return f" (the environment has {shown})" if shown else ""
