@@ -106,7 +106,7 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     enabled: bool | None = None  # None: on when `addr` is a loopback address, off otherwise
     dir: str | None = None  # the store's directory (default: $BASAL_HOME/batches)
-    max_upload_mb: Annotated[float, Meta(gt=0, le=MAX_MB)] = 200.0  # one uploaded file (413 beyond)
+    max_upload_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 200.0  # one uploaded file (413 beyond)
     max_lines: Annotated[int, Meta(ge=1)] = 50_000  # lines of one input file (400 beyond)
     max_line_kb: Annotated[int, Meta(ge=1, le=MAX_MB << 10)] = 1024  # one input line; longer: an error record
     max_in_progress: Annotated[int, Meta(ge=1)] = 8  # batches not yet finished; one more is refused with 429
@@ -126,7 +126,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     metrics: bool = False
     api_keys: list[ApiKey] = msgspec.field(default_factory=list)
     no_auth: bool = False  # no API keys on purpose: an empty BASAL_API_KEYS is then no error
-    max_body_mb: Annotated[float, Meta(gt=0, le=MAX_MB)] = 16.0
+    max_body_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 16.0  # from a KB: less refuses every request
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
     limits: Limits = msgspec.field(default_factory=Limits)  # docs/configuration.md "Limits": what one request may cost
@@ -147,6 +147,12 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError(
                 f"`metrics_addr` {self.metrics_addr} is the API's own `addr` {self.addr}: the separate /metrics "
                 "listener needs a port of its own (or leave `metrics_addr` out: /metrics is then on `addr`)"
+            )
+        if self.limits.max_transit_bytes < self.max_body_mb * (1 << 20):
+            raise msgspec.ValidationError(
+                f"`limits.max_transit_bytes` ({self.limits.max_transit_bytes}) is below `max_body_mb` "
+                f"({self.max_body_mb:g} MiB): a body that large could never be received (529 every time); raise "
+                "`max_transit_bytes` or lower `max_body_mb`"
             )
         if self.no_auth and self.api_keys:
             raise msgspec.ValidationError(

@@ -29,12 +29,13 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_echo_chars: Annotated[int, Meta(ge=1)] = 200  # characters of the request echoed in an error (values, names)
     # connections (uvicorn + basal.api.connection_guard)
     max_connections: Annotated[int, Meta(ge=1)] = 2048  # open HTTP connections; more are closed at once
-    max_header_count: Annotated[int, Meta(ge=1)] = 128  # header lines of one request (431 beyond)
-    max_header_bytes: Annotated[int, Meta(ge=1)] = 65_536  # request line + headers of one request (431 beyond)
+    # the floors below keep a limit one that a real request can pass (less would refuse every request)
+    max_header_count: Annotated[int, Meta(ge=8)] = 128  # header lines of one request (431 beyond)
+    max_header_bytes: Annotated[int, Meta(ge=1024)] = 65_536  # request line + headers of one request (431 beyond)
     # from connection (or the previous response) to the end of the headers (408); at most a day, as every timeout
-    header_timeout_s: Annotated[float, Meta(gt=0, le=DAY_S)] = 10.0
-    body_timeout_s: Annotated[float, Meta(gt=0, le=DAY_S)] = 60.0  # from the end of the headers to the end of the body
-    max_transit_bytes: Annotated[int, Meta(ge=1)] = 256 << 20  # bytes of bodies being received at once (529 beyond)
+    header_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 10.0
+    body_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 60.0  # from the end of the headers to the body's end
+    max_transit_bytes: Annotated[int, Meta(ge=1 << 16)] = 256 << 20  # bytes of bodies received at once (529 beyond)
     keep_alive_s: Annotated[float, Meta(gt=0, le=DAY_S)] = 5.0  # an idle keep-alive connection is closed after this
 
     def __post_init__(self) -> None:
