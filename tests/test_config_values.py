@@ -123,6 +123,7 @@ def _members(t: mi.Type) -> list[mi.Type]:
         ({"max_inflight": True}, "`max_inflight` is true (true or false): expected a whole number"),
         ({"limits": 3}, "`limits` is 3 (a number): expected a section of keys"),
         ({"max_inflight": None}, "`max_inflight` is empty (null): expected a whole number"),
+        ({"models": ["demo"]}, "`models[0]` is 'demo' (text): expected a section of keys"),
         ({"release_date": "2026-13-01"}, "`release_date` has month 13: a month is 01 to 12"),
         ({"release_date": "2026-02-30"}, "`release_date` is not a day of the calendar: 2026-02 has no day 30"),
         ({"release_date": "soon"}, "`release_date` must be a date written YYYY-MM-DD"),

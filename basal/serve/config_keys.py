@@ -89,6 +89,8 @@ def problems(data: object, struct: type[msgspec.Struct], where: str = "") -> lis
         listed = _struct_of(f.type.item_type) if isinstance(f.type, mi.ListType) else None
         if listed is not None and isinstance(value, list):
             for i, item in enumerate(value):
+                if problem := value_problem(listed, item):  # an entry that is not a section
+                    out.append(f"`{at}[{i}]` {problem}")
                 out += problems(item, listed.cls, f"{at}[{i}]")
         elif listed is None and (inner := _struct_of(f.type)) and isinstance(value, dict):
             out += problems(value, inner.cls, at)
