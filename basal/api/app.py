@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 import anyio
+import msgspec
 from litestar import Litestar, Request, Response, Router
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
@@ -18,7 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from basal import __version__
-from basal.api.context import ApiContext
+from basal.api.context import ApiContext, api_context
 from basal.api.decide import body_decider, parsers
 from basal.api.http.auth import service_key
 from basal.api.routes.batches import batch_routes
@@ -28,14 +29,17 @@ from basal.api.routes.metrics import metrics_routes
 from basal.api.routes.models import model_routes
 from basal.api.routes.playground import playground_routes
 from basal.api.settings import ApiSettings
+from basal.api.wire.batch_types import ApiError
 from basal.api.wire.openapi import BEARER
-from basal.api.wire.schema_pages import SCHEMA_PATH, schema_pages
+from basal.api.wire.schema_pages import SCHEMA_HEADERS, SCHEMA_PATH, schema_pages
 from basal.batch.service import BatchService
 from basal.core.engine.front import EnginesFront
-from basal.core.errors import RequestError
+from basal.core.errors import RequestError, cut
 from basal.observability.request_context import RequestContext
 
 log = logging.getLogger(__name__)
+
+MESSAGE_WORDS = 200  # characters of a Batch refusal's own words, beside what it quotes (`limits.max_echo_chars`)
 
 
 def create_app(
@@ -87,7 +91,13 @@ def openapi_config(keys: bool) -> OpenAPIConfig:
     return OpenAPIConfig(
         title="basal",
         version=__version__,
-        openapi_router=Router(SCHEMA_PATH, route_handlers=[], guards=[service_key], include_in_schema=False),
+        openapi_router=Router(
+            SCHEMA_PATH,
+            route_handlers=[],
+            guards=[service_key],
+            include_in_schema=False,
+            response_headers=SCHEMA_HEADERS,
+        ),
         render_plugins=schema_pages(),
         components=Components(
             security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer", description="an API key")}
@@ -99,8 +109,16 @@ def openapi_config(keys: bool) -> OpenAPIConfig:
 
 def refusal_response(request: Request, exc: RequestError) -> Response:
     """A refusal raised by a route or a guard (`api/errors.py`), as its status and body (a dict, or a wire Struct:
-    the Batch routes' `ApiError`). The decision routes answer their own (`handle_decision` never raises)."""
-    return Response(exc.body, status_code=exc.status)
+    the Batch routes' `ApiError`, whose message is cut to `max_echo_chars` beyond its own words, so whatever it
+    quotes of the request never makes it grow with the request). The decision routes answer their own
+    (`handle_decision` never raises)."""
+    body = exc.body
+    if isinstance(body, ApiError):
+        limit = api_context(request).settings.limits.max_echo_chars + MESSAGE_WORDS
+        body = msgspec.structs.replace(
+            body, error=msgspec.structs.replace(body.error, message=cut(body.error.message, limit))
+        )
+    return Response(body, status_code=exc.status)
 
 
 def litestar_http_exception(request: Request, exc: HTTPException) -> Response:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
-from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
+from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig, environment_api_keys, is_loopback
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
@@ -202,8 +201,7 @@ def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
 
 def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
-    if env := os.environ.get("BASAL_API_KEYS"):
-        keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
+    keys += [k for k in environment_api_keys() if k not in keys]  # BASAL_API_KEYS adds to the file's
     tracer = None
     if config.otlp_endpoint:
         from basal.observability.tracing import otlp_tracer
@@ -220,6 +218,24 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         access_log=config.access_log,
         tracer=tracer,
     )
+
+
+def exposure_warnings(config: ServeConfig, settings: ApiSettings) -> list[str]:
+    """What an operator should know before others can reach the server: no API key on an address other machines
+    reach, and CORS open to every origin (docs/configuration.md, "API keys")."""
+    out = []
+    if not settings.api_keys and not is_loopback(config.host):
+        chosen = " (--no-auth)" if config.no_auth else ""
+        out.append(
+            f"no API key{chosen}: anyone who reaches {config.addr} can use this server; give --api-key KEY "
+            "(or BASAL_API_KEYS) unless a proxy in front of it checks who calls"
+        )
+    if "*" in config.cors_origins:
+        out.append(
+            "cors_origins has '*': any web page a user opens may read this server's answers from their browser; "
+            "list the origins that need it instead"
+        )
+    return out
 
 
 def metrics_listener(engines: EnginesFront, addr: str):
@@ -265,13 +281,14 @@ def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None
 def serve(config: ServeConfig) -> None:
     """Listen first, then load: probes get answers during a long load (`/health/live` 200, `/health/ready` 503 with
     each model's step) instead of "connection refused". A load that fails stops the server and raises here."""
+    settings = api_settings(config)  # what the listener needs, built before anything is written or loaded
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
     if config.metrics_addr:
         host, _, port = config.metrics_addr.rpartition(":")
         check_port(host.strip("[]"), int(port))
     engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
     failed: list[BaseException] = []
-    server = _server(engines, config, batches=batch_service(config))
+    server = _server(engines, config, batches=batch_service(config), settings=settings)
 
     def load() -> None:
         try:
@@ -297,12 +314,19 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches:
 
 
 def _server(
-    engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
+    engines: EnginesFront,
+    config: ServeConfig,
+    where: str = "",
+    batches: BatchService | None = None,
+    settings: ApiSettings | None = None,
 ) -> DrainingServer:
     from basal.api.app import create_app  # the web stack, imported only by what listens (`run-batch` does not)
     from basal.api.http.listener import DrainingServer, server_config
 
-    app = create_app(engines, api_settings(config), batches=batches)
+    settings = settings or api_settings(config)
+    for warning in exposure_warnings(config, settings):
+        log.warning(warning)
+    app = create_app(engines, settings, batches=batches)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

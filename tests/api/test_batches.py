@@ -312,6 +312,8 @@ def test_a_batch_whose_input_file_is_gone_fails_with_its_reason(slow):
     assert done["status"] == "failed" and done["failed_at"] is not None
     assert done["errors"]["data"][0]["code"] == "invalid_input_file"
     assert done["errors"]["data"][0]["param"] == "input_file_id"
+    message = done["errors"]["data"][0]["message"]
+    assert "file-gone" in message and "/" not in message  # the id, never the store's path on the server
 
 
 def test_a_batch_line_runs_under_its_record_request_id(demo_model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -96,8 +97,13 @@ def batch_object(row: dict) -> BatchObject:
     )
 
 
-def _list_args(request: Request) -> tuple[str | None, int]:
+def _list_args(request: Request, known: Callable[[str], object]) -> tuple[str | None, int]:
+    """`after` (a cursor: an id `known` finds) and `limit` of a list request."""
     after = request.query_params.get("after")
+    if after is not None and known(after) is None:
+        raise batch_refusal(
+            400, "invalid_cursor", f"after={after!r} names nothing in this list (deleted, or never in it)", "after"
+        )
     raw = request.query_params.get("limit")
     if raw is None:
         return after, DEFAULT_LIST
@@ -155,7 +161,7 @@ async def upload(request: Request) -> Response:
 
 async def list_files(request: Request) -> Response:
     _auth(request)
-    after, limit = _list_args(request)
+    after, limit = _list_args(request, _service(request).store.get_file)
     purpose = request.query_params.get("purpose")
     if purpose is not None and purpose not in ("batch", "batch_output"):
         raise batch_refusal(400, "invalid_purpose", 'purpose must be "batch" or "batch_output"', "purpose")
@@ -247,7 +253,7 @@ async def create_batch(request: Request) -> Response:
 
 async def list_batches(request: Request) -> Response:
     _auth(request)
-    after, limit = _list_args(request)
+    after, limit = _list_args(request, _service(request).store.get_batch)
     rows, more = _service(request).store.list_batches(after, limit)
     return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
 

@@ -2,7 +2,7 @@
 
 The page is plain HTML, CSS and JavaScript shipped in the package (``static/``), with no build step: nothing to
 install to change it, nothing it loads from elsewhere, so it works offline. Its Content-Security-Policy allows only
-this server, so a browser refuses any other host even if a later edit tried one.
+this server, so a browser refuses any other host even if a later edit tried one, and no other site may frame it.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from basal.api.errors import not_found
 STATIC = Path(__file__).parents[1] / "static"  # basal/api/static: the page's files
 PLAYGROUND_PATH = "/playground"
 MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8", ".js": "text/javascript"}
-HEADERS = {
-    "content-security-policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
+HEADERS = {  # no other site may frame the page either (clickjacking): frame-ancestors, and X-Frame-Options for old
+    "content-security-policy": (
+        "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "x-frame-options": "DENY",
     "cache-control": "no-cache",
     "x-content-type-options": "nosniff",
 }
