@@ -109,7 +109,7 @@ lock: $(STAMP)
 # --- the container image (Dockerfile, docs/install.md); needs a running Docker daemon ---
 
 DOCKER    ?= docker
-IMAGE     ?= basal-engine
+IMAGE     ?= basal-bitwise
 IMAGE_TAG ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' basal/__init__.py)
 # BASE: the cpu target's base image instead of the public one. Where no container registry is reachable (this
 # project's machines), `make image-base` builds basal-base:bookworm from the Debian mirror: make image-check

@@ -218,7 +218,7 @@ def _serve(a: argparse.Namespace) -> int:
         try:
             from basal.deploy.app import serve_ray
         except ImportError as e:
-            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-engine[ray]' ({e})") from e
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-bitwise[ray]' ({e})") from e
         serve_ray(config)
         return 0
     serve(config)
@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model from the Hugging Face hub into its cache (HF_HOME), for images and init containers",
         description="Fetch a Basal model into the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub) and print "
         "its folder; `basal serve --model OWNER/NAME[@REV]` then serves it offline. Needs the hub extra: "
-        "pip install 'basal-engine[hub]'. HF_TOKEN authenticates (gated or private models).",
+        "pip install 'basal-bitwise[hub]'. HF_TOKEN authenticates (gated or private models).",
     )
     w.add_argument("repo", metavar="OWNER/NAME[@REV]", help="model id, optionally @ a branch, tag or commit")
     w.set_defaults(run=_download)
@@ -584,6 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from basal.ownership import conflict
+
+    if problem := conflict():  # before anything else runs in a package another project wrote into
+        print(f"basal: {problem}", file=sys.stderr)
+        return 2
     from basal.core.errors import ModelDirError
     from basal.serve.config import ConfigError
 

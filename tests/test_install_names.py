@@ -1,5 +1,6 @@
-"""Every install command in the repository names basal's distribution, `basal-engine`: the PyPI name `basal`
-belongs to an unrelated project, so `pip install basal` installs someone else's package (issue 27)."""
+"""Every install command in the repository names basal's distribution, `basal-bitwise`: the PyPI name `basal`
+belongs to an unrelated project and `basal-engine` to upstream's server, so installing either installs someone else's
+package."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALL = re.compile(
     r"\b(?:pip3?|pipx|uv\s+pip|uv\s+tool)\s+install\b(?P<args>[^`\n;|&)]*)|\buv\s+add\b(?P<add>[^`\n;|&)]*)"
 )
-WRONG = re.compile(r"basal(?:\[[^\]]*\])?(?:\s*[<>=!~].*)?", re.IGNORECASE)  # `basal`, with extras or a version
+# `basal`, upstream's `basal-engine` or `basal-serve`, with extras or a version
+WRONG = re.compile(r"basal(?:-engine|-serve)?(?:\[[^\]]*\])?(?:\s*[<>=!~].*)?", re.IGNORECASE)
 
 # Lines of files this branch may not edit (basal/*.py is being moved, README.md rewritten): the lead changes them to
-# `basal-engine[ray]` on merge and then empties this set. Each must still be an offender, so it cannot go stale.
+# `basal-bitwise[ray]` on merge and then empties this set. Each must still be an offender, so it cannot go stale.
 PENDING: set[tuple[str, str]] = set()
 
 
@@ -60,7 +62,7 @@ def offenders() -> set[tuple[str, str]]:
 def test_every_install_command_names_the_distribution():
     found = offenders()
     new = sorted(found - PENDING)
-    assert not new, "install basal-engine, not basal (the PyPI name basal is another project):\n" + "\n".join(
+    assert not new, "install basal-bitwise, not basal or basal-engine (other projects' names):\n" + "\n".join(
         f"  {path}: {line}" for path, line in new
     )
     stale = sorted(PENDING - found)
@@ -78,6 +80,8 @@ def test_every_install_command_names_the_distribution():
         "pipx install basal",
         "uv add basal",
         "RUN pip install --no-cache-dir \\\n basal",
+        "pip install 'basal-engine[cuda]'",
+        "uv pip install basal-serve==1.5.0",
     ],
 )
 def test_the_scan_finds_the_wrong_name(line):
@@ -88,8 +92,8 @@ def test_the_scan_finds_the_wrong_name(line):
 @pytest.mark.parametrize(
     "line",
     [
-        "python -m pip install basal-engine",
-        "pip install 'basal-engine[ray]'",
+        "python -m pip install basal-bitwise",
+        "pip install 'basal-bitwise[ray]'",
         "pip install -c lock/linux-cpu.txt -e '.[dev]'",
         "pip install basalt",
         "pip install huggingface_hub  # for basal's repo: models",
