@@ -78,9 +78,20 @@ gpu-image-check: gpu-wheels
 bench: $(STAMP)
 	$(VENV)/bin/basal bench --plot
 
-# serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
-serve: $(STAMP)
-	$(VENV)/bin/basal serve $(SERVE_ARGS)
+# serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning) from a venv of its own
+# that holds what serving needs and nothing else (basal's runtime dependencies at the lock's versions, no dev stack),
+# with pip's progress shown; `make test`'s .venv is separate
+SERVE_VENV  ?= .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+
+$(SERVE_STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --progress-bar on $(TORCH_PIP_ARGS) torch==2.13.0
+	$(SERVE_VENV)/bin/python -m pip install --progress-bar on -c $(LOCK) .
+	touch $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
+	$(SERVE_VENV)/bin/basal serve $(SERVE_ARGS)
 
 # --- packaging (docs/install.md) ---
 
@@ -148,4 +159,4 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .ruff_cache .hypothesis
