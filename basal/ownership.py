@@ -7,7 +7,11 @@ cause. The `basal` command checks first and says what to do instead.
 
 from __future__ import annotations
 
-import importlib.metadata as md
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import basal
 
@@ -20,17 +24,55 @@ FIX = (
 )
 
 
-def foreign_installs(names: tuple[str, ...] = FOREIGN) -> list[md.Distribution]:
-    """The installed distributions among `names` that put files into a `basal/` package directory."""
+@dataclass(frozen=True)
+class Install:
+    name: str
+    version: str
+    summary: str
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _header(metadata: Path, field: str) -> str:
+    try:
+        with metadata.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the body starts
+                if line.lower().startswith(f"{field.lower()}:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def foreign_installs(names: tuple[str, ...] = FOREIGN) -> list[Install]:
+    """The installed distributions among `names` that put files into a `basal/` package directory.
+
+    Read from the `*.dist-info` folders on sys.path directly: importlib.metadata reads every distribution's
+    metadata, a tenth of a second at each start of the command."""
+    wanted = {_normal(n) for n in names}
     found = []
-    for name in names:
+    for entry in dict.fromkeys(sys.path):
         try:
-            dist = md.distribution(name)
-        except md.PackageNotFoundError:
+            children = os.listdir(entry or ".")
+        except OSError:
             continue
-        # An editable install of this project under a former name puts no files there; another project's wheel does.
-        if any(str(f).startswith("basal/") for f in dist.files or ()):
-            found.append(dist)
+        for child in children:
+            name, _, version = child.removesuffix(".dist-info").rpartition("-")
+            if not child.endswith(".dist-info") or _normal(name) not in wanted:
+                continue
+            info = Path(entry or ".") / child
+            try:
+                record = (info / "RECORD").read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            # An editable install of this project under a former name puts no files there; another project's does.
+            if any(line.startswith("basal/") for line in record.splitlines()):
+                metadata = info / "METADATA"
+                found.append(Install(_header(metadata, "Name") or name, version, _header(metadata, "Summary")))
     return found
 
 
@@ -42,10 +84,9 @@ def conflict(names: tuple[str, ...] = FOREIGN) -> str | None:
             f"replaced it); {FIX.format(name='the other package')}"
         )
     for dist in foreign_installs(names):
-        name, version = dist.metadata["Name"], dist.version
-        summary = dist.metadata.get("Summary") or "another project"
         return (
-            f"{name} {version} ({summary}) is installed in this environment and also writes the `basal` package "
-            f"that basal-bitwise imports, so its files and ours are mixed; {FIX.format(name=name)}"
+            f"{dist.name} {dist.version} ({dist.summary or 'another project'}) is installed in this environment and "
+            f"also writes the `basal` package that basal-bitwise imports, so its files and ours are mixed; "
+            f"{FIX.format(name=dist.name)}"
         )
     return None

@@ -31,6 +31,7 @@ the timing; the bitwise checks run again at every start (cheap: one call per siz
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -270,6 +271,7 @@ def verify(plan: ChunkPlan, weight: torch.Tensor, bias: torch.Tensor | None = No
     return all(r.invariant for r in results) and len(bits) == 1
 
 
+@functools.cache
 def _cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -278,9 +280,23 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def _cpu_features() -> str:
+    """A short hash of the CPU's feature flags: one model name can come with fewer features (a VM that hides AVX-512),
+    and the library picks its kernels by them."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return hashlib.sha256(" ".join(sorted(line.split(":", 1)[1].split())).encode()).hexdigest()[:12]
+    return "unknown"
+
+
 def machine_key() -> str:
-    """What a probe result depends on besides the shape: CPU model, torch and its BLAS, threads."""
-    return f"{_cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{platform.machine()}"
+    """What a probe result depends on besides the shape: CPU model and features, torch and its BLAS, threads."""
+    return (
+        f"{_cpu_model()}|features {_cpu_features()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+        f"|{platform.machine()}"
+    )
 
 
 class ChunkTable:
