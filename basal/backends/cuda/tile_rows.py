@@ -14,6 +14,7 @@ the probe is a few hundred GEMMs, seconds at every start otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,10 +43,8 @@ def invariant_rows(group: int, dim: int, kv_heads: int, rows: int, tile: int, de
         return frozenset(known)
     ok = frozenset(_probe(group, dim, kv_heads, rows, tile, torch.device(device), torch.matmul))
     if cache is not None:
-        try:
+        with contextlib.suppress(OSError):  # a read-only cache folder: probed again at the next start
             write_text_atomic(cache, json.dumps({**_read(cache), key: sorted(ok)}, indent=1))
-        except OSError:
-            pass  # a read-only cache folder: probed again at the next start
     return ok
 
 
