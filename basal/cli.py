@@ -245,11 +245,8 @@ def _run_batch(a: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from basal.api.decisions import body_decider
-    from basal.batch.offline import run_file
-    from basal.progress import Progress
+    from basal.batch.offline import pending, run_file
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
-    from basal.serve.server import api_settings, batch_settings, build_engines
 
     source, output = Path(a.input), Path(a.output)
     if not source.is_file():
@@ -258,6 +255,14 @@ def _run_batch(a: argparse.Namespace) -> int:
         config = load_config(a.config)
     else:
         config = ServeConfig(models=[ModelConfig(path=a.model or DEMO_PATH)])
+    todo, skipped = pending(source, output, config.batches.max_line_kb << 10)  # as batch_settings() reads it
+    if not todo:  # nothing to run: no model is loaded
+        print(f"basal run-batch: nothing left to do: all {skipped} line(s) already in {output}", file=sys.stderr)
+        return 0
+    from basal.api.decisions import body_decider
+    from basal.progress import Progress
+    from basal.serve.server import api_settings, batch_settings, build_engines
+
     engines = build_engines(config, progress=True)
     engines.start()
     decide = body_decider(engines, api_settings(config))

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +79,20 @@ def test_the_command(demo_dir, tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_bytes(b"")
     assert main(["run-batch", str(tmp_path / "bad.jsonl"), "-o", str(output)]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_nothing_left_to_do_loads_nothing(demo_dir, tmp_path, capsys):
+    """A finished OUTPUT: the command answers from the two files, without importing torch or building engines."""
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 1, 2)
+    assert main(["run-batch", str(source), "-o", str(output), "--model", str(demo_dir)]) == 0
+    capsys.readouterr()
+    argv = ["run-batch", str(source), "-o", str(output), "--model", str(tmp_path / "no-model")]
+    check = (
+        f"import sys; from basal.cli import main; code = main({argv!r}); "
+        "assert code == 0, code; assert 'torch' not in sys.modules and 'basal.serve.server' not in sys.modules"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "nothing left to do: all 2 line(s) already in" in run.stderr
