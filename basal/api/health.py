@@ -31,6 +31,7 @@ class ReadyResponse(msgspec.Struct):
     models: dict[str, str]  # each served model: "loaded", or its load step ("waiting", "loading weights", ...)
     inflight: int
     max_inflight: int
+    startup: dict[str, dict[str, float]]  # each loaded model's start-up steps, in seconds (this process's own)
 
 
 def readiness(engines: EnginesFront) -> Readiness:
@@ -111,7 +112,13 @@ def health_routes(engines: EnginesFront) -> list:
         status = readiness(engines)
         loading = dict(engines.progress)
         models = {name: loading.get(name, "loaded") for name in engines.names}
-        body = {"status": status, "models": models, "inflight": engines.inflight, "max_inflight": engines.max_inflight}
+        body = {
+            "status": status,
+            "models": models,
+            "inflight": engines.inflight,
+            "max_inflight": engines.max_inflight,
+            "startup": engines.startup,
+        }
         return answer(body, status)
 
     return [health, live, ready]

@@ -67,6 +67,7 @@ class EnginesFront(Protocol):
     closed: bool
     draining: bool
     progress: dict[str, str]  # models still loading -> their step; empty once every model serves
+    startup: dict[str, dict[str, float]]  # loaded models -> seconds of each start-up step (/health/ready)
 
     @property
     def names(self) -> list[str]:
@@ -126,6 +127,7 @@ class InflightLimit:
         self.closed = False
         self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
         self.progress: dict[str, str] = {}  # model still loading -> its step (/health/ready); empty once all serve
+        self.startup: dict[str, dict[str, float]] = {}  # loaded model -> seconds of each start-up step
 
     @property
     def inflight(self) -> int:
