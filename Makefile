@@ -80,14 +80,14 @@ bench: $(STAMP)
 
 # serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning) from a venv of its own
 # that holds what serving needs and nothing else (basal's runtime dependencies at the lock's versions, no dev stack),
-# with pip's progress shown; `make test`'s .venv is separate
+# with pip's progress shown; editable, so it serves the checkout as it is; `make test`'s .venv is separate
 SERVE_VENV  ?= .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 
 $(SERVE_STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(SERVE_VENV)
 	$(SERVE_VENV)/bin/python -m pip install --progress-bar on $(TORCH_PIP_ARGS) torch==2.13.0
-	$(SERVE_VENV)/bin/python -m pip install --progress-bar on -c $(LOCK) .
+	$(SERVE_VENV)/bin/python -m pip install --progress-bar on -c $(LOCK) -e .
 	touch $(SERVE_STAMP)
 
 serve: $(SERVE_STAMP)
