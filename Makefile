@@ -11,7 +11,7 @@ venv: $(STAMP)
 
 # torch is installed first and by exact version, so that no dependency can pull a different build. On a Linux
 # machine without a GPU, `make venv TORCH_INDEX_URL=<PyTorch's CPU wheel index>` takes the CPU-only build instead
-# of the default (multi-GB) CUDA one; see the README's set-up section.
+# of the default (multi-GB) CUDA one; see docs/install.md, "Linux without a GPU".
 # Everything else comes at the exact versions of the lock (lock/README.md): the CPU build's, Python 3.11.
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
