@@ -585,6 +585,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     b.set_defaults(run=_bench)
+    described = {  # what `basal CMD --help` opens with (the others set their own description above)
+        "synth-model": "Write a synthetic Basal model directory: the real shapes of a preset (or --layers fewer), "
+        "random weights, a tokenizer trained on the prompt contract. Its answers carry no meaning; its speed is real.",
+        "check-reference": "Rebuild upstream reference exports (systemone.jsonl, bench.jsonl) with this engine and "
+        "compare every prompt, token and probability against them (docs/operations.md, Reference exports).",
+        "decide": "Answer one decision request (a JSON file, or standard input) on one model without a server and "
+        "print the answer JSON; --timing adds where the time went (load, tokenize, pack, forward).",
+        "facts": 'Print a state as the model reads it with facts: "auto": the facts block basal adds to the prompt.',
+        "doctor": "Print the versions, backends and devices of this machine, then check bitwise batch invariance "
+        "of every backend and dtype here (alone = batched = no prefix cache) on the demo model or --model.",
+        "export": "Run a request file and write every result in the reference export format (JSONL), to compare "
+        "machines, backends or versions with `basal compare` (docs/determinism.md section 5).",
+        "compare": "Compare two exports (basal's or upstream's): tokens, letter logits, decisions and answers; "
+        "exit status 1 when the comparison policy fails.",
+        "bench": "Run benchmark suites with their baselines in the same run and write JSON and markdown tables "
+        "(PNG charts with --plot); `make bench` runs all of them (bench/README.md).",
+    }
+    for name, text in described.items():
+        sub.choices[name].description = text
     return p
 
 
