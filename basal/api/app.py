@@ -160,6 +160,7 @@ def create_app(
                         "description": settings.descriptions.get(info.name, DESCRIPTION),
                         "mode": "basal",
                         "early_exit": [],
+                        "synthetic": info.synthetic,
                         **capabilities(info),
                         "compute": info.compute,
                     }

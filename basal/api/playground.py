@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litestar import Response, get
+from litestar import Response, get, route
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from litestar.response import Redirect
 
 STATIC = Path(__file__).with_name("static")
 PLAYGROUND_PATH = "/playground"
-MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8", ".js": "text/javascript"}
+MEDIA_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}  # Litestar adds the charset
 HEADERS = {
     "content-security-policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
     "cache-control": "no-cache",
@@ -38,11 +38,11 @@ def playground_routes() -> list:
             raise NotFoundException(f"no playground file {name!r}")
         return Response(assets[name], media_type=MEDIA_TYPES[Path(name).suffix], headers=HEADERS)
 
-    @get(PLAYGROUND_PATH, include_in_schema=False)
+    @route(PLAYGROUND_PATH, http_method=["GET", "HEAD"], include_in_schema=False)
     async def page() -> Response:
         return asset("index.html")
 
-    @get(f"{PLAYGROUND_PATH}/{{name:str}}", include_in_schema=False)
+    @route(f"{PLAYGROUND_PATH}/{{name:str}}", http_method=["GET", "HEAD"], include_in_schema=False)
     async def playground_file(name: FromPath[str]) -> Response:
         return asset(name)
 

@@ -94,6 +94,7 @@ class ModelInfo(msgspec.Struct):
     description: str
     mode: str
     early_exit: list[str]
+    synthetic: bool = False  # random weights: the answers have the right shapes and carry no meaning
 
 
 class ModelsResponse(msgspec.Struct):
