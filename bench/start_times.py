@@ -9,10 +9,12 @@ Each round runs, one after the other (so a busy moment of a shared machine falls
 - `basal serve` on the demo model: process start until `/health/ready` answers 200 (the server is then stopped);
 - `basal run-batch` on a finished output: nothing left to do, so nothing should load.
 
-One untimed round first fills the caches a first start fills (the demo model, the compiled CPU kernels, the GEMM
-and tile probe tables), as on any machine after its first start. The medians are printed with each command's excess
-over importing torch; the targets are 0.5 s for `decide`, 1.5 s for `serve` and at most 1 s (absolute) for the
-empty `run-batch`. Wall-clock times: on a machine shared with other work they are noisy, the differences less so.
+CPU seconds (user + system, from the children's resource usage) are kept beside the wall times of the commands that
+exit by themselves. One untimed round first fills the caches a first start fills (the demo model, the compiled CPU
+kernels, the GEMM and tile probe tables), as on any machine after its first start. The medians are printed with
+each command's excess over importing torch; the targets are 0.5 s for `decide`, 1.5 s for `serve` and at most 1 s
+(absolute) for the empty `run-batch`. Wall-clock times: on a machine shared with other work they are noisy, the
+differences less so.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -44,10 +47,16 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def _timed(argv: list[str]) -> float:
-    started = time.perf_counter()
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _timed(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `argv`: the CPU time is what a busy machine inflates least."""
+    started, cpu = time.perf_counter(), _cpu()
     subprocess.run(argv, env=_env(), cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _cpu() - cpu
 
 
 def _free_port() -> int:
@@ -104,16 +113,24 @@ def measure(reps: int) -> dict:
         }
         _timed(commands["decide"])
         samples: dict[str, list[float]] = {name: [] for name in [*commands, "serve (ready)"]}
+        cpu: dict[str, list[float]] = {name: [] for name in commands}
         startup: dict = {}
         for _ in range(reps):
             for name, argv in commands.items():
-                samples[name].append(_timed(argv))
+                wall, used = _timed(argv)
+                samples[name].append(wall)
+                cpu[name].append(used)
             seconds, body = _serve_until_ready()
             samples["serve (ready)"].append(seconds)
             startup = body.get("startup", {})
     medians = {name: statistics.median(s) for name, s in samples.items()}
     torch_s = medians["import torch"]
+    cpu_medians = {name: statistics.median(s) for name, s in cpu.items()}
     return {
+        "cpu_median_s": cpu_medians,
+        "cpu_over_import_torch_s": {
+            n: m - cpu_medians["import torch"] for n, m in cpu_medians.items() if n != "import torch"
+        },
         "reps": reps,
         "samples_s": samples,
         "median_s": medians,
@@ -151,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"medians of {a.reps} rounds (load average {', '.join(f'{x:.1f}' for x in result['load_average'])}):")
     for name, m in result["median_s"].items():
         over = result["over_import_torch_s"].get(name)
-        print(f"  {name:<26} {m:6.2f} s" + (f"   ({over:+.2f} s over import torch)" if over is not None else ""))
+        line = f"  {name:<26} {m:6.2f} s" + (f"   ({over:+.2f} s over import torch)" if over is not None else "")
+        if name in result["cpu_median_s"]:
+            line += f"   CPU {result['cpu_median_s'][name]:.2f} s"
+        print(line)
     print(f"  serve's start-up steps: {result['serve_startup_steps_s']}")
     for name, ok, detail in verdicts(result):
         print(f"  {name:<10} {'within' if ok else 'OVER'} target: {detail}")
