@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,24 @@ def test_the_scan_finds_the_wrong_name(line):
 )
 def test_the_scan_passes_the_right_names(line):
     assert not wrong_names(line), line
+
+
+WHEEL = re.compile(r"\b(basal[\w.]*)-(\*|[\d.]+)(?:-py3-none-any)?\.whl")
+
+
+def wheel_names(text: str) -> list[str]:
+    """The distribution part of every basal wheel file name in `text` (`basal_bitwise-0.1.0-py3-none-any.whl`)."""
+    return [m.group(1) for m in WHEEL.finditer(text)]
+
+
+def test_every_wheel_file_name_is_the_distributions():
+    """The image's build step and the docs find the wheel `python -m build` makes: its name is the distribution's,
+    normalized (`basal_bitwise-*.whl`); a stale one (`basal_engine-*.whl`) finds nothing."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"].replace("-", "_")
+    assert wheel_names("ls /tmp/wheel/basal_engine-*.whl") == ["basal_engine"]  # the scan sees a stale name
+    found = {}
+    for path in repository_files():
+        if path.suffix in (".md", ".sh", ".yml", ".yaml", ".toml") or path.name in ("Makefile", "Dockerfile"):
+            for wheel in wheel_names(path.read_text(encoding="utf-8", errors="ignore")):
+                found.setdefault(wheel, []).append(path.relative_to(ROOT).as_posix())
+    assert set(found) == {name}, found
