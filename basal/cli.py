@@ -218,7 +218,7 @@ def _serve(a: argparse.Namespace) -> int:
         try:
             from basal.deploy.app import serve_ray
         except ImportError as e:
-            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-engine[ray]' ({e})") from e
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-bitwise[ray]' ({e})") from e
         serve_ray(config)
         return 0
     serve(config)
@@ -245,11 +245,8 @@ def _run_batch(a: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from basal.api.decide import body_decider
-    from basal.batch.offline import run_file
-    from basal.progress import Progress
+    from basal.batch.offline import pending, run_file
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
-    from basal.serve.server import api_settings, batch_settings, build_engines
 
     source, output = Path(a.input), Path(a.output)
     if not source.is_file():
@@ -258,6 +255,14 @@ def _run_batch(a: argparse.Namespace) -> int:
         config = load_config(a.config)
     else:
         config = ServeConfig(models=[ModelConfig(path=a.model or DEMO_PATH)])
+    todo, skipped = pending(source, output, config.batches.max_line_kb << 10)  # as batch_settings() reads it
+    if not todo:  # nothing to run: no model is loaded
+        print(f"basal run-batch: nothing left to do: all {skipped} line(s) already in {output}", file=sys.stderr)
+        return 0
+    from basal.api.decide import body_decider
+    from basal.progress import Progress
+    from basal.serve.server import api_settings, batch_settings, build_engines
+
     engines = build_engines(config, progress=True)
     engines.start()
     decide = body_decider(engines, api_settings(config))
@@ -500,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model from the Hugging Face hub into its cache (HF_HOME), for images and init containers",
         description="Fetch a Basal model into the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub) and print "
         "its folder; `basal serve --model OWNER/NAME[@REV]` then serves it offline. Needs the hub extra: "
-        "pip install 'basal-engine[hub]'. HF_TOKEN authenticates (gated or private models).",
+        "pip install 'basal-bitwise[hub]'. HF_TOKEN authenticates (gated or private models).",
     )
     w.add_argument("repo", metavar="OWNER/NAME[@REV]", help="model id, optionally @ a branch, tag or commit")
     w.set_defaults(run=_download)
@@ -580,10 +585,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     b.set_defaults(run=_bench)
+    described = {  # what `basal CMD --help` opens with (the others set their own description above)
+        "synth-model": "Write a synthetic Basal model directory: the real shapes of a preset (or --layers fewer), "
+        "random weights, a tokenizer trained on the prompt contract. Its answers carry no meaning; its speed is real.",
+        "check-reference": "Rebuild upstream reference exports (systemone.jsonl, bench.jsonl) with this engine and "
+        "compare every prompt, token and probability against them (docs/operations.md, Reference exports).",
+        "decide": "Answer one decision request (a JSON file, or standard input) on one model without a server and "
+        "print the answer JSON; --timing adds where the time went (load, tokenize, pack, forward).",
+        "facts": 'Print a state as the model reads it with facts: "auto": the facts block basal adds to the prompt.',
+        "doctor": "Print the versions, backends and devices of this machine, then check bitwise batch invariance "
+        "of every backend and dtype here (alone = batched = no prefix cache) on the demo model or --model.",
+        "export": "Run a request file and write every result in the reference export format (JSONL), to compare "
+        "machines, backends or versions with `basal compare` (docs/determinism.md section 5).",
+        "compare": "Compare two exports (basal's or upstream's): tokens, letter logits, decisions and answers; "
+        "exit status 1 when the comparison policy fails.",
+        "bench": "Run benchmark suites with their baselines in the same run and write JSON and markdown tables "
+        "(PNG charts with --plot); `make bench` runs all of them (bench/README.md).",
+    }
+    for name, text in described.items():
+        sub.choices[name].description = text
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from basal.ownership import conflict
+
+    if problem := conflict():  # before anything else runs in a package another project wrote into
+        print(f"basal: {problem}", file=sys.stderr)
+        return 2
     from basal.core.errors import ModelDirError
     from basal.serve.config import ConfigError
 

@@ -126,7 +126,7 @@ def gpu_engine_tables() -> list[str]:
 def cuda_line() -> str:
     """The CUDA device, and which torch path would serve on it: the GPU path needs Triton (Linux)."""
     if not torch_installed():
-        return "CUDA: torch is not installed (pip install 'basal-engine[cuda]' on NVIDIA)"
+        return "CUDA: torch is not installed (pip install 'basal-bitwise[cuda]' on NVIDIA)"
     import torch
 
     from basal.backends.cuda.backend import NO_TRITON, gpu_path_installed

@@ -34,6 +34,7 @@ OUTSIDE_CORE = (
     "basal.doctor",
     "basal.progress",
     "basal.observability",
+    "basal.ownership",
 )
 
 

@@ -155,3 +155,39 @@ def test_citations_name_the_projects_own_docs():
             if RESEARCH_NOTE.search(line.replace("](extensions.md)", "]()")):  # docs/README links its sibling
                 offenders.append(f"{name}: {line.strip()[:80]}")
     assert offenders == []
+
+
+# "the README's "On a Mac"", "the README's set-up section": a pointer to a README section by its name
+README_SECTION = re.compile(r"README'?s? +(?:\"([^\"]+)\"|([\w -]+?) +section)", re.IGNORECASE)
+
+
+def readme_section_problems(text: str, headings: list[str]) -> list[str]:
+    """The README sections `text` names that no README heading has: a quoted name is a heading's whole text, an
+    unquoted one ("its NVIDIA section") words of one."""
+    lowered = [h.lower() for h in headings]
+    out = []
+    for m in README_SECTION.finditer(text.replace("\n", " ")):
+        quoted, words = m.group(1), m.group(2)
+        if quoted is not None and quoted.lower() not in lowered:
+            out.append(f'"{quoted}"')
+        elif words is not None and not any(words.lower().removeprefix("the ") in h for h in lowered):
+            out.append(f"{words} section")
+    return out
+
+
+def test_pointers_to_readme_sections_name_real_ones():
+    headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:2] == "##"]
+    assert readme_section_problems('see the README\'s "On a Mac"', headings)  # negative controls
+    assert readme_section_problems("see the README's set-up section", headings)
+    real = "the README's \"Install and run\" and the README's one request section"
+    assert not readme_section_problems(real, headings)
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if not (path.suffix in (".py", ".md", ".yml", ".yaml") or path.name in ("Makefile", "Dockerfile")):
+            continue
+        if path.name == "test_docs.py" or not path.is_file():
+            continue
+        offenders += [f"{name}: {p}" for p in readme_section_problems(path.read_text(errors="ignore"), headings)]
+    assert offenders == []

@@ -401,7 +401,7 @@ def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
 
         from basal.observability.otlp import DirectOTLPSpanExporter
     except ImportError as e:
-        raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
+        raise ValueError(f"tracing needs the otel extra: pip install 'basal-bitwise[otel]' ({e})") from e
     # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=_frozen(resource))

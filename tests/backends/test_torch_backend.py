@@ -106,4 +106,4 @@ def test_on_cuda_load_hands_over_to_the_gpu_path_and_says_when_it_cannot(demo_mo
     with pytest.raises((AssertionError, RuntimeError)):  # this CPU build of torch has no CUDA to load onto
         TorchBackend.load(demo_model, device="cuda")
     assert handed == ["cuda"] and "CUDA without Triton" in caplog.text
-    assert "pip install 'basal-engine[cuda]'" in caplog.text
+    assert "pip install 'basal-bitwise[cuda]'" in caplog.text

@@ -74,6 +74,7 @@ class Engines(InflightLimit):
             pipeline.backend.describe(),
             engine.prompt_char_limit,
             engine.context,
+            pipeline.model.synthetic,
         )
 
     def start(self) -> None:

@@ -43,6 +43,7 @@ class ModelInfo:
     compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
     prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
+    synthetic: bool = False  # random weights (the demo model, `basal synth-model`): its answers carry no meaning
 
     @property
     def prompt_bound(self) -> tuple[int, int] | None:
@@ -61,6 +62,7 @@ class EnginesFront(Protocol):
     closed: bool
     draining: bool
     progress: dict[str, str]  # models still loading -> their step; empty once every model serves
+    startup: dict[str, dict[str, float]]  # loaded models -> seconds of each start-up step (/health/ready)
 
     @property
     def names(self) -> list[str]:
@@ -120,6 +122,7 @@ class InflightLimit:
         self.closed = False
         self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
         self.progress: dict[str, str] = {}  # model still loading -> its step (/health/ready); empty once all serve
+        self.startup: dict[str, dict[str, float]] = {}  # loaded model -> seconds of each start-up step
 
     @property
     def inflight(self) -> int:
