@@ -38,7 +38,7 @@ from basal.api.errors import ClientGone
 from basal.api.openapi import documented, json_schema
 from basal.batch.lines import UploadRefused
 from basal.batch.service import WINDOW_S, BatchService, lines_of
-from basal.batch.store import Conflict, TooMany
+from basal.batch.store import Conflict, TooMany, Unavailable
 from basal.core.errors import RequestError
 
 MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
@@ -64,6 +64,7 @@ def _refusal(e: Refused) -> Response:
         409: "conflict_error",
         413: "invalid_request_error",
         429: "rate_limit_error",
+        503: "server_error",
     }.get(e.status, "invalid_request_error")
     body = ApiError(error=ErrorDetail(message=e.message, type=kind, param=e.param, code=e.code))
     return Response(msgspec.json.encode(body), status_code=e.status, media_type="application/json")
@@ -272,6 +273,8 @@ def batch_routes(service: BatchService, settings: ApiSettings) -> list:
             return await work()
         except Refused as e:
             return _refusal(e)
+        except Unavailable:  # the shared database restarts: the caller retries
+            return _refusal(Refused(503, "store_unavailable", "the batch store's database is unavailable; retry"))
 
     upload_schema = {
         "type": "object",

@@ -112,9 +112,13 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_line_kb: int = 1024  # one input line; a longer line becomes an error record
     max_in_progress: int = 8  # batches not yet finished; one more is refused with 429
     retention_days: float = 30.0  # finished batches, and output files without their own expiry (0: forever)
+    database: str | None = None  # None: SQLite in `dir`; postgresql://…: one store for several servers
+    lease_s: float = 30.0  # a server's claim on a chunk of lines; a killed server's lapses after this
 
     def __post_init__(self) -> None:
-        for key in ("max_upload_mb", "max_lines", "max_line_kb", "max_in_progress"):
+        if self.database is not None and not self.database.startswith(("postgresql://", "postgres://", "sqlite")):
+            raise msgspec.ValidationError("`batches.database` must be sqlite or a postgresql:// URL")
+        for key in ("max_upload_mb", "max_lines", "max_line_kb", "max_in_progress", "lease_s"):
             if getattr(self, key) <= 0:
                 raise msgspec.ValidationError(f"`batches.{key}` must be positive")
         if self.retention_days < 0:

@@ -1,0 +1,203 @@
+"""The shared store: PostgreSQL (`batches.database: postgresql://…`), for several fronts serving one set of batches.
+
+Every front opens a pool of connections (psycopg 3, the `postgres` extra) to one database and mounts one files
+directory (`batches.dir`, a shared volume). The SQL is `basal.batch.sql`'s, the same as SQLite's; here a
+transaction that reads a batch row holds it (`FOR UPDATE`), so a record is counted once and a finalize sees every
+record of its batch, and a chunk is claimed with `FOR UPDATE SKIP LOCKED`, so two servers never lease one chunk.
+
+The schema is versioned (`basal_batch_schema`: one row per migration applied) and migrated at open inside one
+transaction holding an advisory lock: servers starting together migrate once, the others wait and find it done.
+A connection lost (the database restarted) surfaces as `Unavailable` (503 at the API; the runner tries again);
+the pool checks each connection before lending it and reconnects in the background.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from basal.batch.sql import SqlStore
+from basal.batch.store import Unavailable, redact
+
+log = logging.getLogger(__name__)
+
+LOCK_MIGRATE = 0x62617361_6C000001  # pg_advisory_xact_lock keys: "basal" and a number
+LOCK_CREATE = 0x62617361_6C000002
+POOL_MAX = 8  # connections per server: the runner's few at a time, and the API's calls
+CONNECT_TIMEOUT_S = 5
+
+MIGRATIONS = (
+    """
+CREATE TABLE files (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT,
+    filename TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    bytes BIGINT NOT NULL,
+    lines BIGINT NOT NULL
+);
+CREATE TABLE batches (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    idempotency_key TEXT UNIQUE,
+    fingerprint TEXT NOT NULL,
+    input_file_id TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    completion_window TEXT NOT NULL,
+    model TEXT,
+    status TEXT NOT NULL,
+    metadata TEXT,
+    output_expires_s BIGINT,
+    errors TEXT,
+    output_file_id TEXT,
+    error_file_id TEXT,
+    total BIGINT NOT NULL DEFAULT 0,
+    completed BIGINT NOT NULL DEFAULT 0,
+    failed BIGINT NOT NULL DEFAULT 0,
+    created_at BIGINT NOT NULL,
+    in_progress_at BIGINT,
+    expires_at BIGINT NOT NULL,
+    finalizing_at BIGINT,
+    completed_at BIGINT,
+    failed_at BIGINT,
+    expired_at BIGINT,
+    cancelling_at BIGINT,
+    cancelled_at BIGINT
+);
+CREATE INDEX batches_status ON batches (status);
+CREATE TABLE results (
+    batch_id TEXT NOT NULL,
+    line BIGINT NOT NULL,
+    ok BOOLEAN NOT NULL,
+    record BYTEA NOT NULL,
+    PRIMARY KEY (batch_id, line)
+);
+CREATE TABLE claims (
+    batch_id TEXT NOT NULL,
+    chunk INTEGER NOT NULL,
+    lines TEXT NOT NULL,
+    owner TEXT,
+    until DOUBLE PRECISION,
+    done BOOLEAN NOT NULL,
+    PRIMARY KEY (batch_id, chunk)
+);
+CREATE INDEX claims_owner ON claims (owner);
+""",
+)
+
+
+@functools.cache
+def _pg(sql: str) -> str:
+    """The shared SQL's `?` placeholders as psycopg's `%s`."""
+    return sql.replace("?", "%s")
+
+
+class _Db:
+    """One connection inside one transaction, with the shared SQL's placeholders."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def execute(self, sql: str, args: tuple = ()) -> Any:
+        return self.conn.execute(_pg(sql), args)
+
+    def executemany(self, sql: str, rows: list[tuple]) -> Any:
+        cur = self.conn.cursor()
+        cur.executemany(_pg(sql), rows)
+        return cur
+
+
+class PostgresStore(SqlStore):
+    """PostgreSQL metadata (a pool of connections) and the files directory every server mounts."""
+
+    LOCK_ROW = " FOR UPDATE"
+    SKIP_LOCKED = " FOR UPDATE SKIP LOCKED"
+    ORPHAN_GRACE_S = 3600.0  # another server may be between writing a file and committing its row
+
+    def __init__(self, root: Path, url: str, clock: Callable[[], float] = time.time):
+        try:
+            import psycopg
+            from psycopg.rows import dict_row
+            from psycopg_pool import ConnectionPool, PoolTimeout
+        except ImportError as e:
+            raise ImportError(
+                f"batches.database is PostgreSQL, which needs psycopg: pip install 'basal-engine[postgres]' ({e})"
+            ) from e
+        super().__init__(root, clock)
+        self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+        self._where = redact(url)
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=POOL_MAX,
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S},
+            check=ConnectionPool.check_connection,  # a connection that died with the server is replaced
+            timeout=10.0,
+            open=False,
+            name="basal-batches",
+        )
+        try:
+            self._pool.open(wait=True, timeout=30.0)
+        except PoolTimeout as e:
+            self._pool.close()
+            raise Unavailable(f"cannot reach the batch database at {self._where}: {e}") from e
+        try:
+            self._migrate()
+            self._sweep_orphans()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def _migrate(self) -> None:
+        """Apply the migrations this database lacks, once whoever else starts at the same time."""
+
+        def go(db: _Db) -> None:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_MIGRATE,))
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS basal_batch_schema (version INTEGER PRIMARY KEY,"
+                " applied_at BIGINT NOT NULL, applied_by TEXT NOT NULL)"
+            )
+            version = db.execute("SELECT COALESCE(MAX(version), 0) AS v FROM basal_batch_schema").fetchone()["v"]
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"the batch database at {self._where} is at schema {version}, newer than this basal's"
+                    f" {len(MIGRATIONS)}: upgrade basal"
+                )
+            for step, sql in enumerate(MIGRATIONS[version:], version + 1):
+                for statement in filter(str.strip, sql.split(";")):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO basal_batch_schema (version, applied_at, applied_by) VALUES (?,?,?)",
+                    (step, int(time.time()), f"{socket.gethostname()}:{os.getpid()}"),
+                )
+                log.info("batches: migrated the database at %s to schema %d", self._where, step)
+
+        self._tx(go)
+
+    def _before_create(self, db: Any) -> None:
+        db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_CREATE,))
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _tx(self, fn: Callable[[Any], Any]) -> Any:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                return fn(_Db(conn))
+        except self._errors as e:
+            raise Unavailable(f"the batch database at {self._where} is unavailable: {e}") from e
+
+    def _query(self, sql: str, args: tuple = ()) -> list[Any]:
+        try:
+            with self._pool.connection() as conn:
+                return conn.execute(_pg(sql), args).fetchall()
+        except self._errors as e:
+            raise Unavailable(f"the batch database at {self._where} is unavailable: {e}") from e
