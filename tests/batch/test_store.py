@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -147,3 +148,133 @@ def test_an_ended_batch_takes_no_more_records(make):
     store.finalize(b["id"], "cancelled", None)
     assert store.add_results(b["id"], [(2, True, b"late")]) == 0
     assert store.get_batch(b["id"])["completed"] == 1 and store.done_lines(b["id"]) == {1}
+
+
+def test_chunks_are_leased_to_one_server_and_lapse(make):
+    clock = Clock()
+    store = make(clock)
+    b, _ = batch(store, upload(store)["id"])
+    assert store.start(b["id"], 4, [[3, 1], [2], [4]])
+    assert store.start(b["id"], 4, [[1, 2, 3, 4]])  # already in progress: the first plan stands
+    assert store.get_batch(b["id"])["status"] == "in_progress" and store.get_batch(b["id"])["total"] == 4
+    assert store.claim(b["id"], "a", 30) == (0, [3, 1])
+    assert store.claim(b["id"], "b", 30) == (1, [2])
+    assert store.claim(b["id"], "b", 30) == (2, [4])
+    assert store.claim(b["id"], "c", 30) is None  # every chunk is held by a live lease
+    store.add_results(b["id"], [(3, True, b"three")])
+    clock.t += 31  # a's lease lapses (a was killed); b renews
+    assert store.renew("b", 30) == 2
+    assert store.claim(b["id"], "c", 30) == (0, [1])  # line 3 is recorded: only line 1 runs again
+    assert store.claim(b["id"], "c", 30) is None
+    assert not store.settle(b["id"], 0, "a")  # a's late settle gives up nothing of c's
+    assert store.claim(b["id"], "d", 30) is None
+    store.add_results(b["id"], [(2, True, b"two")])
+    assert store.settle(b["id"], 1, "b")  # every line recorded: done, never claimed again
+    assert not store.settle(b["id"], 2, "b")  # line 4 is not: given up, claimable at once
+    assert store.claim(b["id"], "d", 30) == (2, [4])
+    assert store.release("d") == 1 and store.release("c") == 1
+    assert store.claim(b["id"], "e", 30) == (0, [1])
+    store.finalize(b["id"], "cancelled", None)
+    assert store.claim(b["id"], "e", 30) is None  # a finished batch has no chunks left
+
+
+def test_concurrent_claims_never_lease_a_chunk_twice(make):
+    """Eight servers' worth of threads claiming at once, each on its own store (its own connections)."""
+    stores = [make() for _ in range(4)]
+    b, _ = batch(stores[0], upload(stores[0])["id"])
+    stores[0].start(b["id"], 60, [[i + 1] for i in range(60)])
+    got: list[int] = []
+
+    def claimer(store: Store, owner: str) -> None:
+        while (claim := store.claim(b["id"], owner, 30)) is not None:
+            got.append(claim[0])
+
+    threads = [threading.Thread(target=claimer, args=(stores[i % 4], f"o{i}")) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(60))
+
+
+def test_records_added_while_finalizing_are_in_the_files_or_not_counted(make):
+    """Another server records lines while this one finalizes: the counts always equal the finalized records."""
+    store, other = make(), make()
+    b, _ = batch(store, upload(store)["id"])
+    lines = iter(range(1, 100_000))
+    stop = threading.Event()
+
+    def record() -> None:
+        while not stop.is_set():
+            other.add_results(b["id"], [(next(lines), True, b"r")])
+
+    writer = threading.Thread(target=record)
+    writer.start()
+    try:
+        time.sleep(0.2)
+        assert store.finalize(b["id"], "cancelled", None)
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        writer.join()
+    row = store.get_batch(b["id"])
+    assert row["completed"] == len(store.file_path(row["output_file_id"]).read_bytes().splitlines()) > 0
+
+
+def test_servers_starting_together_migrate_once(postgres, tmp_path):
+    """Eight stores opened at once on one fresh database: each migration applied once, every one of them opens."""
+    from basal.batch.postgres import MIGRATIONS
+
+    url = postgres.new_database()
+    opened: list[Store] = []
+    failed: list[BaseException] = []
+    gate = threading.Barrier(8)
+
+    def open_one() -> None:
+        gate.wait()
+        try:
+            opened.append(open_store(tmp_path, url))
+        except BaseException as e:
+            failed.append(e)
+
+    threads = [threading.Thread(target=open_one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not failed, failed
+        rows = opened[0]._query("SELECT version FROM basal_batch_schema ORDER BY version")
+        assert [r["version"] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
+    finally:
+        for store in opened:
+            store.close()
+
+
+def test_an_idempotency_key_holds_across_servers(postgres, tmp_path):
+    """Two servers (two pools) creating with one key at once: one batch."""
+    url = postgres.new_database()
+    stores = [open_store(tmp_path, url) for _ in range(2)]
+    try:
+        f = upload(stores[0])["id"]
+        made: list[tuple] = []
+        failed: list[BaseException] = []
+        gate = threading.Barrier(8)
+
+        def create(store: Store) -> None:
+            gate.wait()
+            try:
+                made.append(batch(store, f, "shared-key", {"job": "a"}))
+            except BaseException as e:
+                failed.append(e)
+
+        threads = [threading.Thread(target=create, args=(stores[i % 2],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failed, failed
+        assert len({b["id"] for b, _ in made}) == 1 and sum(created for _, created in made) == 1
+    finally:
+        for store in stores:
+            store.close()
