@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from basal.batch.sql import SqlStore
-from basal.batch.store import Unavailable, redact
+from basal.batch.store import StoreError, Unavailable, redact, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,11 @@ CREATE TABLE claims (
     PRIMARY KEY (batch_id, chunk)
 );
 CREATE INDEX claims_owner ON claims (owner);
+CREATE TABLE store_identity (id TEXT NOT NULL)
 """,
 )
+MARKER = ".basal-store-id"  # in the files' root: the database's store id, so a server whose volume is not the
+# shared one refuses to start instead of failing every batch whose input it cannot see
 
 
 @functools.cache
@@ -128,38 +132,38 @@ class PostgresStore(SqlStore):
             from psycopg.rows import dict_row
             from psycopg_pool import ConnectionPool, PoolTimeout
         except ImportError as e:
-            raise ImportError(
+            raise StoreError(
                 f"batches.database is PostgreSQL, which needs psycopg: pip install 'basal-engine[postgres]' ({e})"
             ) from e
         super().__init__(root, clock)
         self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
         self._where = redact(url)
+        connect = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
+        try:  # one connection first: a wrong URL or password fails here at once, with the server's own words
+            with psycopg.connect(url, **connect) as conn:
+                self._migrate(conn)
+        except psycopg.OperationalError as e:
+            raise StoreError(f"cannot use the batch database at {self._where}: {e}") from e
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=POOL_MAX,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S},
+            kwargs=connect,
             check=ConnectionPool.check_connection,  # a connection that died with the server is replaced
             timeout=10.0,
-            open=False,
+            open=True,
             name="basal-batches",
         )
         try:
-            self._pool.open(wait=True, timeout=30.0)
-        except PoolTimeout as e:
-            self._pool.close()
-            raise Unavailable(f"cannot reach the batch database at {self._where}: {e}") from e
-        try:
-            self._migrate()
             self._sweep_orphans()
         except BaseException:
             self._pool.close()
             raise
 
-    def _migrate(self) -> None:
+    def _migrate(self, conn: Any) -> None:
         """Apply the migrations this database lacks, once whoever else starts at the same time."""
-
-        def go(db: _Db) -> None:
+        with conn.transaction():
+            db = _Db(conn)
             db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_MIGRATE,))
             db.execute(
                 "CREATE TABLE IF NOT EXISTS basal_batch_schema (version INTEGER PRIMARY KEY,"
@@ -167,7 +171,7 @@ class PostgresStore(SqlStore):
             )
             version = db.execute("SELECT COALESCE(MAX(version), 0) AS v FROM basal_batch_schema").fetchone()["v"]
             if version > len(MIGRATIONS):
-                raise RuntimeError(
+                raise StoreError(
                     f"the batch database at {self._where} is at schema {version}, newer than this basal's"
                     f" {len(MIGRATIONS)}: upgrade basal"
                 )
@@ -179,8 +183,25 @@ class PostgresStore(SqlStore):
                     (step, int(time.time()), f"{socket.gethostname()}:{os.getpid()}"),
                 )
                 log.info("batches: migrated the database at %s to schema %d", self._where, step)
+            self._check_root(db)
 
-        self._tx(go)
+    def _check_root(self, db: _Db) -> None:
+        """The first server names the store (a row, and a marker file in its root); every later one must find
+        that marker in its own root, i.e. mount the same volume."""
+        marker = self.root / MARKER
+        row = db.execute("SELECT id FROM store_identity").fetchone()
+        if row is None:
+            token = secrets.token_hex(16)
+            write_bytes_atomic(marker, [token.encode()])
+            db.execute("INSERT INTO store_identity (id) VALUES (?)", (token,))
+            return
+        mine = marker.read_text().strip() if marker.exists() else None
+        if mine != row["id"]:
+            raise StoreError(
+                f"batches.dir {self.root} is not the files directory of the other servers on the batch database"
+                f" at {self._where} ({MARKER} {'is missing' if mine is None else 'names another store'}):"
+                " mount the shared volume at batches.dir on every server"
+            )
 
     def _before_create(self, db: Any) -> None:
         db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_CREATE,))

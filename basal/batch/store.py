@@ -32,6 +32,10 @@ class TooMany(Exception):
     """`max_active` batches are not terminal yet (HTTP 429)."""
 
 
+class StoreError(ValueError):
+    """The store cannot be opened as configured (`basal serve` says why and exits 2)."""
+
+
 class Unavailable(Exception):
     """The database cannot be reached now (HTTP 503; the runner tries again at its next look)."""
 

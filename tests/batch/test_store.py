@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from basal.batch.store import Conflict, Store, TooMany, open_store
+from basal.batch.store import Conflict, Store, StoreError, TooMany, open_store
 
 
 @pytest.fixture
@@ -197,9 +197,11 @@ def test_concurrent_claims_never_lease_a_chunk_twice(make):
     assert sorted(got) == list(range(60))
 
 
-def test_records_added_while_finalizing_are_in_the_files_or_not_counted(make):
-    """Another server records lines while this one finalizes: the counts always equal the finalized records."""
-    store, other = make(), make()
+def test_records_added_while_finalizing_are_in_the_files_or_not_counted(make, database):
+    """Another server (with SQLite, another thread: one server owns an SQLite store) records lines while this one
+    finalizes: the counts always equal the finalized records."""
+    store = make()
+    other = store if database is None else make()
     b, _ = batch(store, upload(store)["id"])
     lines = iter(range(1, 100_000))
     stop = threading.Event()
@@ -278,3 +280,14 @@ def test_an_idempotency_key_holds_across_servers(postgres, tmp_path):
     finally:
         for store in stores:
             store.close()
+
+
+def test_a_server_whose_files_directory_is_not_the_shared_one_refuses_to_start(postgres, tmp_path):
+    url = postgres.new_database()
+    first = open_store(tmp_path / "shared", url)
+    try:
+        open_store(tmp_path / "shared", url).close()  # the same volume: fine
+        with pytest.raises(StoreError, match="mount the shared volume"):
+            open_store(tmp_path / "local", url)
+    finally:
+        first.close()
