@@ -8,7 +8,8 @@ record of its batch, and a chunk is claimed with `FOR UPDATE SKIP LOCKED`, so tw
 The schema is versioned (`basal_batch_schema`: one row per migration applied) and migrated at open inside one
 transaction holding an advisory lock: servers starting together migrate once, the others wait and find it done.
 A connection lost (the database restarted) surfaces as `Unavailable` (503 at the API; the runner tries again);
-the pool checks each connection before lending it and reconnects in the background.
+the pool drops a connection that failed and opens new ones in the background (no check before each loan: that
+would cost a round trip per transaction).
 """
 
 from __future__ import annotations
@@ -149,7 +150,6 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=POOL_MAX,
             kwargs=connect,
-            check=ConnectionPool.check_connection,  # a connection that died with the server is replaced
             timeout=10.0,
             open=True,
             name="basal-batches",
@@ -209,9 +209,11 @@ class PostgresStore(SqlStore):
     def close(self) -> None:
         self._pool.close()
 
-    def _tx(self, fn: Callable[[Any], Any]) -> Any:
+    def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
         try:
             with self._pool.connection() as conn, conn.transaction():
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit TO OFF")
                 return fn(_Db(conn))
         except self._errors as e:
             raise Unavailable(f"the batch database at {self._where} is unavailable: {e}") from e

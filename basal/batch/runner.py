@@ -96,4 +96,6 @@ async def run_lines(
             task.cancel()
         finished = True
         wake.set()
+        if (close := getattr(source, "aclose", None)) is not None:  # an async generator stopped early ends now
+            await close()
         await write

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 WINDOW_S = {"24h": 24 * 3600}  # the completion windows the API accepts
 POLL_S = 1.0  # how often the task looks for expired files and batches when nothing wakes it
 STATUS_POLL_S = 0.1  # how often a server running a batch's lines reads its status (a cancel on another front)
-CHUNK_LINES = 64  # lines per lease: a quarter of the window, so a server holds a few chunks at a time
+CHUNK_LINES = 128  # lines per lease (at most half the window): few store calls per line, a few chunks held
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class BatchService:
                 return
             self._inputs = {batch_id: lines}
         if batch_id not in self._started:  # the first server here splits the lines into chunks; the plan stands
-            size = max(1, min(CHUNK_LINES, self.settings.window // 4))
+            size = max(1, min(CHUNK_LINES, self.settings.window // 2))
             order = [line.number for line in in_group_order(lines)]
             chunks = [order[i : i + size] for i in range(0, len(order), size)]
             if not await asyncio.to_thread(store.start, batch_id, len(lines), chunks):
@@ -201,14 +201,15 @@ class BatchService:
                     yield line
 
         async def record(chunk: list[tuple[int, bool, bytes]]) -> None:
-            await asyncio.to_thread(store.add_results, batch_id, chunk)
+            finished = []  # chunks whose last line this is: done in the transaction that records it
             for number, _, _ in chunk:
                 c = chunk_of.pop(number, None)
                 if c is not None and c in pending:
                     pending[c].discard(number)
                     if not pending[c]:
                         del pending[c]
-                        await asyncio.to_thread(store.settle, batch_id, c, self.owner)
+                        finished.append(c)
+            await asyncio.to_thread(store.add_results, batch_id, chunk, tuple(finished))
 
         async def watch() -> None:
             """The batch's status seen within STATUS_POLL_S (a cancel on another front), leases renewed."""

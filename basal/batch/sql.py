@@ -50,7 +50,9 @@ class SqlStore:
 
     # the connection: a subclass's
 
-    def _tx(self, fn: Callable[[Any], Any]) -> Any:
+    def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
+        """Run `fn(db)` in one transaction. `durable=False`: its commit need not reach the disk before it returns
+        (leases: one lost to a power cut leaves its chunk claimable again, which is what a lapsed lease does)."""
         raise NotImplementedError
 
     def _query(self, sql: str, args: tuple = ()) -> list[dict]:
@@ -245,16 +247,14 @@ class SqlStore:
         def go(db: Any) -> tuple[int, list[int]] | None:
             now = self.clock()
             row = db.execute(
-                "SELECT chunk, lines FROM claims WHERE batch_id = ? AND NOT done AND (owner IS NULL OR until < ?)"
-                " ORDER BY chunk LIMIT 1" + self.SKIP_LOCKED,
-                (batch_id, now),
+                "UPDATE claims SET owner = ?, until = ? WHERE batch_id = ? AND chunk = (SELECT chunk FROM claims"
+                " WHERE batch_id = ? AND NOT done AND (owner IS NULL OR until < ?) ORDER BY chunk LIMIT 1"
+                + self.SKIP_LOCKED
+                + ") RETURNING chunk, lines",
+                (owner, now + lease_s, batch_id, batch_id, now),
             ).fetchone()
             if row is None:
                 return None
-            db.execute(
-                "UPDATE claims SET owner = ?, until = ? WHERE batch_id = ? AND chunk = ?",
-                (owner, now + lease_s, batch_id, row["chunk"]),
-            )
             lines = json.loads(row["lines"])
             recorded = {
                 r["line"]
@@ -265,13 +265,14 @@ class SqlStore:
             }
             return row["chunk"], [n for n in lines if n not in recorded]
 
-        return self._tx(go)
+        return self._tx(go, durable=False)
 
     def renew(self, owner: str, lease_s: float) -> int:
         """Extend every lease `owner` holds by `lease_s` from now. -> chunks renewed."""
         until = self.clock() + lease_s
         return self._tx(
-            lambda db: db.execute("UPDATE claims SET until = ? WHERE owner = ? AND NOT done", (until, owner)).rowcount
+            lambda db: db.execute("UPDATE claims SET until = ? WHERE owner = ? AND NOT done", (until, owner)).rowcount,
+            durable=False,
         )
 
     def settle(self, batch_id: str, chunk: int, owner: str) -> bool:
@@ -301,7 +302,7 @@ class SqlStore:
             )
             return False
 
-        return self._tx(go)
+        return self._tx(go, durable=False)
 
     def release(self, owner: str) -> int:
         """Give up every lease `owner` holds (its runs stopped). -> chunks released."""
@@ -318,9 +319,12 @@ class SqlStore:
     def done_lines(self, batch_id: str) -> set[int]:
         return {r["line"] for r in self._query("SELECT line FROM results WHERE batch_id = ?", (batch_id,))}
 
-    def add_results(self, batch_id: str, records: list[tuple[int, bool, bytes]]) -> int:
+    def add_results(
+        self, batch_id: str, records: list[tuple[int, bool, bytes]], done_chunks: tuple[int, ...] = ()
+    ) -> int:
         """Record finished lines and count them, in one transaction; a line already recorded keeps its first
-        record (never counted twice), and a batch that has ended takes no more. -> lines newly recorded."""
+        record (never counted twice), and a batch that has ended takes no more. `done_chunks`: chunks whose every
+        line is recorded once these are, marked done in the same transaction. -> lines newly recorded."""
 
         def add(db: Any) -> int:
             row = db.execute("SELECT status FROM batches WHERE id = ?" + self.LOCK_ROW, (batch_id,)).fetchone()
@@ -342,6 +346,12 @@ class SqlStore:
                 db.execute(
                     "UPDATE batches SET completed = completed + ?, failed = failed + ? WHERE id = ?",
                     (ok, failed, batch_id),
+                )
+            if done_chunks:
+                db.execute(
+                    "UPDATE claims SET done = ?, owner = NULL, until = NULL"
+                    f" WHERE batch_id = ? AND chunk IN ({_marks(len(done_chunks))})",
+                    (True, batch_id, *done_chunks),
                 )
             return ok + failed
 

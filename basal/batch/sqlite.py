@@ -6,7 +6,8 @@ Layout under the root (by default `$BASAL_HOME/batches`):
     files/<file id>.jsonl          uploaded inputs and finalized outputs, each written whole or not at all
 
 One server owns the directory: its process is the only writer, and each method is one `BEGIN IMMEDIATE`
-transaction, which holds the whole database (so the shared SQL in `basal.batch.sql` needs no row locks here).
+transaction, which holds the whole database (so the shared SQL in `basal.batch.sql` needs no row locks here); the
+leases a killed process held are given up at open, so a restarted server resumes its batch at once.
 The schema's version is SQLite's `user_version`; a store written by an older basal is brought up to date at open.
 """
 
@@ -97,6 +98,7 @@ class SqliteStore(SqlStore):
         self._db.execute("PRAGMA busy_timeout=10000")
         self._migrate()
         self._sweep_orphans()
+        self._tx(lambda db: db.execute("UPDATE claims SET owner = NULL, until = NULL"))  # the only server: none live
 
     def _migrate(self) -> None:
         with self._lock:
@@ -116,16 +118,22 @@ class SqliteStore(SqlStore):
         with self._lock:
             self._db.close()
 
-    def _tx(self, fn: Callable[[Any], Any]) -> Any:
+    def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            if not durable:  # WAL without a sync at this commit; the next durable commit syncs it too
+                self._db.execute("PRAGMA synchronous=NORMAL")
             try:
-                out = fn(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return out
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn(self._db)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                return out
+            finally:
+                if not durable:
+                    self._db.execute("PRAGMA synchronous=FULL")
 
     def _query(self, sql: str, args: tuple = ()) -> list[Any]:
         with self._lock:

@@ -174,6 +174,10 @@ def test_chunks_are_leased_to_one_server_and_lapse(make):
     assert store.claim(b["id"], "d", 30) == (2, [4])
     assert store.release("d") == 1 and store.release("c") == 1
     assert store.claim(b["id"], "e", 30) == (0, [1])
+    assert store.add_results(b["id"], [(1, True, b"one")], (0,)) == 1  # its last line: done in that transaction
+    assert store.claim(b["id"], "f", 30) == (2, [4])
+    store.add_results(b["id"], [(4, True, b"four")], (2,))
+    assert store.claim(b["id"], "g", 30) is None  # every chunk done
     store.finalize(b["id"], "cancelled", None)
     assert store.claim(b["id"], "e", 30) is None  # a finished batch has no chunks left
 
@@ -291,3 +295,13 @@ def test_a_server_whose_files_directory_is_not_the_shared_one_refuses_to_start(p
             open_store(tmp_path / "local", url)
     finally:
         first.close()
+
+
+def test_a_restarted_sqlite_server_resumes_at_once_a_shared_store_after_the_lease(make, database):
+    store = make()
+    b, _ = batch(store, upload(store)["id"])
+    store.start(b["id"], 1, [[1]])
+    assert store.claim(b["id"], "killed", 30) == (0, [1])
+    store.close()
+    again = make()  # SQLite: one server owns the store, so the dead process's leases go at open
+    assert (again.claim(b["id"], "restarted", 30) is None) == (database is not None)
