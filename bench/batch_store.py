@@ -4,8 +4,9 @@ the store's own time per line.
     python -m bench.batch_store                       # 2000 lines (200 states x 10 questions), the demo model
     python -m bench.batch_store --lines 4000 --rounds 3
 
-Needs Debian's PostgreSQL binaries (a server of its own is started in a temporary directory, as in the tests)
-and the postgres extra. In one run, `--rounds` times in turn:
+Needs Debian's PostgreSQL binaries (a server of its own is started in a temporary directory, as in the tests,
+but with fsync on, so that its commits reach the disk as SQLite's do) and the postgres extra. In one run,
+`--rounds` times in turn:
 1. servers: `basal serve` children on the demo model — one on SQLite, one on PostgreSQL, two on one PostgreSQL
    database and one shared files directory; the same batch created on the first, timed from create to
    `completed` (polled every 50 ms): lines/s. The servers start before the clock does.
@@ -13,8 +14,8 @@ and the postgres extra. In one run, `--rounds` times in turn:
    per chunk, its records in pieces of 64, the last piece marking the chunk done, finalize) replayed alone,
    against the line's wall time on one server (1 / its lines per second) — the issue's goal is under 5 %;
 3. the same calls timed inside one in-process server during a batch (every store call of the runner and the
-   API's polls): worker threads beside the engine on a shared machine wait for the GIL and the cores, so this
-   is an upper bound.
+   API's polls): wall time (worker threads beside the engine on a shared machine wait for the GIL and the
+   cores, so an upper bound) and this process's CPU time in them.
 Numbers are ratios within one run; the machine's load is printed with them.
 """
 
@@ -107,6 +108,7 @@ class Timed:
     def __init__(self, inner: Any):
         self._inner, self._lock = inner, threading.Lock()
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)  # this process's CPU in them (no GIL or I/O wait)
         self.calls: dict[str, int] = defaultdict(int)
 
     def __getattr__(self, name: str) -> Any:
@@ -115,12 +117,13 @@ class Timed:
             return value
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 return value(*args, **kwargs)
             finally:
                 with self._lock:
                     self.seconds[name] += time.perf_counter() - started
+                    self.cpu_seconds[name] += time.thread_time() - cpu
                     self.calls[name] += 1
 
         return timed
@@ -158,6 +161,7 @@ def overhead(model: ModelDir, lines: list[dict], database: str | None, tmp: Path
     with live_server(make_engines(model), batches=service) as url:
         httpx.post(f"{url}/v1/basal", json=lines[0]["body"], timeout=600)
         store.seconds.clear()
+        store.cpu_seconds.clear()
         store.calls.clear()
         wall = timed_batch(url, lines)
     spent = sum(store.seconds.values())
@@ -167,6 +171,7 @@ def overhead(model: ModelDir, lines: list[dict], database: str | None, tmp: Path
         "line_ms": wall / len(lines) * 1000,
         "store_us_per_line": spent / len(lines) * 1e6,
         "store_share": spent / wall,
+        "store_cpu_us_per_line": sum(store.cpu_seconds.values()) / len(lines) * 1e6,
         "calls": dict(store.calls),
     }
 
@@ -183,7 +188,7 @@ def main() -> None:
         raise SystemExit("needs PostgreSQL's server binaries: apt-get install postgresql")
     lines = lines_of(a.lines, a.per_state)
     tmp = Path(tempfile.mkdtemp(prefix="basal-bench-store-"))
-    pg = Postgres(bindir)
+    pg = Postgres(bindir, durable=True)  # fsync on: commits reach the disk, as SQLite's (synchronous=FULL)
     pg.start()
     try:
         model_dir = synth_model(tmp / "demo", "demo")
@@ -196,7 +201,8 @@ def main() -> None:
                 print(f"{kind} x{count}: {rates[f'{kind} x{count}'][-1]:.0f} lines/s", flush=True)
             for database in (None, pg.new_database()):
                 costs.append(overhead(model, lines, database, tmp))
-                costs[-1]["replay_us_per_line"] = replay(len(lines), database, tmp) * 1e6
+                again = None if database is None else pg.new_database()  # a store of its own (its own files)
+                costs[-1]["replay_us_per_line"] = replay(len(lines), again, tmp) * 1e6
                 print(json.dumps(costs[-1]), flush=True)
     finally:
         pg.stop("immediate")
@@ -215,6 +221,9 @@ def main() -> None:
         "store_in_server_us_per_line": {
             s: statistics.median(c["store_us_per_line"] for c in costs if c["store"] == s) for s in stores
         },
+        "store_in_server_cpu_us_per_line": {
+            s: statistics.median(c["store_cpu_us_per_line"] for c in costs if c["store"] == s) for s in stores
+        },
         "load": os.getloadavg(),
         "cpus": os.cpu_count(),
         "rounds": {"rates": rates, "overhead": costs},
@@ -225,7 +234,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2))
     keys = ("lines_per_s", "vs_sqlite", "store_alone_us_per_line", "store_alone_share_of_a_line",
-            "store_in_server_us_per_line")  # fmt: skip
+            "store_in_server_us_per_line", "store_in_server_cpu_us_per_line")  # fmt: skip
     print(json.dumps({k: summary[k] for k in keys}))
     print(f"load average {os.getloadavg()}; written {out}")
 

@@ -50,8 +50,8 @@ def _as_server_user(argv: list[str]) -> list[str]:
 class Postgres:
     """One PostgreSQL cluster in a temporary directory: started, stopped, restarted, and fresh databases."""
 
-    def __init__(self, bindir: Path):
-        self.bindir = bindir
+    def __init__(self, bindir: Path, durable: bool = False):
+        self.bindir, self.durable = bindir, durable  # durable: fsync on, as a production server (benchmarks)
         self.dir = Path(tempfile.mkdtemp(prefix="basal-pg-"))  # not under pytest's 0700 tmp: the server user reads it
         self.data, self.log = self.dir / "data", self.dir / "server.log"
         self.port = free_port()
@@ -69,10 +69,9 @@ class Postgres:
             raise RuntimeError(f"{tool} failed ({done.returncode}): {done.stderr or done.stdout}\n{log}")
 
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
-            " -c full_page_writes=off -c max_connections=200"
-        )
+        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
 
     def stop(self, mode: str = "fast") -> None:
