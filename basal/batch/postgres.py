@@ -14,6 +14,7 @@ would cost a round trip per transaction).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -33,6 +34,8 @@ LOCK_MIGRATE = 0x62617361_6C000001  # pg_advisory_xact_lock keys: "basal" and a 
 LOCK_CREATE = 0x62617361_6C000002
 POOL_MAX = 8  # connections per server: the runner's few at a time, and the API's calls
 CONNECT_TIMEOUT_S = 5
+LOOP_WAIT_S = 0.5  # the longest a call on an event loop waits for a connection
+DOWN_S = 1.0  # after a failure, calls on an event loop fail at once for this long
 
 MIGRATIONS = (
     """
@@ -137,6 +140,7 @@ class PostgresStore(SqlStore):
                 f"batches.database is PostgreSQL, which needs psycopg: pip install 'basal-engine[postgres]' ({e})"
             ) from e
         super().__init__(root, clock)
+        self._down_until = 0.0  # monotonic time until which calls on an event loop fail at once
         self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
         self._where = redact(url)
         connect = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
@@ -209,18 +213,39 @@ class PostgresStore(SqlStore):
     def close(self) -> None:
         self._pool.close()
 
+    def _connection(self) -> Any:
+        """A pooled connection. On an event loop's thread (the API's routes read the store there) it waits at
+        most LOOP_WAIT_S, and not at all for DOWN_S after a failure: a database that is down must not stall
+        the online requests that share the loop."""
+        on_loop = _on_event_loop()
+        if on_loop and time.monotonic() < self._down_until:
+            raise Unavailable(f"the batch database at {self._where} was unavailable a moment ago")
+        return self._pool.connection(timeout=LOOP_WAIT_S if on_loop else None)
+
+    def _failed(self, e: BaseException) -> Unavailable:
+        self._down_until = time.monotonic() + DOWN_S
+        return Unavailable(f"the batch database at {self._where} is unavailable: {e}")
+
     def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
         try:
-            with self._pool.connection() as conn, conn.transaction():
+            with self._connection() as conn, conn.transaction():
                 if not durable:
                     conn.execute("SET LOCAL synchronous_commit TO OFF")
                 return fn(_Db(conn))
         except self._errors as e:
-            raise Unavailable(f"the batch database at {self._where} is unavailable: {e}") from e
+            raise self._failed(e) from e
 
     def _query(self, sql: str, args: tuple = ()) -> list[Any]:
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 return conn.execute(_pg(sql), args).fetchall()
         except self._errors as e:
-            raise Unavailable(f"the batch database at {self._where} is unavailable: {e}") from e
+            raise self._failed(e) from e
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -5,6 +5,7 @@ leases that let several servers share a batch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from basal.batch.store import Conflict, Store, StoreError, TooMany, open_store
+from basal.batch.store import Conflict, Store, StoreError, TooMany, Unavailable, open_store
 
 
 @pytest.fixture
@@ -305,3 +306,33 @@ def test_a_restarted_sqlite_server_resumes_at_once_a_shared_store_after_the_leas
     store.close()
     again = make()  # SQLite: one server owns the store, so the dead process's leases go at open
     assert (again.claim(b["id"], "restarted", 30) is None) == (database is not None)
+
+
+def test_calls_on_an_event_loop_fail_fast_while_the_database_is_down(postgres, tmp_path):
+    """The API reads the store on the server's event loop: a database that is down answers at once (503), it
+    does not stall the loop, and calls succeed again once it is back."""
+    store = open_store(tmp_path, postgres.new_database())
+
+    async def on_loop() -> float:
+        started = time.monotonic()
+        for _ in range(5):
+            with pytest.raises(Unavailable):
+                store.get_batch("batch_x")
+        return time.monotonic() - started
+
+    try:
+        postgres.stop("fast")
+        try:
+            assert asyncio.run(on_loop()) < 2.0  # five calls: the pool's 10 s wait would be 50 s
+        finally:
+            postgres.start()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert store.get_batch("batch_x") is None
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline, "the store did not reconnect"
+                time.sleep(0.2)
+    finally:
+        store.close()
