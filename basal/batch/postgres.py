@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ LOCK_MIGRATE = 0x62617361_6C000001  # pg_advisory_xact_lock keys: "basal" and a 
 LOCK_CREATE = 0x62617361_6C000002
 POOL_MAX = 8  # connections per server: the runner's few at a time, and the API's calls
 CONNECT_TIMEOUT_S = 5
+CHANNEL = "basal_batch_cancel"  # NOTIFY channel: a batch id, as a server marks it cancelling
 LOOP_WAIT_S = 0.5  # the longest a call on an event loop waits for a connection
 DOWN_S = 1.0  # after a failure, calls on an event loop fail at once for this long
 
@@ -141,6 +143,8 @@ class PostgresStore(SqlStore):
             ) from e
         super().__init__(root, clock)
         self._down_until = 0.0  # monotonic time until which calls on an event loop fail at once
+        self._url, self._closed = url, False
+        self._listener: threading.Thread | None = None
         self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
         self._where = redact(url)
         connect = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
@@ -211,7 +215,35 @@ class PostgresStore(SqlStore):
         db.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_CREATE,))
 
     def close(self) -> None:
+        self._closed = True
+        if self._listener is not None:
+            self._listener.join(5)
         self._pool.close()
+
+    def _announce_cancel(self, db: Any, batch_id: str) -> None:
+        db.execute("SELECT pg_notify(?, ?)", (CHANNEL, batch_id))
+
+    def listen(self, on_cancel: Callable[[str], None]) -> None:
+        """A thread with a connection of its own LISTENing on CHANNEL: a cancel on any front reaches the runners
+        of the others within milliseconds, so their lines stop at the engine's next checkpoint (the runner's
+        status poll is the fallback while this connection is down)."""
+        self._listener = threading.Thread(target=self._listen, args=(on_cancel,), name="basal-batches-listen")
+        self._listener.daemon = True
+        self._listener.start()
+
+    def _listen(self, on_cancel: Callable[[str], None]) -> None:
+        import psycopg
+
+        while not self._closed:
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._closed:
+                        for note in conn.notifies(timeout=0.5):
+                            on_cancel(note.payload)
+            except psycopg.OperationalError as e:  # the database restarts: listen again once it is back
+                log.debug("batches: the cancel listener reconnects: %s", e)
+                time.sleep(0.5)
 
     def _connection(self) -> Any:
         """A pooled connection. On an event loop's thread (the API's routes read the store there) it waits at

@@ -70,6 +70,13 @@ class BatchService:
 
     async def start(self) -> None:
         self._wake = asyncio.Event()  # bound to the server's loop
+        loop = asyncio.get_running_loop()
+
+        def cancelled_elsewhere(batch_id: str) -> None:  # on the store's listening thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server is stopping
+                loop.call_soon_threadsafe(self._cancel.add, batch_id)
+
+        self.store.listen(cancelled_elsewhere)
         self._task = asyncio.create_task(self._loop(), name="basal-batches")
 
     async def stop(self) -> None:
@@ -92,7 +99,8 @@ class BatchService:
     async def cancel(self, batch_id: str) -> None:
         """The batch was set `cancelling`: if it runs here, its lines stop at their next checkpoint and the runner
         finalizes it; otherwise it is finalized here at once (another server running its lines sees it end
-        within STATUS_POLL_S and stops them; what they finish after is not recorded)."""
+        at once, through the store's `listen`, or within STATUS_POLL_S, and stops them; what they finish after
+        the batch ended is not recorded)."""
         self._cancel.add(batch_id)  # kept: a stale look at the batch can never run its lines again
         if self._running != batch_id:
             await self._finalize(batch_id, "cancelled")

@@ -202,16 +202,24 @@ class SqlStore:
         if f"{status}_at" in BATCH_FIELDS:
             values[f"{status}_at"] = self.now()
         sets = ", ".join(["status = ?", *(f"{k} = ?" for k in values)])
-        return bool(
-            self._tx(
-                lambda db: (
-                    db.execute(
-                        f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({_marks(len(only_from))})",
-                        (status, *values.values(), batch_id, *only_from),
-                    ).rowcount
-                )
-            )
-        )
+
+        def move(db: Any) -> bool:
+            moved = db.execute(
+                f"UPDATE batches SET {sets} WHERE id = ? AND status IN ({_marks(len(only_from))})",
+                (status, *values.values(), batch_id, *only_from),
+            ).rowcount
+            if moved and status == "cancelling":
+                self._announce_cancel(db, batch_id)
+            return bool(moved)
+
+        return self._tx(move)
+
+    def _announce_cancel(self, db: Any, batch_id: str) -> None:
+        """Tell the other servers, at commit, that `batch_id` is cancelling (`listen`)."""
+
+    def listen(self, on_cancel: Callable[[str], None]) -> None:
+        """Call `on_cancel(batch id)`, from another thread, as any server marks a batch `cancelling` (with one
+        server, whose cancel route already tells its runner, there is nothing to listen to)."""
 
     # the lines of a running batch
 

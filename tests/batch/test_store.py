@@ -336,3 +336,24 @@ def test_calls_on_an_event_loop_fail_fast_while_the_database_is_down(postgres, t
                 time.sleep(0.2)
     finally:
         store.close()
+
+
+def test_a_cancel_on_one_server_reaches_the_others_listening(postgres, tmp_path):
+    url = postgres.new_database()
+    here, there = open_store(tmp_path, url), open_store(tmp_path, url)
+    heard: list[str] = []
+    try:
+        here.listen(heard.append)
+        b, _ = batch(there, upload(there)["id"])
+        time.sleep(0.3)  # the listener's connection is up
+        started = time.monotonic()
+        assert there.set_status(b["id"], "cancelling", ("validating", "in_progress"))
+        while not heard and time.monotonic() - started < 5:
+            time.sleep(0.005)
+        assert heard == [b["id"]] and time.monotonic() - started < 1.0
+        assert not there.set_status(b["id"], "cancelling", ("validating", "in_progress"))  # no move, no word
+        time.sleep(0.3)
+        assert heard == [b["id"]]
+    finally:
+        here.close()
+        there.close()
