@@ -112,6 +112,13 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_in_progress: Annotated[int, Meta(ge=1)] = 8  # batches not yet finished; one more is refused with 429
     # finished batches, and output files without their own expiry (0: forever); stored as seconds (SQLite's int64)
     retention_days: Annotated[float, Meta(ge=0, le=36_500)] = 30.0
+    database: str | None = None  # None: SQLite in `dir`; postgresql://…: one store for several servers
+    # a server's claim on a chunk of lines; a killed server's lapses after this
+    lease_s: Annotated[float, Meta(ge=1, le=86_400)] = 30.0
+
+    def __post_init__(self) -> None:
+        if self.database is not None and not self.database.startswith(("postgresql://", "postgres://", "sqlite")):
+            raise msgspec.ValidationError("`batches.database` must be sqlite or a postgresql:// URL")
 
 
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):

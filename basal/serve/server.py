@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from basal.api.settings import ApiSettings
 from basal.backends.load import load_backend, load_backend_class, pick_backend
 from basal.batch.service import BatchService, BatchSettings
-from basal.batch.store import Store
+from basal.batch.store import open_store, redact
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
@@ -272,6 +272,8 @@ def batch_settings(config: ServeConfig) -> BatchSettings:
         max_active=b.max_in_progress,
         output_retention_s=retention,
         batch_retention_s=retention,
+        database=None if b.database in (None, "sqlite") else b.database,
+        lease_s=b.lease_s,
     )
 
 
@@ -284,8 +286,9 @@ def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None
     settings = batch_settings(config)
     if ray:
         settings = dataclasses.replace(settings, window=RAY_WINDOW)
-    log.info("batches: the Files and Batches API is on, its store in %s", settings.root)
-    return BatchService(Store(settings.root), settings)
+    where = f"PostgreSQL at {redact(settings.database)}, files in" if settings.database else "store in"
+    log.info("batches: the Files and Batches API is on, its %s %s", where, settings.root)
+    return BatchService(open_store(settings.root, settings.database), settings)
 
 
 def serve(config: ServeConfig) -> None:

@@ -226,9 +226,9 @@ def test_a_batch_behind_the_ray_front_answers_as_one_process(cluster, demo_model
     from basal_client import BasalClient
 
     from basal.batch.service import BatchService, BatchSettings
-    from basal.batch.store import Store
+    from basal.batch.store import open_store
 
-    service = BatchService(Store(tmp_path), BatchSettings(root=tmp_path, window=8))
+    service = BatchService(open_store(tmp_path), BatchSettings(root=tmp_path, window=8))
     requests = [
         {"custom_id": f"{path}-{i}", "body": body} for i, (path, body) in enumerate(mix()) if path == "/v1/basal"
     ]
