@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import platform
 import random
 import time
 
 import numpy as np
 
-from basal import __version__
 from basal.backends.load import DTYPES, load_backend_class, torch_installed
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
@@ -17,22 +14,7 @@ from basal.core.model.prompt import option_orders, render_prompt
 from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
 from basal.progress import Progress
-
-PACKAGES = ("torch", "mlx", "numpy", "tokenizers", "safetensors", "msgspec", "litestar", "uvicorn")
-
-
-def versions() -> dict[str, str]:
-    out = {
-        "basal": __version__,
-        "python": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-    }
-    for name in PACKAGES:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+from basal.versions import versions
 
 
 def paths() -> list[tuple[str, str]]:
@@ -112,14 +94,14 @@ def gpu_engine_tables() -> list[str]:
     import torch
 
     from basal.backends.cuda.gpu import engine_table as et
-    from basal.backends.cuda.gpu.environment import versions
+    from basal.backends.cuda.gpu.environment import device_stack
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = []
     for dtype in DTYPES:
         path = et.table_path(dtype)
         if path.is_file():
-            lines += et.describe(*et.load_table(path, et.table_key(versions(device), dtype)))
+            lines += et.describe(*et.load_table(path, et.table_key(device_stack(device), dtype)))
     return lines or ["  GEMM engine tables: none yet (the GPU path writes one at its first start on a GPU)"]
 
 

@@ -207,9 +207,9 @@ def read_clocks() -> str:
 def phase_env(device, dry: bool) -> dict:
     import torch
 
-    from basal.backends.cuda.gpu.environment import invariant_settings, versions
+    from basal.backends.cuda.gpu.environment import device_stack, invariant_settings
 
-    res = {"versions": versions(device)}
+    res = {"versions": device_stack(device)}
     if device.type == "cuda":  # (the dry run applies none of R7: nothing to read back)
         res["cublas_settings"] = invariant_settings()  # R7, as torch reads it back
         res["clocks"] = read_clocks()
@@ -256,7 +256,7 @@ def phase_gemm(device, dry: bool, out: Path, report: Report, stop: float) -> dic
     import torch
 
     from basal.backends.cuda.gpu import engine_table as et
-    from basal.backends.cuda.gpu.environment import versions
+    from basal.backends.cuda.gpu.environment import device_stack
 
     counts = served_counts(dry)
     if dry:
@@ -264,7 +264,7 @@ def phase_gemm(device, dry: bool, out: Path, report: Report, stop: float) -> dic
     else:
         shapes = [s for size in SHAPES for s in gemm_shapes(size)]
         any_counts, engines = PROBE_COUNTS, et.PREFERENCE
-    key = et.table_key(versions(device), "f16")
+    key = et.table_key(device_stack(device), "f16")
     res = {"shapes": {}, "tri_configs_equal": {}, "tri_configs": {}, "row_counts": counts, "any_row_counts": any_counts}
     g = torch.Generator(device=device).manual_seed(1)
     probed = []
@@ -399,9 +399,9 @@ def bias_probe(device, dry: bool, counts: list[int], engines) -> dict:
     import torch
 
     from basal.backends.cuda.gpu import engine_table as et
-    from basal.backends.cuda.gpu.environment import versions
+    from basal.backends.cuda.gpu.environment import device_stack
 
-    key = et.table_key(versions(device), "f16")
+    key = et.table_key(device_stack(device), "f16")
     table = et.probe(biased_shapes(dry), torch.float16, device, counts, key, engines, bias=True)
     return {
         f"{e.n}x{e.k}": {"engine": e.engine, "invariant": {c: v.invariant for c, v in e.candidates.items()}}

@@ -51,9 +51,9 @@ from basal.api.schema_types import (
 from basal.batch.service import BatchService
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.engine.engines import EnginesFront
-from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import RequestError
 from basal.core.request.dialects import parse_systemone
+from basal.core.request.model_names import model_resolver
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, ModelInfo, Result
-from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body, parse_basal
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
+from basal.core.request.model_names import model_resolver
 from basal.core.request.plan import DecisionRequest
 from basal.logs import REQUEST_ID
 

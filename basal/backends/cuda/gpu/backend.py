@@ -26,21 +26,20 @@ from basal.backends.cuda.gpu.buckets import (
     probed_row_counts,
     warm_buckets,
 )
-from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
+from basal.backends.cuda.gpu.environment import apply_invariant_settings, device_stack
 from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, FUSED_EPILOGUES, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-from basal.backends.cuda.model import head_logsumexp, inference_steps
+from basal.backends.cuda.model import TORCH_DTYPE, head_logsumexp, inference_steps
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.passes import QUEUED, Queued, run_to_end
 from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
 from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 log = logging.getLogger(__name__)
-TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run as graphs, longer ones eagerly
 READOUT_CAP = 1024
 
@@ -116,7 +115,7 @@ class GpuBackend:
     def describe(self) -> dict[str, object]:
         """What decides this backend's bits and speed here (for `basal doctor`, /v1/models and exports): the
         device and versions, the GEMM engine the probe chose per weight shape, the attention precision, graphs."""
-        env = versions(self.dev)
+        env = device_stack(self.dev)
         return {
             "backend": self.name,
             "device": self.device,
@@ -152,7 +151,7 @@ class GpuBackend:
         started = time.perf_counter()
         engines = et.PREFERENCE if self.dev.type == "cuda" else ("tri",)  # the interpreter runs only Triton
         counts = probed_row_counts(max(arena_tokens, LT_CHUNK) if self.dev.type == "cuda" else arena_tokens)
-        key = et.table_key(versions(self.dev), self.dtype)
+        key = et.table_key(device_stack(self.dev), self.dtype)
         epilogues = self._epilogues() if fuse_epilogues else {}
         table = et.probe(
             self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines, epilogues=epilogues,

@@ -83,7 +83,7 @@ def nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
     return found.group(1) if found else None
 
 
-def versions(device) -> dict[str, str]:
+def device_stack(device) -> dict[str, str]:
     """What the engine table is keyed by (R10): GPU, SMs, driver, CUDA, torch, Triton."""
     import torch
 
