@@ -1,4 +1,5 @@
-"""bench/gpu_check.py in a short GPU window: one failing GEMM shape or attention case costs the phase nothing else,
+"""bench/checks/gpu_check.py in a short GPU window: one failing GEMM shape or attention case costs the phase nothing
+else,
 P1 and P2 stop at their share of the budget, and a SIGTERM (the device tool's timeout) or a Ctrl-C still leaves the
 report and prints the table of what was measured. Fakes stand in for the kernels, except in the one dry run that is
 sent a SIGTERM."""
@@ -19,7 +20,7 @@ import torch
 
 from basal.backends.cuda.gpu import engine_table as et
 from basal.core import home
-from bench import gpu_check
+from bench.checks import gpu_check
 
 CPU = torch.device("cpu")
 
@@ -204,7 +205,7 @@ def test_the_sigterm_handler_writes_the_report_and_its_table_before_it_unwinds(r
 def dry_main(monkeypatch, tmp_path, capsys):
     """gpu_check.main() in this process, as `--cpu-dry-run --out DIR` without the interpreter patch (no kernel runs
     here), its SIGTERM handler put back after it. -> (exit code, the report, stdout)."""
-    from basal.backends.cuda.gpu import interpreter_patches
+    from bench.checks import interpreter_patches
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # main sets it; monkeypatch removes it again
     monkeypatch.setattr(interpreter_patches, "patch_interpreter", lambda: None)
@@ -271,7 +272,7 @@ def test_a_failing_kernel_listing_costs_the_table_nothing(dry_main, monkeypatch)
 
 def test_a_dry_run_sent_sigterm_leaves_its_report_and_table_and_exits_124(tmp_path):
     """The device tool's timeout, for real: SIGTERM to the running script once P1 has written its first shape."""
-    script = gpu_check.ROOT / "bench" / "gpu_check.py"
+    script = gpu_check.ROOT / "bench" / "checks" / "gpu_check.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
     argv = [sys.executable, str(script), "--cpu-dry-run", "--out", str(tmp_path), "--phases", "0,1,2,3"]
     with (tmp_path / "log.txt").open("w+") as log:

@@ -1,11 +1,12 @@
-"""bench/serve_check.py, `basal serve` checked over HTTP (gpu_check's P3 on the GPU machine): it runs here against a
+"""bench/checks/serve_check.py, `basal serve` checked over HTTP (gpu_check's P3 on the GPU machine): it runs here
+against a
 real server on the CPU, and its failure paths say what happened."""
 
 from __future__ import annotations
 
 import math
 
-from bench import serve_check
+from bench.checks import serve_check
 
 
 def test_a_real_server_on_the_cpu_passes_every_check():

@@ -74,7 +74,8 @@ class DeviceWeights:
 
     @classmethod
     def random(cls, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> DeviceWeights:
-        """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk): bench/gpu_check.py
+        """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk):
+        bench/checks/gpu_check.py
         on the model shapes, the interpreter tests on toy ones. Norm weights are 1, projections ~ 1/sqrt(k),
         biases (where `cfg.bias`) ~ 0.1."""
         g = torch.Generator(device=device).manual_seed(seed)
