@@ -217,7 +217,7 @@ def _serve(a: argparse.Namespace) -> int:
         if config.ray.address is None:  # a local Ray: every one of its ports on loopback (docs/ray.md, Security)
             os.environ.setdefault(RAY_LOCAL_ONLY, "0")  # read when ray is imported, so before the import below
         try:
-            from basal.deploy.app import serve_ray
+            from basal.ray_serve.app import serve_ray
         except ImportError as e:
             raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-engine[ray]' ({e})") from e
         serve_ray(config)

@@ -28,7 +28,7 @@ OUTSIDE_CORE = (
     "basal.batch",
     "basal.serve",
     "basal.export",
-    "basal.deploy",
+    "basal.ray_serve",
     "basal.benchsuite",
     "basal.cli",
     "basal.doctor",

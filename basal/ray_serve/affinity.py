@@ -7,7 +7,7 @@ of them). When the preferred replica's queue is over a bound, the request falls 
 random replicas (power of two choices), so one hot state cannot pile everything on one replica. A request whose
 state is too short to be worth sharing goes straight to the power-of-two fallback.
 
-Pure Python: the Ray router (`basal.deploy.router`) calls `rank_replicas`.
+Pure Python: the Ray router (`basal.ray_serve.router`) calls `rank_replicas`.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ from typing import Any
 
 import msgspec
 
-from basal.deploy.ingress import RayEngines
-from basal.deploy.replica import BasalReplica
+from basal.ray_serve.ingress import RayEngines
+from basal.ray_serve.replica import BasalReplica
 from basal.serve.config import ModelConfig, RayConfig, ServeConfig, load_config
 
 log = logging.getLogger("basal")
 
-ROUTER_CLASS = "basal.deploy.router:StateAffinityRouter"
+ROUTER_CLASS = "basal.ray_serve.router:StateAffinityRouter"
 
 
 def model_names(config: ServeConfig) -> list[str]:

@@ -20,9 +20,9 @@ from basal.core.engine.engines import InflightLimit, ModelInfo, Result
 from basal.core.engine.metrics import Metrics
 from basal.core.errors import Cancelled, EngineClosed
 from basal.core.request.plan import DecisionRequest
-from basal.deploy.affinity import AFFINITY_MIN_CHARS, affinity_key
-from basal.deploy.replica import ReplicaAnswer
-from basal.deploy.replica_metrics import ReplicaCollector
+from basal.ray_serve.affinity import AFFINITY_MIN_CHARS, affinity_key
+from basal.ray_serve.replica import ReplicaAnswer
+from basal.ray_serve.replica_metrics import ReplicaCollector
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from basal.core.engine.engines import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest
-from basal.deploy.replica_metrics import start_pushing
+from basal.ray_serve.replica_metrics import start_pushing
 from basal.serve.config import ServeConfig
 
 log = logging.getLogger(__name__)

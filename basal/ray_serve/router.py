@@ -2,7 +2,7 @@
 
 Ray Serve calls `choose_replicas` for each pending request and probes the replicas of each returned rank in
 turn, sending the request to the least loaded replica of the first rank that accepts it. The ranking itself is
-`basal.deploy.affinity.rank_replicas`; this class only adapts Ray's types. The ingress passes the request's
+`basal.ray_serve.affinity.rank_replicas`; this class only adapts Ray's types. The ingress passes the request's
 affinity key as the `affinity` keyword of the handle call.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
-from basal.deploy.affinity import ROUTER_MAX_QUEUE, rank_replicas
+from basal.ray_serve.affinity import ROUTER_MAX_QUEUE, rank_replicas
 
 
 class StateAffinityRouter(FIFOMixin, RequestRouter):

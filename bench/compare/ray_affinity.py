@@ -62,7 +62,7 @@ def drive(url: str, requests: list[dict], clients: int) -> tuple[float, list[flo
 def run_router(model_dir: Path, router: str, requests: list[dict], clients: int) -> dict:
     from ray import serve
 
-    from basal.deploy.app import start
+    from basal.ray_serve.app import start
 
     config = parse_config({"models": [{"path": str(model_dir)}], "ray": {"replicas": 2, "router": router}})
     engines = start(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from basal.core.request.dialects import parse_systemone
-from basal.deploy.affinity import affinity_key, preferred, rank_replicas
+from basal.ray_serve.affinity import affinity_key, preferred, rank_replicas
 
 REPLICAS = [f"r{i}" for i in range(4)]
 LONG = "Klient zgłasza, że paczka nr 77 dotarła uszkodzona i żąda zwrotu pieniędzy. " * 5

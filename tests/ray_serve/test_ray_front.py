@@ -12,8 +12,8 @@ pytest.importorskip("ray")
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.deploy.ingress import RayEngines
-from basal.deploy.replica import BasalReplica
+from basal.ray_serve.ingress import RayEngines
+from basal.ray_serve.replica import BasalReplica
 from tests.conftest import golden_records
 from tests.servers import make_engines
 

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("ray")
 
 from basal.core.errors import Cancelled
-from basal.deploy.app import start
-from basal.deploy.ingress import RayEngines, _cancellable
+from basal.ray_serve.app import start
+from basal.ray_serve.ingress import RayEngines, _cancellable
 from basal.serve.config import parse_config
 from tests.servers import live_server, make_engines
 

@@ -1,7 +1,7 @@
 """The engines of a process behind one front: served models, the in-flight limit, planning off the event loop, answers.
 
 The HTTP layer depends on `EnginesFront` only; `Engines` implements it in one process and
-`basal.deploy.ingress.RayEngines` on Ray Serve."""
+`basal.ray_serve.ingress.RayEngines` on Ray Serve."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
-    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
+    replica: str = ""  # the replica that answered, when scaled out (basal.ray_serve); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
 
 
@@ -58,7 +58,7 @@ class ModelInfo:
 
 class EnginesFront(Protocol):
     """What the HTTP layer needs of the engines behind it: served names, model facts, admission, answers, and the
-    process's state. `Engines` (one process) and `basal.deploy.ingress.RayEngines` (Ray Serve) implement it; the
+    process's state. `Engines` (one process) and `basal.ray_serve.ingress.RayEngines` (Ray Serve) implement it; the
     HTTP layer never reaches past it."""
 
     default: str
@@ -117,7 +117,7 @@ class EnginesFront(Protocol):
 
 class InflightLimit:
     """The process's `max_inflight` places and its shutdown state; the HTTP layer takes a place per request.
-    Shared by `Engines` and the Ray front (`basal.deploy.ingress.RayEngines`)."""
+    Shared by `Engines` and the Ray front (`basal.ray_serve.ingress.RayEngines`)."""
 
     def __init__(self, max_inflight: int):
         self.max_inflight = max_inflight
