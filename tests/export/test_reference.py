@@ -51,7 +51,7 @@ def test_upstream_errors_are_reproduced(tmp_path, case_id, error):
 
 
 def test_extension_records_are_skipped_not_failed(tmp_path):
-    cases = [  # facts records are checked, not skipped (tests/core/test_facts_reference.py)
+    cases = [  # facts records are checked, not skipped (tests/core/facts/test_reference.py)
         {**c, "items": []} for c in golden_records("systemone_cases_1.5.jsonl") if c["request"].get("facts") != "auto"
     ]
     checker = ReferenceChecker()

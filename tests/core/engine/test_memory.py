@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]  # `python -c` imports basal from its working folder
+ROOT = Path(__file__).resolve().parents[3]  # `python -c` imports basal from its working folder
 
 PROBE = """
 import sys

@@ -15,7 +15,7 @@ from basal.core.decision.large_choice import groups
 from basal.core.decision.luce import fit
 from basal.core.errors import Cancelled
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # 40 questions' worth of fits is what a request of the probe ran; 3 x 255 options covers the same code paths.
 SCRIPT = """
 import hashlib, sys

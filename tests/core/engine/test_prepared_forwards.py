@@ -70,7 +70,7 @@ def test_the_long_lane_asks_for_a_pass_that_can_pause(demo_model):
     from basal.core.engine.engines import Engines
     from basal.core.engine.gate import Gate
     from basal.core.engine.metrics import Metrics
-    from tests.engine.test_scheduling import request
+    from tests.core.engine.test_scheduling import request
 
     backend = PreparingStub(demo_model)
     metrics = Metrics(8)

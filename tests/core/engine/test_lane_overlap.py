@@ -20,7 +20,7 @@ from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.errors import Cancelled, EngineClosed
 from basal.core.packing.passes import QUEUED, run_to_end
-from tests.engine.test_scheduling import request
+from tests.core.engine.test_scheduling import request
 from tests.stub_backend import FakeBackend
 
 DEMO = "basal-synthetic-demo"

@@ -16,8 +16,8 @@ from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Job, JobQueue, Policy
 from basal.core.packing.tree import TokenizedQuestion
-from tests.engine.test_scheduling import arrive_at_a_pause, request
-from tests.engine.test_share_floor import TimedStub
+from tests.core.engine.test_scheduling import arrive_at_a_pause, request
+from tests.core.engine.test_share_floor import TimedStub
 from tests.servers import make_engines
 
 

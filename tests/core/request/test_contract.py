@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from basal.core.errors import RequestError
 from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
 from basal.core.request.plan import DecisionRequest
-from tests.core.test_render import json_values
+from tests.core.model.test_render import json_values
 
 SERVED = {"basal-demo": "basal-demo", "jev-latest": "basal-demo"}
 

@@ -20,7 +20,7 @@ from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.packing.tree import PackedBatch
-from tests.engine.test_scheduling import request
+from tests.core.engine.test_scheduling import request
 from tests.stub_backend import StubBackend
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from basal.core.engine.pipeline import Pipeline
 from basal.core.packing.passes import QUEUED, overlapped, run_to_end
-from tests.engine.test_prepared_forwards import questions, uniform
+from tests.core.engine.test_prepared_forwards import questions, uniform
 from tests.stub_backend import StubBackend
 
 

@@ -113,7 +113,7 @@ def test_sigterm_removes_the_half_written_directory(tmp_path):
     (rarely: 2 of some 60 runs) been acted on only after the writer had finished — a complete model and no
     temporary folder, which keeps the promise that no half-written model is left behind; such an attempt, and
     one where the writer finishes before it is frozen, is repeated in a fresh folder."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     for attempt in range(5):
         name = f"mini{attempt}"
         flags = "--preset mini --layers 4 --quiet".split()

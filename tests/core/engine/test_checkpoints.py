@@ -14,7 +14,7 @@ import basal.core.engine.pipeline as pipeline_module
 from basal.core.engine.gate import Holder
 from basal.core.errors import Cancelled, RequestError
 from basal.core.request.limits import Limits
-from tests.engine.test_scheduling import device_held, request, timed
+from tests.core.engine.test_scheduling import device_held, request, timed
 from tests.servers import make_engines
 
 DEMO = "basal-synthetic-demo"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from basal.core.facts import FactsError, fact_lines, inject
-from tests.facts.vectors import vectors
+from tests.core.facts.vectors import vectors
 
 INJECT = vectors("inject")
 LINES = vectors("facts_lines")
