@@ -19,9 +19,7 @@ def seen(monkeypatch):
     monkeypatch.delenv(RAY_LOCAL_ONLY, raising=False)
     monkeypatch.setattr(threads, "prepare_server_environment", lambda: None)
     calls = []
-    monkeypatch.setattr(
-        ray_app, "serve_ray", lambda config: calls.append((config.ray, os.environ.get(RAY_LOCAL_ONLY)))
-    )
+    monkeypatch.setattr(ray_app, "serve_ray", lambda config: calls.append((config.ray, os.environ.get(RAY_LOCAL_ONLY))))
     return calls
 
 

@@ -5,7 +5,7 @@
 
 Phases (each with its own deadline; results written to $OUT/gpu_check.json after every phase and every entry of P1,
 P2 and P3, each entry on its own, so a failure or a timeout still returns data; a SIGTERM writes the report and
-prints the table of what was measured, then exits 124): P0 environment and ceilings, P1 GEMM engines, P2 attention,
+prints the table of what was measured, then exits 124): P0 environment and ceilings, P1 GEMMs, P2 attention,
 P3 whole model on mini / 4.5B / max shapes with synthetic weights, then `basal serve`'s path on checkpoints on disk
 (basal-1.5 and basal-1.0 layouts) and `basal serve` itself over HTTP (its packages carried as wheels:
 `make gpu-wheels`), P4 the summary table against the anchors and the physical limit. Needs only the image's torch
@@ -44,7 +44,7 @@ DEADLINES = {"P0": 10, "P1": 70, "P2": 40, "P3": 170, "P4": 5}
 # their compiles cannot eat P3, whose first two items (the basal-1.5 checkpoint and mini) need 40 s; P1 keeps 20 s
 # more for P2
 LEAVES_S = {"P1": 60, "P2": 40}
-# seconds a P3 size needs at least (synthetic weights, engine probe, compiles, checks, timings); with less of the
+# seconds a P3 size needs at least (synthetic weights, GEMM probe, compiles, checks, timings); with less of the
 # budget left the size is skipped, so the run still ends with its table inside the device window
 SIZE_NEEDS_S = {"toy": 0, "mini": 20, "4.5B": 35, "max": 45}
 # P3 after the sizes: `basal serve`'s path on a checkpoint on disk, per layout (name -> attention and MLP biases)
@@ -53,7 +53,7 @@ CHECKPOINT_NEEDS_S = 20
 SERVE_NEEDS_S = 40  # P3's `basal serve` over HTTP (bench/checks/serve_check.py)
 CLOSE_TO_CPU = 2e-2  # f16 on the device vs the f32 CPU reference: max |diff| / max(1, max |reference|)
 THROUGHPUT_TOKENS = (2048, 4096)  # tokens per forward for decisions/s
-# P1 also probes every engine at these row counts (docs/gpu-path.md §8.2), most of which serving never passes (M = 1
+# P1 also probes every GEMM at these row counts (docs/gpu-path.md §8.2), most of which serving never passes (M = 1
 # may be another library kernel): reported beside the verdict, which is taken on the buckets (`served_counts`)
 PROBE_COUNTS = [1, 2, 3, 16, 17, 64, 100, 128, 129, 256, 640, 1024, 2048, 4096, 8192]
 # the exit code of an interrupted run. SIGTERM: 124, what `timeout` returns for a command it stopped and what the
@@ -64,7 +64,7 @@ INTERRUPTED_RC = {"SIGTERM": 124, "KeyboardInterrupt": 130}
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, help="output folder (gpu_check.json, gemm_engines.json)")
+    p.add_argument("--out", type=Path, help="output folder (gpu_check.json, gemm_table.json)")
     p.add_argument("--table", type=Path, metavar="JSON", help="print the summary table of a saved gpu_check.json")
     p.add_argument("--phases", default="0,1,2,3,4", help="comma-separated phase numbers to run")
     p.add_argument("--cpu-dry-run", action="store_true", help="toy sizes under the Triton interpreter, on the CPU")
@@ -252,20 +252,20 @@ SAME = "same bits"  # a `tri` tile configuration's output against the first one'
 
 def phase_gemm(device, dry: bool, out: Path, report: Report, stop: float) -> dict:
     """Every GEMM shape on its own (a failure is recorded with its traceback and the next shape still runs), the
-    results written after each, the engine table saved from the shapes probed so far; then the extra evidence. Past
+    results written after each, the GEMM table saved from the shapes probed so far; then the extra evidence. Past
     `stop` (perf_counter) the remaining entries are skipped and say so."""
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
     from basal.backends.cuda.gpu.environment import device_stack
 
     counts = served_counts(dry)
     if dry:
-        shapes, any_counts, engines = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
+        shapes, any_counts, gemms = [(32, 64), (64, 128)], [1, 2, 3, 17, 64, 65], ("tri",)
     else:
         shapes = [s for size in SHAPES for s in gemm_shapes(size)]
-        any_counts, engines = PROBE_COUNTS, et.PREFERENCE
-    key = et.table_key(device_stack(device), "f16")
+        any_counts, gemms = PROBE_COUNTS, gt.PREFERENCE
+    key = gt.table_key(device_stack(device), "f16")
     res = {"shapes": {}, "tri_configs_equal": {}, "tri_configs": {}, "row_counts": counts, "any_row_counts": any_counts}
     g = torch.Generator(device=device).manual_seed(1)
     probed = []
@@ -275,18 +275,18 @@ def phase_gemm(device, dry: bool, out: Path, report: Report, stop: float) -> dic
             if skipped:
                 res["shapes"][name] = skipped
             else:
-                entry, res["shapes"][name], configs = gemm_shape(n, k, device, dry, counts, any_counts, engines, key, g)
+                entry, res["shapes"][name], configs = gemm_shape(n, k, device, dry, counts, any_counts, gemms, key, g)
                 res["tri_configs"][name] = configs
                 res["tri_configs_equal"][name] = all(v == SAME for v in configs.values())
                 probed.append(entry)
-                et.EngineTable(key, list(counts), probed).save(out / "gemm_engines.json")
+                gt.GemmTable(key, list(counts), probed).save(out / "gemm_table.json")
         except Exception as e:
             res["shapes"][name] = failure(e)
         report.partial("P1", res)
     # extra evidence, each on its own: a failure is recorded there and costs the phase nothing else
     for part, check in (
         ("lt_library_defaults", lambda: library_defaults(dry)),
-        ("bias", lambda: bias_probe(device, dry, counts, engines)),
+        ("bias", lambda: bias_probe(device, dry, counts, gemms)),
         ("swiglu_warps", lambda: swiglu_warps(device, dry)),
     ):
         res[part] = out_of_time(stop) or isolated(check)
@@ -294,29 +294,29 @@ def phase_gemm(device, dry: bool, out: Path, report: Report, stop: float) -> dic
     return res
 
 
-def gemm_shape(n: int, k: int, device, dry: bool, counts, any_counts, engines, key, g):
-    """One GEMM shape: the engine probe over serving's row counts (as the backend's own probe runs it), the `tri`
-    tile configurations against each other, every engine timed and probed at any row count. -> (the engine
+def gemm_shape(n: int, k: int, device, dry: bool, counts, any_counts, gemms, key, g):
+    """One GEMM shape: the GEMM probe over serving's row counts (as the backend's own probe runs it), the `tri`
+    tile configurations against each other, every GEMM timed and probed at any row count. -> (the GEMM
     table's entry, the shape's results, the tile configurations' comparison)."""
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
 
-    (entry,) = et.probe([(n, k)], torch.float16, device, counts, key, engines, None).shapes
+    (entry,) = gt.probe([(n, k)], torch.float16, device, counts, key, gemms, None).shapes
     timed_rows = [16, 128] if dry else [16, 128, 512, 2048, 8192]
-    x, w, _ = et.random_operands(max(counts + any_counts + timed_rows), n, k, torch.float16, g)
+    x, w, _ = gt.random_operands(max(counts + any_counts + timed_rows), n, k, torch.float16, g)
     tri_configs = isolated(lambda: tile_configs_compared(x, w))
-    timings, copies = {}, et.weight_copies(w)
-    for name in engines:
+    timings, copies = {}, gt.weight_copies(w)
+    for name in gemms:
         for m in timed_rows:
-            ms = et.time_engine(et.ENGINES[name], x, w, m, repeats=3 if dry else 20, copies=copies)
+            ms = gt.time_gemm(gt.GEMMS[name], x, w, m, repeats=3 if dry else 20, copies=copies)
             bytes_moved = 2 * (n * k + m * k + m * n)
             timings[f"{name}@{m}"] = {"ms": ms, "TBps": bytes_moved / (ms * 1e-3) / 1e12}
             timings[f"{name}@{m}"]["TFLOPs"] = 2 * m * n * k / (ms * 1e-3) / 1e12
     result = {
-        "engine": entry.engine,
+        "gemm": entry.gemm,
         "candidates": {c: vars(v) for c, v in entry.candidates.items()},
-        "any_row_count": {name: et.probe_engine(et.ENGINES[name], x, w, any_counts) for name in engines},
+        "any_row_count": {name: gt.probe_gemm(gt.GEMMS[name], x, w, any_counts) for name in gemms},
         "timings": timings,
     }
     return entry, result, tri_configs
@@ -377,7 +377,7 @@ def library_defaults_child(dry: bool) -> int:
     cuBLASLt, as the backend does: without that torch runs its GEMMs on cuBLAS, another library."""
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
 
     device = torch.device("cpu" if dry else "cuda")
     if device.type == "cuda":
@@ -387,25 +387,25 @@ def library_defaults_child(dry: bool) -> int:
     out = {}
     with torch.inference_mode():
         for n, k in biased_shapes(dry):
-            x, w, _ = et.random_operands(max(counts), n, k, torch.float16, g)
-            ok, detail = et.probe_engine(et.lt_linear, x, w, counts)
+            x, w, _ = gt.random_operands(max(counts), n, k, torch.float16, g)
+            ok, detail = gt.probe_gemm(gt.lt_linear, x, w, counts)
             out[f"{n}x{k}"] = {"invariant": ok, "detail": detail}
     print(json.dumps(out))
     return 0
 
 
-def bias_probe(device, dry: bool, counts: list[int], engines) -> dict:
-    """basal-1.0 checkpoints (4.5B shapes) add a bias in every GEMM: the engine each shape gets when the probe runs
-    the engines' bias epilogues, and whether each is invariant."""
+def bias_probe(device, dry: bool, counts: list[int], gemms) -> dict:
+    """basal-1.0 checkpoints (4.5B shapes) add a bias in every GEMM: the GEMM each shape gets when the probe runs
+    the GEMMs' bias epilogues, and whether each is invariant."""
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
     from basal.backends.cuda.gpu.environment import device_stack
 
-    key = et.table_key(device_stack(device), "f16")
-    table = et.probe(biased_shapes(dry), torch.float16, device, counts, key, engines, bias=True)
+    key = gt.table_key(device_stack(device), "f16")
+    table = gt.probe(biased_shapes(dry), torch.float16, device, counts, key, gemms, bias=True)
     return {
-        f"{e.n}x{e.k}": {"engine": e.engine, "invariant": {c: v.invariant for c, v in e.candidates.items()}}
+        f"{e.n}x{e.k}": {"gemm": e.gemm, "invariant": {c: v.invariant for c, v in e.candidates.items()}}
         for e in table.shapes
     }
 
@@ -415,15 +415,15 @@ def swiglu_warps(device, dry: bool) -> dict:
     at 128 and 2048 rows, and whether the two give the same bits. It ships at the plain GEMM's configuration."""
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
     from basal.backends.cuda.gpu.kernel_configs import GemmTiles, gemm_tiles
     from basal.backends.cuda.gpu.triton_gemm import linear
 
     sizes = {"toy": (64, 32)} if dry else {size: gemm_shapes(size)[2] for size in SHAPES}  # [gate; up]
     g, res = torch.Generator(device=device).manual_seed(2), {}
     for name, (n, k) in sizes.items():
-        x, w, _ = et.random_operands(16 if dry else 2048, n, k, torch.float16, g)
-        plain, copies = gemm_tiles(n, k), et.weight_copies(w)
+        x, w, _ = gt.random_operands(16 if dry else 2048, n, k, torch.float16, g)
+        plain, copies = gemm_tiles(n, k), gt.weight_copies(w)
         entry, outputs = {}, []
         for warps in (plain.warps, 2 * plain.warps):
             tiles = GemmTiles(plain.bm, plain.bn, warps, plain.stages, plain.bk)
@@ -433,7 +433,7 @@ def swiglu_warps(device, dry: bool) -> dict:
 
             outputs.append(fused(x, w, None))
             for m in (16,) if dry else (128, 2048):
-                entry[f"w{warps}@{m}_ms"] = et.time_engine(fused, x, w, m, repeats=3 if dry else 20, copies=copies)
+                entry[f"w{warps}@{m}_ms"] = gt.time_gemm(fused, x, w, m, repeats=3 if dry else 20, copies=copies)
         res[name] = {**entry, "same_bits": same_bits(*outputs)}
     return res
 
@@ -736,7 +736,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
         "throughput": throughput,
         "overlap": overlap,
-        "engines": described["gemm_engines"],
+        "gemms": described["gemm_engines"],
         "fused_epilogues": described["fused_epilogues"],
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
@@ -868,17 +868,17 @@ def kernel_lines(kernels: dict[str, list[dict]]) -> list[str]:
 
 
 def any_row_count_lines(gemms: dict[str, dict]) -> list[str]:
-    """Per engine, on how many shapes it is also invariant over P1's other row counts (M = 1, 2, 3, 17, ...),
+    """Per GEMM, on how many shapes it is also invariant over P1's other row counts (M = 1, 2, 3, 17, ...),
     which serving never passes; the shapes where it is not, with the first row that differs."""
     found: dict[str, list[tuple[str, bool, str]]] = {}
     for shape, g in gemms.items():
-        for engine, (ok, detail) in g.get("any_row_count", {}).items():
-            found.setdefault(engine, []).append((shape, ok, detail))
+        for gemm, (ok, detail) in g.get("any_row_count", {}).items():
+            found.setdefault(gemm, []).append((shape, ok, detail))
     lines = ["", "invariant at any row count (not only serving's buckets):"] if found else []
-    for engine, rows in found.items():
+    for gemm, rows in found.items():
         failed = "; ".join(f"{shape} {detail}" for shape, ok, detail in rows if not ok)
         passed = sum(ok for _, ok, _ in rows)
-        lines.append(f"  {engine}: {passed} of {len(rows)} shapes" + (f" (not: {failed})" if failed else ""))
+        lines.append(f"  {gemm}: {passed} of {len(rows)} shapes" + (f" (not: {failed})" if failed else ""))
     return lines
 
 
@@ -986,23 +986,22 @@ def attention_lines(p2: dict, mm_tflops: float | None) -> list[str]:
 
 
 def gemm_lines(p1: dict, copy_tbps: float | None, mm_tflops: float | None) -> list[str]:
-    """Each GEMM shape's chosen engine against the ceilings (or why it has none), the engines at any row count, the
+    """Each GEMM shape's chosen GEMM against the ceilings (or why it has none), the GEMMs at any row count, the
     `tri` tile configurations that differ, and P1's extra evidence."""
     gemms = p1.get("shapes", {})
-    lines = ["", "GEMM n x k      engine   TB/s @16 rows (of copy)   TFLOP/s @max rows (of mm)"] if gemms else []
+    lines = ["", "GEMM n x k      gemm     TB/s @16 rows (of copy)   TFLOP/s @max rows (of mm)"] if gemms else []
     for shape, g in gemms.items():
         if not ran(g):
             lines.append(f"{shape:<15} {not_run(g)}")
             continue
-        timed = {int(key.split("@")[1]): t for key, t in g["timings"].items() if key.startswith(g["engine"] + "@")}
+        timed = {int(key.split("@")[1]): t for key, t in g["timings"].items() if key.startswith(g["gemm"] + "@")}
         if not timed:
             continue
         small, large = timed[min(timed)], timed[max(timed)]
         of_copy = f"{small['TBps'] / copy_tbps:.2f}" if copy_tbps else "-"
         of_mm = f"{large['TFLOPs'] / mm_tflops:.2f}" if mm_tflops else "-"
         lines.append(
-            f"{shape:<15} {g['engine']:<6}   {small['TBps']:6.2f} ({of_copy})            "
-            f"{large['TFLOPs']:7.1f} ({of_mm})"
+            f"{shape:<15} {g['gemm']:<6}   {small['TBps']:6.2f} ({of_copy})            {large['TFLOPs']:7.1f} ({of_mm})"
         )
     lines += any_row_count_lines({shape: g for shape, g in gemms.items() if ran(g)})
     unequal = {
@@ -1026,8 +1025,8 @@ def gemm_lines(p1: dict, copy_tbps: float | None, mm_tflops: float | None) -> li
         lines += ["", f"cuBLASLt with the library's defaults (no R7; 4.5B shapes): {flat}"]
     biased = p1.get("bias", {})
     if biased and ran(biased):
-        engines = ", ".join(f"{shape} {b['engine']}" for shape, b in biased.items())
-        lines += ["", f"GEMMs with a bias (basal-1.0, 4.5B shapes): {engines}"]
+        gemms = ", ".join(f"{shape} {b['gemm']}" for shape, b in biased.items())
+        lines += ["", f"GEMMs with a bias (basal-1.0, 4.5B shapes): {gemms}"]
     warps = p1.get("swiglu_warps", {})
     if warps and ran(warps):
         columns = [k.removesuffix("_ms") for k in next(iter(warps.values())) if k.endswith("_ms")]

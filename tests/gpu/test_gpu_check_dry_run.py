@@ -61,6 +61,6 @@ def _check(done, tmp_path: Path) -> None:
     assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())
     assert "error" not in p1["lt_library_defaults"] and "library's defaults" in done.stdout  # the child ran
     assert p1["swiglu_warps"]["toy"]["same_bits"] and "fused SwiGLU GEMM" in done.stdout
-    assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]
+    assert json.loads((tmp_path / "gemm_table.json").read_text())["shapes"]
     assert all(p1["tri_configs_equal"].values()) and len(p1["tri_configs"]) == 2, p1["tri_configs"]
-    assert all("engine" in g for g in p1["shapes"].values())  # every toy shape probed, none failed or skipped
+    assert all("gemm" in g for g in p1["shapes"].values())  # every toy shape probed, none failed or skipped

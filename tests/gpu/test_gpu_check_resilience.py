@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu import gemm_table as gt
 from basal.core import home
 from bench.checks import gpu_check
 
@@ -39,19 +39,19 @@ def p1_extras(monkeypatch):
     """P1's extra evidence (a child process, the bias probe, the fused SwiGLU): stand-ins that record their calls."""
     ran = []
     monkeypatch.setattr(gpu_check, "library_defaults", lambda dry: ran.append("lt") or {})
-    monkeypatch.setattr(gpu_check, "bias_probe", lambda device, dry, counts, engines: ran.append("bias") or {})
+    monkeypatch.setattr(gpu_check, "bias_probe", lambda device, dry, counts, gemms: ran.append("bias") or {})
     monkeypatch.setattr(gpu_check, "swiglu_warps", lambda device, dry: ran.append("swiglu") or {})
     return ran
 
 
-def probed_shape(n, k, device, dry, counts, any_counts, engines, key, g):
+def probed_shape(n, k, device, dry, counts, any_counts, gemms, key, g):
     """gemm_shape's stand-in: `tri` invariant, the M regime's tiles differing from the first configuration's."""
-    entry = et.ShapeEntry(n, k, "tri", {"tri": et.Candidate(True, None, "ok")})
-    result = {"engine": "tri", "candidates": {"tri": vars(entry.candidates["tri"])}, "any_row_count": {}, "timings": {}}
+    entry = gt.ShapeEntry(n, k, "tri", {"tri": gt.Candidate(True, None, "ok")})
+    result = {"gemm": "tri", "candidates": {"tri": vars(entry.candidates["tri"])}, "any_row_count": {}, "timings": {}}
     return entry, result, {"S 64x64x64-w4-s4": gpu_check.SAME, "M 128x64x64-w4-s4": "differs"}
 
 
-def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_engine_table_survive(report, p1_extras, monkeypatch):
+def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_gemm_table_survive(report, p1_extras, monkeypatch):
     def shape(n, k, *args):
         if (n, k) == (32, 64):
             raise RuntimeError("out of resources: shared memory")
@@ -62,9 +62,9 @@ def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_engine_table_su
     failed = res["shapes"]["32x64"]
     assert failed["error"] == "RuntimeError: out of resources: shared memory"
     assert "Traceback" in failed["traceback"] and "shape" in failed["traceback"] and len(failed["traceback"]) <= 2000
-    assert res["shapes"]["64x128"]["engine"] == "tri" and p1_extras == ["lt", "bias", "swiglu"]
-    table = et.EngineTable.from_json((report.path.parent / "gemm_engines.json").read_text())
-    assert [(s.n, s.k, s.engine) for s in table.shapes] == [(64, 128, "tri")]  # from the shape that was probed
+    assert res["shapes"]["64x128"]["gemm"] == "tri" and p1_extras == ["lt", "bias", "swiglu"]
+    table = gt.GemmTable.from_json((report.path.parent / "gemm_table.json").read_text())
+    assert [(s.n, s.k, s.gemm) for s in table.shapes] == [(64, 128, "tri")]  # from the shape that was probed
     assert on_disk(report)["phases"]["P1"]["partial"]  # written after every entry
     assert res["tri_configs_equal"] == {"64x128": False}  # which configuration differed is kept:
     text = gpu_check.summary({"P1": res})
@@ -294,4 +294,4 @@ def test_a_dry_run_sent_sigterm_leaves_its_report_and_table_and_exits_124(tmp_pa
     assert data["interrupted"]["by"] == "SIGTERM" and data["interrupted"]["phase"] in {"P1", "P2", "P3"}
     assert data["phases"]["P0"]["versions"] and data["phases"]["P1"]["shapes"]  # what was measured is kept
     assert "size   single ms" in data["phases"]["P4"]["table"] and "INTERRUPTED by SIGTERM" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemm_engines.json", "gpu_check.json", "log.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemm_table.json", "gpu_check.json", "log.txt"]

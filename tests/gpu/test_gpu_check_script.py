@@ -110,7 +110,7 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     phases = {
         "P0": {"copy_TBps": 4.0, "mm_TFLOPs": 800.0},
         "P2": {"f16/mini": {"bitwise_equal": True, "timing": {"tokens": 4096, "ms": 1.5, "TFLOPs": 200.0}}},
-        "P1": {"shapes": {"2048x1536": {"engine": "lt", "timings": {
+        "P1": {"shapes": {"2048x1536": {"gemm": "lt", "timings": {
             "lt@16": {"TBps": 2.0, "TFLOPs": 1.0}, "lt@8192": {"TBps": 0.5, "TFLOPs": 400.0},
             "tri@16": {"TBps": 9.0, "TFLOPs": 9.0},
         }}}},
@@ -123,7 +123,7 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     assert "NO =in_batch" in text
     assert "2.500           2.000     1.25x" in text  # single decisions one by one vs two in flight
     assert "f16/mini" in text and "200.0   (0.25)" in text
-    assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's
+    assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen GEMM's rows, not tri's
 
 
 def test_a_saved_report_prints_its_table(tmp_path, capsys, monkeypatch):
@@ -266,7 +266,7 @@ def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
 
     class Cyclic:
         def __init__(self):
-            self.engine_for = self.method
+            self.gemm_for = self.method
 
         def method(self):
             pass
@@ -284,9 +284,9 @@ def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
 
 
 def test_p1_reports_the_row_counts_serving_never_passes_beside_its_verdict():
-    """The engine verdict is taken on serving's buckets (as the backend's probe); M = 1, 2, 3, 17, ... are reported
-    per engine, with the shapes that differ there."""
-    shape = {"engine": "lt", "timings": {}}
+    """The gemm verdict is taken on serving's buckets (as the backend's probe); M = 1, 2, 3, 17, ... are reported
+    per GEMM, with the shapes that differ there."""
+    shape = {"gemm": "lt", "timings": {}}
     gemms = {
         "2048x1536": {**shape, "any_row_count": {"lt": [False, "row 0 differs at M=2"], "tri": [True, "ok"]}},
         "1536x1536": {**shape, "any_row_count": {"lt": [True, "ok"], "tri": [True, "ok"]}},

@@ -34,7 +34,7 @@ def test_a_server_that_cannot_start_is_an_error_with_its_log(monkeypatch, tmp_pa
 
 def test_each_expected_path_is_judged_from_what_v1_models_reports():
     torch_cpu = {"backend": "torch", "device": "cpu", "dtype": "f32"}
-    gpu = {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels, probed GEMM engines)"}
+    gpu = {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels, probed GEMMs)"}
     portable_cuda = {"backend": "torch", "device": "cuda:0", "dtype": "f16"}  # CUDA without Triton
     metal = {"backend": "mlx", "device": "metal", "dtype": "f16"}
     judge = serve_check.PATHS
