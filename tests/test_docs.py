@@ -248,3 +248,35 @@ def test_a_wrong_module_path_is_named_with_its_page(tmp_path):
         "docs/page.md:3: core/engine/no_such_module.py does not exist",
         "docs/page.md:3: basal/no_such_folder/ does not exist",
     ], found
+
+
+def unmapped(root: Path, map_text: str) -> list[str]:
+    """What the package has that docs/architecture.md's map does not name: a top-level module or folder of basal/,
+    a module of api/ or batch/ (the folders whose modules the map lists one by one)."""
+    basal = root / "basal"
+    names = [p.name for p in basal.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    names += [f"{p.name}/" for p in basal.iterdir() if (p / "__init__.py").is_file()]
+    for folder in ("api", "batch"):
+        names += [p.name for p in (basal / folder).rglob("*.py") if p.name != "__init__.py"]
+    folder_line = re.compile(r"^  (\w+/)", re.M)  # a folder of basal/ opens its own line of the map
+    folders = set(folder_line.findall(map_text))
+    named = [
+        n for n in names if (n in folders if n.endswith("/") else re.search(rf"(?<![\w/]){re.escape(n)}", map_text))
+    ]
+    return sorted(set(names) - set(named))
+
+
+def architecture_map() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_architecture_map_names_every_folder_and_api_module():
+    assert unmapped(ROOT, architecture_map()) == [], "add them to docs/architecture.md's map"
+
+
+def test_a_module_missing_from_the_map_is_named(tmp_path):
+    """Negative control: a map that lost a line is told which module it lost."""
+    text = architecture_map()
+    assert unmapped(ROOT, text.replace("otlp.py", "")) == ["otlp.py"]
+    assert unmapped(ROOT, text.replace("  batch/ ", "  ")) == ["batch/"]
