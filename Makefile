@@ -66,7 +66,7 @@ gpu-image-check: gpu-wheels
 	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec
 	rm -rf $(IMAGE_SITE) $(IMAGE_VENV)/dry-run
 	$(IMAGE_VENV)/bin/python -m pip install -q --no-index --no-deps --no-compile --target $(IMAGE_SITE) .whl/*.whl
-	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/gpu_check.py \
+	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/checks/gpu_check.py \
 		--cpu-dry-run --out $(IMAGE_VENV)/dry-run
 	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
 		tests/gpu/interpreter

@@ -110,9 +110,10 @@ def _decide(a: argparse.Namespace) -> int:
     import msgspec
 
     from basal.backends.load import load_backend
-    from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
+    from basal.core.engine.pipeline import Pipeline, Stats
     from basal.core.errors import RequestError
     from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
+    from basal.core.request.model_names import model_resolver
 
     from_stdin = a.request in (None, "-")
     body = b"" if from_stdin else Path(a.request).read_bytes()  # a missing file fails before the model loads
@@ -216,7 +217,7 @@ def _serve(a: argparse.Namespace) -> int:
         if config.ray.address is None:  # a local Ray: every one of its ports on loopback (docs/ray.md, Security)
             os.environ.setdefault(RAY_LOCAL_ONLY, "0")  # read when ray is imported, so before the import below
         try:
-            from basal.deploy.app import serve_ray
+            from basal.ray_serve.app import serve_ray
         except ImportError as e:
             raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-bitwise[ray]' ({e})") from e
         serve_ray(config)
@@ -304,67 +305,14 @@ def _doctor(a: argparse.Namespace) -> int:
 
 
 def _bench(a: argparse.Namespace) -> int:
-    import tempfile
+    from basal.benchsuite.run import run_suites, suite_names
 
-    from tqdm import tqdm
-
-    from basal.benchsuite import machine_load
-    from basal.benchsuite.report import write
-    from basal.benchsuite.suites import SUITES, Bench, model_shape
-    from basal.core.model.model_dir import ModelDir
-    from basal.core.model.synth import synth_model
-    from basal.progress import Progress
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    names = a.suites or list(SUITES)
-    unknown = [n for n in names if n not in SUITES]
-    if unknown:
-        raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        if a.model:
-            model = _open_model(a.model)
-        else:
-            print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
-            quiet = True if a.quiet else None  # None: tqdm's own choice, a bar on a terminal only
-            with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=quiet) as bar:
-                written = synth_model(
-                    Path(tmp) / "model", a.preset, layers=a.layers, on_bytes=bar.update, on_total=_total_of(bar)
-                )
-            model = ModelDir.load(written)
-        print(f"loading {model.name} on the {a.backend} backend and measuring the GEMM limit", file=sys.stderr)
-        bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
-        if bench.limit:
-            rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
-            print(
-                f"GEMM limit of this machine for the model's shapes: {bench.limit.combined_gflops:.0f} GFLOP/s "
-                f"({bench.limit.rows}-row F.linear: {rates})",
-                file=sys.stderr,
-            )
-        hf_device, hf_dtype = bench.baseline_placement
-        context = {
-            "model": model_shape(model),
-            "backend": bench.backend.name,
-            "device": bench.backend.device,
-            "dtype": bench.backend.dtype,
-            "quick": not a.full,
-            "gemm_limit": bench.limit.as_dict() if bench.limit else None,
-            "transformers_baseline": {"device": hf_device, "dtype": hf_dtype} if bench.transformers else None,
-            # threads, GEMM chunks, compiled CPU kernels: how the numbers were computed (torch backend)
-            "compute": bench.backend.describe(),
-        }
-        out = Path(a.out)
-        for i, name in enumerate(names):
-            before = machine_load.measure()
-            with Progress(f"bench {name} ({i + 1}/{len(names)} suites)", min_interval_s=10, enabled=not a.quiet) as p:
-                if warning := before.warning():
-                    p.write(f"warning before {name}: {warning}")
-                bench.progress = p
-                result = SUITES[name](bench)
-            after = machine_load.measure()
-            load = {"before": before.to_json(), "after": after.to_json()}
-            files = write(result, out, context, a.plot, load)
-            print(result.markdown(), flush=True)
-            print("wrote " + ", ".join(str(f) for f in files), flush=True)
+    names = suite_names(a.suites)
+    model = _open_model(a.model) if a.model else None
+    run_suites(
+        names, model, a.preset, a.layers, a.backend, a.dtype,
+        full=a.full, transformers=not a.no_transformers, out=Path(a.out), plot=a.plot, quiet=a.quiet,
+    )  # fmt: skip
     return 0
 
 

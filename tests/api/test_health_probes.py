@@ -135,7 +135,7 @@ def test_ready_is_503_while_every_place_is_taken_and_while_draining(demo_model):
 def test_ray_readiness_asks_for_a_running_replica_not_a_healthy_application(monkeypatch):
     """One of two replicas dead: the application is UNHEALTHY (then DEPLOYING) while the other answers."""
     serve = pytest.importorskip("ray.serve")
-    from basal.deploy.app import _ready_check
+    from basal.ray_serve.app import _ready_check
 
     def status(app_status: str, **replica_states: int):
         deployment = SimpleNamespace(replica_states=replica_states)

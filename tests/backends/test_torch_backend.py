@@ -8,8 +8,9 @@ import torch
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.backends.load import load_backend, pick_backend
-from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
+from basal.core.engine.pipeline import Pipeline, Stats
 from basal.core.request.dialects import parse_systemone
+from basal.core.request.model_names import model_resolver
 
 
 def test_defaults_and_selection(demo_model):
