@@ -2,7 +2,7 @@
 
 `EnginesFront` is the protocol; `ModelInfo` and `Result` are its plain data (a Ray replica sends them to the front),
 and `InflightLimit` the in-flight places and shutdown state both fronts share. `Engines` (`engines.py`) implements
-the protocol in one process, `basal.deploy.ingress.RayEngines` on Ray Serve. This module imports no engine, so the
+the protocol in one process, `basal.ray_serve.ingress.RayEngines` on Ray Serve. This module imports no engine, so the
 Ray front and the HTTP layer do not load one to name what they talk to.
 """
 
@@ -28,7 +28,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
-    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
+    replica: str = ""  # the replica that answered, when scaled out (basal.ray_serve); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
 
 
@@ -53,7 +53,7 @@ class ModelInfo:
 
 class EnginesFront(Protocol):
     """What the HTTP layer needs of the engines behind it: served names, model facts, admission, answers, and the
-    process's state. `Engines` (one process) and `basal.deploy.ingress.RayEngines` (Ray Serve) implement it; the
+    process's state. `Engines` (one process) and `basal.ray_serve.ingress.RayEngines` (Ray Serve) implement it; the
     HTTP layer never reaches past it."""
 
     default: str
@@ -113,7 +113,7 @@ class EnginesFront(Protocol):
 
 class InflightLimit:
     """The process's `max_inflight` places and its shutdown state; the HTTP layer takes a place per request.
-    Shared by `Engines` and the Ray front (`basal.deploy.ingress.RayEngines`)."""
+    Shared by `Engines` and the Ray front (`basal.ray_serve.ingress.RayEngines`)."""
 
     def __init__(self, max_inflight: int):
         self.max_inflight = max_inflight
