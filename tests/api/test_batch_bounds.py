@@ -21,7 +21,9 @@ ECHO = 50
 @pytest.fixture(scope="module")
 def live(demo_model, tmp_path_factory):
     engines = make_engines(demo_model)
-    svc = service(tmp_path_factory.mktemp("batches"), max_upload_bytes=4 << 20, max_lines=50, max_line_bytes=1 << 20)
+    svc = service(
+        tmp_path_factory.mktemp("batches"), None, max_upload_bytes=4 << 20, max_lines=50, max_line_bytes=1 << 20
+    )
     settings = ApiSettings(limits=Limits(max_echo_chars=ECHO))
     with live_server(engines, batches=svc, settings=settings) as url:
         yield url
