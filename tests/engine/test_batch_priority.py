@@ -23,7 +23,7 @@ from tests.servers import make_engines
 
 def _job(prompts, background=False) -> Job:
     t = TokenizedQuestion("en", "s", tuple(prompts))
-    return Job(request=None, tokenized=[t], cost=sum(map(len, prompts)), prompt_tokens=0, finish=print,
+    return Job(request=None, tokenized=[t], cost=sum(map(len, prompts)), finish=print,
                background=background)  # fmt: skip
 
 

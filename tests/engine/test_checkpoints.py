@@ -134,7 +134,7 @@ def test_every_backend_yield_is_a_checkpoint_and_bits_do_not_change(demo_model, 
 def test_over_the_character_bound_nothing_is_tokenized(plain, demo_model, monkeypatch):
     engine = plain.engines[DEMO]
     calls = []
-    monkeypatch.setattr(engine.pipeline, "first_round", calls.append)
+    monkeypatch.setattr(engine.pipeline, "tokenize_items", lambda *a, **k: calls.append(a))
     huge = request(1)
     limit = engine.prompt_char_limit
     item = huge.questions[0].item

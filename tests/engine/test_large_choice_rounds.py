@@ -39,7 +39,7 @@ def test_cost_counts_the_final_round_before_the_work_starts(demo_model):
     engine = engines.engines[MODEL]
     job = engine.admit(large_request(), print, lambda: False)
     first = engine.pipeline.cost(job.tokenized)
-    estimate = engine.pipeline.cost(engine.pipeline.later_rounds_estimate(job.rounds))
+    estimate = engine.pipeline.cost(engine.pipeline._later_rounds_estimate(job.state))
     assert len(job.tokenized) == 6 and estimate > 0 and job.cost == first + estimate
     ordinary = engine.admit(small_request(0), print, lambda: False)
     assert ordinary.cost == engine.pipeline.cost(ordinary.tokenized)  # nothing added to an ordinary request

@@ -1,17 +1,21 @@
-"""The engine of one model, and the process that holds several.
+"""The engine of one model: when and where its work runs (queues, lanes, the device gate, cancellation).
 
-    HTTP handler --plan (thread pool: tokenize, cost)--> Engine.submit --> main lane | long lane (threads)
+    HTTP handler --admit (thread pool when large)--> Engine.submit --> main lane | long lane (threads)
                  <--------------- future resolved from the lane thread ------------------
 
+What a request needs and what its results mean is the pipeline's (`basal.core.engine.seam`); a lane's step is
+
+    jobs = queue.admit(budget)                      schedule (basal.core.engine.scheduler)
+    rows = forward(pack(job states))                run, under the gate; each job's rows by its state
+    settle(job state, rows[job state]) per job      answer it, or queue its next round again
+
 Each lane is a thread with its own `JobQueue`; a request over `long_tokens` packed tokens goes to the long lane.
-All lanes of all models share one `Gate`, so one batch computes at a time, main lanes first. A lane packs its
-batch before it takes the gate (the device waits for no host work), and every yield of the backend is a
-checkpoint: a long pass steps aside there (`basal.core.engine.gate`), and a pass whose clients have all gone, or that
-the server abandons at shutdown, stops there. A request whose client went away is dropped before admission.
-On an asynchronous device a lane keeps two batches in flight: it lets the gate go once a batch's device work is
+All lanes of all models share one `Gate`, so one pass computes at a time, main lanes first. A lane packs its
+pass before it takes the gate (the device waits for no host work), and every yield of the pass is a checkpoint: a
+long pass steps aside there (`basal.core.engine.gate`), and a pass whose clients have all gone, or that the server
+abandons at shutdown, stops there. A request whose client went away is dropped before admission.
+On an asynchronous device a lane keeps two passes in flight: it lets the gate go once a pass's device work is
 queued (`passes.QUEUED`), packs and queues the next one behind it, and then answers the first.
-Request limits (`basal.core.request.limits`) are checked by counting characters before tokenizing and packed tokens
-while tokenizing, so a request over them costs little.
 """
 
 from __future__ import annotations
@@ -24,14 +28,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from basal.core.engine.admission import check_chars, check_cost, check_length
 from basal.core.engine.gate import Gate, Holder
 from basal.core.engine.memory import release_free_memory
 from basal.core.engine.metrics import Metrics
-from basal.core.engine.pipeline import Pipeline, Stats
 from basal.core.engine.scheduler import Job, JobQueue, Policy
+from basal.core.engine.seam import Facts, Next, Rows, Seam, Stats
 from basal.core.errors import Cancelled, EngineClosed, RequestError
 from basal.core.packing.passes import QUEUED, advance
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
@@ -60,7 +61,7 @@ class Lane:
 
     def __init__(self, engine: Engine, name: str, urgent: bool):
         self.engine, self.name, self.urgent = engine, name, urgent
-        self.queue = JobQueue(engine.settings.schedule, {k: len(v) for k, v in engine.pipeline.prefixes.items()})
+        self.queue = JobQueue(engine.settings.schedule, engine.prefix_tokens)
         self.cv = threading.Condition()
         self.closing = False
         self.drain = True
@@ -115,10 +116,8 @@ class Lane:
             batch = self._drop_gone(batch)
             if not batch:
                 return None
-            stats = Stats()
-            tokenized = [t for job in batch for t in job.tokenized]
             try:
-                forwards = engine.pipeline.pack(tokenized, stats)
+                packed = engine.pipeline.pack([job.state for job in batch])
             except Exception as e:  # a bug: fail this batch, keep serving
                 log.exception("packing a batch of %d requests failed", len(batch))
                 self._fail(batch, e)
@@ -129,17 +128,19 @@ class Lane:
                     continue
                 started = time.perf_counter()
                 for job in batch:
-                    if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
+                    if job.passes == 0:  # a later round re-enters: keep its first wait
                         job.queue_ms = (started - job.arrival) * 1000
                         metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
+                    job.passes += 1
                     job.batch_requests = len(batch)
-                steps = engine.pipeline.forward(tokenized, forwards, stats, preemptible=not self.urgent)
-                outcome, logits = self._drive(steps, holder, batch, pause_at_queued=True)
+                steps = engine.pipeline.forward(packed, preemptible=not self.urgent)
+                outcome, rows = self._drive(steps, holder, batch, pause_at_queued=True)
             break
+        stats = packed.stats
         if outcome == "pending":  # paused at QUEUED
             return _InFlight(batch, stats, steps, started)
-        del tokenized, forwards  # a large batch's memory can go back to the system after its answers
-        self._answer(batch, stats, started, outcome, logits)
+        del packed  # a large batch's memory can go back to the system after its answers
+        self._answer(batch, stats, started, outcome, rows)
         return None
 
     def _finish(self, f: _InFlight, one_step: bool = False) -> bool:
@@ -147,20 +148,20 @@ class Lane:
         with `one_step`, one step of it only (a poll of its readback). -> whether it is answered (once only)."""
         if f.finished:
             return True
-        outcome, logits = self._drive(f.steps, _OUTSIDE_GATE, f.batch, one_step=one_step)
+        outcome, rows = self._drive(f.steps, _OUTSIDE_GATE, f.batch, one_step=one_step)
         if outcome == "pending":
             return False
         f.finished = True
-        self._answer(f.batch, f.stats, f.started, outcome, logits)
+        self._answer(f.batch, f.stats, f.started, outcome, rows)
         return True
 
     def _drive(
         self, steps, holder, batch: list[Job], pause_at_queued: bool = False, one_step: bool = False
     ) -> tuple[str, Any]:
-        """-> ("ok", logits), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
+        """-> ("ok", each job's rows), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
         ("error", the exception)."""
         try:
-            done, logits = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued, one_step)
+            done, rows = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued, one_step)
         except _PassStopped:
             return "stopped", None
         except Exception as e:  # a bug or a device failure: fail this batch, keep serving
@@ -168,15 +169,15 @@ class Lane:
             for job in batch:
                 job.log(log, logging.ERROR, "its batch of %d requests failed: %s: %s", len(batch), type(e).__name__, e)
             return "error", e
-        return ("ok", logits) if done else ("pending", None)
+        return ("ok", rows) if done else ("pending", None)
 
-    def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, logits: Any) -> None:
+    def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, rows: Any) -> None:
         engine, metrics = self.engine, self.engine.metrics
         seconds = time.perf_counter() - started
         metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
         metrics.batch_requests.observe(engine.name, self.name, value=len(batch))
         engine.batches += 1
-        if logits is None:
+        if rows is None:
             engine.stopped_batches += 1
             if engine.abandoned:
                 self._fail(batch, EngineClosed("the server shut down while this request ran"))
@@ -184,30 +185,24 @@ class Lane:
                 engine.cancelled_jobs += len(batch)
                 self._fail(batch, Cancelled())
             return
-        if isinstance(logits, Exception):
-            self._fail(batch, logits)
+        if isinstance(rows, Exception):
+            self._fail(batch, rows)
             return
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
         engine.prompt_tokens += stats.prompt_tokens
         metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
         metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
-        rows = iter(logits)
         for job in batch:
             job.compute_ms += seconds * 1000
-            results = [next(rows) for _ in job.tokenized]
             try:
-                engine.pipeline.advance(job.rounds, results, job.cancelled)
-                if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
-                    names = [i.name for i in job.rounds.asked]
-                    check_length(job.request, job.rounds.tokenized, engine.context, names)
-                    job.tokenized = job.rounds.tokenized
-                    job.cost = engine.pipeline.cost(job.tokenized)
+                settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)
+                if isinstance(settled, Next):  # a second stage: back into this lane, ahead of most by its long wait
+                    job.tokenized, job.cost = settled.tokenized, settled.cost
                     self.submit(job)
                     continue
-                latency = (time.perf_counter() - job.arrival) * 1000
                 engine.computed_jobs += 1
-                job.finish(engine.pipeline.respond(job.rounds, latency))
+                job.finish(settled)
             except (EngineClosed, RequestError) as e:
                 job.finish(e)
             except Cancelled as e:  # the client left while its large choice was fitted
@@ -217,7 +212,7 @@ class Lane:
                 job.log(log, logging.ERROR, "answer failed", exc_info=e)
                 job.finish(e)
         if stats.prompt_tokens * 4 > TRIM_AFTER_CHARS:
-            del logits, rows
+            del rows
             release_free_memory()
 
     def _drop_gone(self, batch: list[Job]) -> list[Job]:
@@ -240,7 +235,7 @@ class _InFlight:
 
     batch: list[Job]
     stats: Stats
-    steps: Generator
+    steps: Generator[Any, None, Rows]
     started: float
     finished: bool = False
 
@@ -261,7 +256,7 @@ def _drive(
     stop: Callable[[], bool] = lambda: False,
     pause_at_queued: bool = False,
     one_step: bool = False,
-) -> tuple[bool, list[list[np.ndarray]] | None]:
+) -> tuple[bool, Rows | None]:
     """Run a pass to its end (-> (True, result)); with `pause_at_queued` until it yields `QUEUED`, with `one_step`
     for one step (-> (False, None) there). Every yield is a checkpoint: the pass stops there if `stop()` says so,
     and a preemptible lane offers the device back there (between layers, or inside one where the backend yields)."""
@@ -277,12 +272,16 @@ def _drive(
 
 
 class Engine:
-    """One model: its pipeline and its lanes."""
+    """One model: its pipeline (asked through `Seam`'s four calls) and its lanes."""
 
     def __init__(
-        self, name: str, pipeline: Pipeline, gate: Gate, metrics: Metrics, settings: EngineSettings = EngineSettings()
+        self, name: str, pipeline: Seam, gate: Gate, metrics: Metrics, settings: EngineSettings = EngineSettings()
     ):
         self.name, self.pipeline, self.gate, self.metrics, self.settings = name, pipeline, gate, metrics, settings
+        facts = pipeline.facts()
+        self.prefix_tokens = facts.prefix_tokens  # the scheduler does not count them: computed once at load
+        self.context = facts.context  # the longest prompt the model reads, in tokens
+        self.prompt_char_limit = facts.prompt_char_limit(settings.limits)
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
         # batch lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
@@ -291,11 +290,10 @@ class Engine:
         self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
         self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
         self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
-        config = pipeline.model.config
-        self.context = config.max_position_embeddings  # the longest prompt the model reads, in tokens
-        self.prompt_char_limit = settings.limits.max_prompt_chars or (
-            config.max_position_embeddings * pipeline.tokenizer.max_token_chars
-        )
+
+    def facts(self) -> Facts:
+        """The model's facts (plain data: the front's `ModelInfo`, the metrics)."""
+        return self.pipeline.facts()
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -313,33 +311,29 @@ class Engine:
         cancelled: Callable[[], bool],
         background: bool = False,
     ) -> Job:
-        """Check the request's limits, tokenize and cost it (in the planning pool when large, off the event loop).
-
-        Characters are checked before anything is tokenized; packed tokens while tokenizing, a chunk at a time, so
-        a request over a limit is refused after at most one chunk of work."""
+        """The pipeline's admission (limits, tokenize, cost: in the planning pool when large, off the event loop),
+        as a job for a lane. Characters are checked before anything is tokenized, so a request over a limit costs
+        little."""
         arrival = time.perf_counter()
-        limits, context = self.settings.limits, self.context
-        check_chars(request, self.prompt_char_limit, limits, context)
-        if cancelled():
-            raise Cancelled()
-        rounds = self.pipeline.first_round(request)
-        tokenized = rounds.tokenized
-        later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
-        check_length(request, [*tokenized, *later], context, [*(i.name for i in rounds.asked), *rounds.large])
-        prompt_tokens = sum(n for t in tokenized for n in t.lengths)
-        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
-        check_cost(request, cost, limits)
+        admitted = self.pipeline.admit(request, self.settings.limits, cancelled)
         self.metrics.tokenization_duration.observe(self.name, value=time.perf_counter() - arrival)
         job = Job(
-            request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds, background=background
+            request,
+            admitted.tokenized,
+            admitted.cost,
+            finish,
+            cancelled,
+            arrival,
+            state=admitted.state,
+            background=background,
         )
         job.context = contextvars.copy_context()  # the request's id for the lines a lane logs about it
         return job
 
     def submit(self, job: Job) -> None:
-        """Queue a planned job; one that needs no model (every question has one option) is answered at once."""
-        if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
-            job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
+        """Queue an admitted job; one that needs no model (every question has one option) is settled at once."""
+        if not job.tokenized:  # no prompt to run: settled with no rows
+            job.finish(self.pipeline.settle(job.state, [], job.arrival))
             return
         if job.background:
             lane = self.long or self.batch

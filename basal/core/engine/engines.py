@@ -21,6 +21,7 @@ from basal.core.engine.engine import TRIM_AFTER_CHARS, Engine
 from basal.core.engine.memory import release_free_memory
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.scheduler import Job
+from basal.core.engine.seam import Answer
 from basal.core.errors import EngineClosed, Loading, Overloaded
 from basal.core.model.model_dir import Calibration
 from basal.core.request.plan import DecisionRequest
@@ -170,7 +171,8 @@ class Engines(InflightLimit):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
         for name, engine in engines.items():
-            metrics.model_served(name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+            facts = engine.facts()
+            metrics.model_served(name, facts.compute, facts.version)
         self._names = [*engines, *pending]
         self.progress = {name: "waiting" for name in pending}
         self._started = False
@@ -183,7 +185,8 @@ class Engines(InflightLimit):
 
     def add(self, engine: Engine) -> None:
         """A pending model has loaded: its lanes start (if the app has started) and it serves."""
-        self.metrics.model_served(engine.name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+        facts = engine.facts()
+        self.metrics.model_served(engine.name, facts.compute, facts.version)
         with self._start_lock:
             self.engines[engine.name] = engine
             if self.closed:
@@ -195,14 +198,9 @@ class Engines(InflightLimit):
 
     def model_info(self, name: str) -> ModelInfo:
         engine = self.engines[name]
-        pipeline = engine.pipeline
+        facts = engine.facts()
         return ModelInfo(
-            name,
-            pipeline.model.calibration,
-            pipeline.serves_evidence,
-            pipeline.backend.describe(),
-            engine.prompt_char_limit,
-            engine.context,
+            name, facts.calibration, facts.serves_evidence, facts.compute, engine.prompt_char_limit, engine.context
         )
 
     def start(self) -> None:
@@ -260,9 +258,10 @@ class Engines(InflightLimit):
                     if self.closed and task is not None and not task.cancelling():
                         raise EngineClosed("the server shut down before this request ran") from None
                     raise
-            response = await future
-            diagnostics = engine.pipeline.diagnose(job.rounds) if request.diagnostics else None
-            return Result(response, job.queue_ms, job.compute_ms, job.batch_requests, diagnostics=diagnostics)
+            answer: Answer = await future
+            return Result(
+                answer.response, job.queue_ms, job.compute_ms, job.batch_requests, diagnostics=answer.diagnostics
+            )
         finally:
             self.metrics.model_inflight.inc(engine.name, by=-1)
             if chars > TRIM_AFTER_CHARS:

@@ -15,11 +15,10 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from basal.core.engine.rounds import Rounds
 from basal.core.packing.tree import TokenizedQuestion, TrieSize
 from basal.core.request.plan import DecisionRequest
 
@@ -36,9 +35,8 @@ class Job:
     """One HTTP request inside the engine."""
 
     request: DecisionRequest
-    tokenized: list[TokenizedQuestion]  # the items of the round to run next, in request order
-    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is planned)
-    prompt_tokens: int  # tokens of every option-order prompt (usage.input_tokens)
+    tokenized: list[TokenizedQuestion]  # the prompts of the round to run next (what admission packs by)
+    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is known)
     finish: Callable[[Any], None]  # called once from a lane thread with the result or an exception
     cancelled: Callable[[], bool] = lambda: False
     arrival: float = field(default_factory=time.perf_counter)
@@ -47,7 +45,8 @@ class Job:
     queue_ms: float = 0.0
     compute_ms: float = 0.0
     batch_requests: int = 0
-    rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
+    passes: int = 0  # passes it has been in (a choice with 11..255 options needs a second one)
+    state: Hashable = None  # the pipeline's state of the request (`seam.Admitted.state`), never read here
     background: bool = False  # a batch line: runs only when no online job waits in its lane, in arrival order
     context: contextvars.Context | None = None  # the HTTP task's context vars: a lane's log lines carry its id
 
