@@ -70,5 +70,5 @@ def test_second_stage_re_enters_its_lane(demo_model, expected, long_tokens):
     assert large.response.answers == expected_large.answers and large.response.usage == expected_large.usage
     assert [r.response.answers for r in small] == [r.answers for r in expected_small]
     assert sorted(submitted) == [1, 1, 1, 6]  # 2 small jobs, the group round (6 groups), the final group again
-    assert engine.computed_jobs == 3 and engine.batches >= 2
+    assert engine.computed_jobs == 3 and engine.passes >= 2
     engines.close()

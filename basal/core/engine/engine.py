@@ -41,11 +41,11 @@ from basal.core.request.plan import DecisionRequest
 log = logging.getLogger(__name__)
 
 TRIM_AFTER_CHARS = 4 << 20  # after a request this large, give freed heap memory back to the system
-IDLE_POLL_S = 50e-6  # a lane with a batch in flight and none waiting: how long it sleeps between readback polls
+IDLE_POLL_S = 50e-6  # a lane with a pass in flight and none waiting: how long it sleeps between readback polls
 
 
 class _PassStopped(Exception):
-    """A pass stopped at a checkpoint: every client of the batch is gone, or the server abandons its work."""
+    """A pass stopped at a checkpoint: every client of its jobs is gone, or the server abandons its work."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Lane:
             self.cv.notify()
 
     def _loop(self) -> None:
-        in_flight: _InFlight | None = None  # the last batch, queued on the device: its answers are still to come
+        in_flight: _InFlight | None = None  # the last pass, queued on the device: its answers are still to come
         while True:
             with self.cv:
                 while not len(self.queue) and not self.closing and in_flight is None:
@@ -93,107 +93,107 @@ class Lane:
                 if self.closing and (not len(self.queue) or not self.drain):
                     rest = self.queue.admit(1 << 62)
                     break
-                batch = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
-            if batch:  # packed while the last batch computes, and queued behind it
-                queued = self._run(batch, in_flight)
+                jobs = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
+            if jobs:  # packed while the last pass computes, and queued behind it
+                queued = self._run(jobs, in_flight)
                 if in_flight is not None:
                     self._finish(in_flight)  # unless _run finished it while it waited for the device
                 in_flight = queued
             elif in_flight is not None and self._finish(in_flight, one_step=True):
-                in_flight = None  # answered; until then every step looks for a next batch to queue behind it
+                in_flight = None  # answered; until then every step looks for a next pass to queue behind it
         if in_flight is not None:
             self._finish(in_flight)
         for job in rest:
             job.finish(EngineClosed("the server shut down before this request ran"))
 
-    def _run(self, batch: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
-        """Pack and run a batch. On an asynchronous device the pass pauses once its device work is queued
-        (`passes.QUEUED`): the gate is let go and the batch is returned, to be finished after the lane has packed
-        and queued its next batch behind it. Otherwise it is answered here. `in_flight`, the lane's last batch,
+    def _run(self, jobs: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
+        """Pack and run a pass over `jobs`. On an asynchronous device the pass pauses once its device work is queued
+        (`passes.QUEUED`): the gate is let go and the pass is returned, to be finished after the lane has packed
+        and queued its next pass behind it. Otherwise it is answered here. `in_flight`, the lane's last pass,
         is finished first if the device is not free at once, so its answers never wait behind another lane."""
         engine, metrics = self.engine, self.engine.metrics
-        while True:  # packed without the device; packed again if a client leaves while the batch waits for it
-            batch = self._drop_gone(batch)
-            if not batch:
+        while True:  # packed without the device; packed again if a client leaves while the pass waits for it
+            jobs = self._drop_gone(jobs)
+            if not jobs:
                 return None
             try:
-                packed = engine.pipeline.pack([job.state for job in batch])
-            except Exception as e:  # a bug: fail this batch, keep serving
-                log.exception("packing a batch of %d requests failed", len(batch))
-                self._fail(batch, e)
+                packed = engine.pipeline.pack([job.state for job in jobs])
+            except Exception as e:  # a bug: fail these jobs, keep serving
+                log.exception("packing a pass of %d requests failed", len(jobs))
+                self._fail(jobs, e)
                 return None
             before_wait = None if in_flight is None else (lambda f=in_flight: self._finish(f))
             with engine.gate.hold(self.urgent, before_wait) as holder:
-                if any(job.cancelled() for job in batch):
+                if any(job.cancelled() for job in jobs):
                     continue
                 started = time.perf_counter()
-                for job in batch:
+                for job in jobs:
                     if job.passes == 0:  # a later round re-enters: keep its first wait
                         job.queue_ms = (started - job.arrival) * 1000
                         metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
                     job.passes += 1
-                    job.batch_requests = len(batch)
+                    job.pass_requests = len(jobs)
                 steps = engine.pipeline.forward(packed, preemptible=not self.urgent)
-                outcome, rows = self._drive(steps, holder, batch, pause_at_queued=True)
+                outcome, rows = self._drive(steps, holder, jobs, pause_at_queued=True)
             break
         stats = packed.stats
         if outcome == "pending":  # paused at QUEUED
-            return _InFlight(batch, stats, steps, started)
-        del packed  # a large batch's memory can go back to the system after its answers
-        self._answer(batch, stats, started, outcome, rows)
+            return _InFlight(jobs, stats, steps, started)
+        del packed  # a large pass's memory can go back to the system after its answers
+        self._answer(jobs, stats, started, outcome, rows)
         return None
 
     def _finish(self, f: _InFlight, one_step: bool = False) -> bool:
-        """The rest of a queued batch, without the gate (its device work is in the stream): readback, answers;
+        """The rest of a queued pass, without the gate (its device work is in the stream): readback, answers;
         with `one_step`, one step of it only (a poll of its readback). -> whether it is answered (once only)."""
         if f.finished:
             return True
-        outcome, rows = self._drive(f.steps, _OUTSIDE_GATE, f.batch, one_step=one_step)
+        outcome, rows = self._drive(f.steps, _OUTSIDE_GATE, f.jobs, one_step=one_step)
         if outcome == "pending":
             return False
         f.finished = True
-        self._answer(f.batch, f.stats, f.started, outcome, rows)
+        self._answer(f.jobs, f.stats, f.started, outcome, rows)
         return True
 
     def _drive(
-        self, steps, holder, batch: list[Job], pause_at_queued: bool = False, one_step: bool = False
+        self, steps, holder, jobs: list[Job], pause_at_queued: bool = False, one_step: bool = False
     ) -> tuple[str, Any]:
         """-> ("ok", each job's rows), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
         ("error", the exception)."""
         try:
-            done, rows = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued, one_step)
+            done, rows = _drive(steps, holder, _stop_when(self.engine, jobs), pause_at_queued, one_step)
         except _PassStopped:
             return "stopped", None
-        except Exception as e:  # a bug or a device failure: fail this batch, keep serving
-            log.exception("batch of %d requests failed", len(batch))
-            for job in batch:
-                job.log(log, logging.ERROR, "its batch of %d requests failed: %s: %s", len(batch), type(e).__name__, e)
+        except Exception as e:  # a bug or a device failure: fail this pass, keep serving
+            log.exception("a pass of %d requests failed", len(jobs))
+            for job in jobs:
+                job.log(log, logging.ERROR, "its pass of %d requests failed: %s: %s", len(jobs), type(e).__name__, e)
             return "error", e
         return ("ok", rows) if done else ("pending", None)
 
-    def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, rows: Any) -> None:
+    def _answer(self, jobs: list[Job], stats: Stats, started: float, outcome: str, rows: Any) -> None:
         engine, metrics = self.engine, self.engine.metrics
         seconds = time.perf_counter() - started
         metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
-        metrics.batch_requests.observe(engine.name, self.name, value=len(batch))
-        engine.batches += 1
+        metrics.batch_requests.observe(engine.name, self.name, value=len(jobs))
+        engine.passes += 1
         if rows is None:
-            engine.stopped_batches += 1
+            engine.stopped_passes += 1
             if engine.abandoned:
-                self._fail(batch, EngineClosed("the server shut down while this request ran"))
+                self._fail(jobs, EngineClosed("the server shut down while this request ran"))
             else:
-                engine.cancelled_jobs += len(batch)
-                self._fail(batch, Cancelled())
+                engine.cancelled_jobs += len(jobs)
+                self._fail(jobs, Cancelled())
             return
         if isinstance(rows, Exception):
-            self._fail(batch, rows)
+            self._fail(jobs, rows)
             return
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
         engine.prompt_tokens += stats.prompt_tokens
         metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
         metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
-        for job in batch:
+        for job in jobs:
             job.compute_ms += seconds * 1000
             try:
                 settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)
@@ -215,25 +215,25 @@ class Lane:
             del rows
             release_free_memory()
 
-    def _drop_gone(self, batch: list[Job]) -> list[Job]:
+    def _drop_gone(self, jobs: list[Job]) -> list[Job]:
         """Jobs whose client is still there; the others are answered Cancelled and never computed."""
-        gone = [job for job in batch if job.cancelled()]
+        gone = [job for job in jobs if job.cancelled()]
         for job in gone:
             self.engine.cancelled_jobs += 1
             job.finish(Cancelled())
-        return [job for job in batch if job not in gone] if gone else batch
+        return [job for job in jobs if job not in gone] if gone else jobs
 
     @staticmethod
-    def _fail(batch: list[Job], error: Exception) -> None:
-        for job in batch:
+    def _fail(jobs: list[Job], error: Exception) -> None:
+        for job in jobs:
             job.finish(error)
 
 
 @dataclass
 class _InFlight:
-    """A batch whose device work is queued (its pass paused at `QUEUED`); its readback and answers are to come."""
+    """A pass whose device work is queued (paused at `QUEUED`); its readback and answers are to come."""
 
-    batch: list[Job]
+    jobs: list[Job]
     stats: Stats
     steps: Generator[Any, None, Rows]
     started: float
@@ -284,11 +284,11 @@ class Engine:
         self.prompt_char_limit = facts.prompt_char_limit(settings.limits)
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
-        # batch lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
+        # Batch API lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
         # preemptible lane: either way they step aside for main lanes after a slice and have the long lane's floor
-        self.batch = Lane(self, "batch", urgent=False) if self.long is None else None
-        self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
-        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
+        self.background = Lane(self, "background", urgent=False) if self.long is None else None
+        self.computed_jobs = self.cancelled_jobs = self.passes = self.stopped_passes = 0
+        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all passes
         self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
 
     def facts(self) -> Facts:
@@ -302,7 +302,7 @@ class Engine:
 
     @property
     def lanes(self) -> list[Lane]:
-        return [self.main] + [lane for lane in (self.long, self.batch) if lane is not None]
+        return [self.main] + [lane for lane in (self.long, self.background) if lane is not None]
 
     def admit(
         self,
@@ -311,7 +311,7 @@ class Engine:
         cancelled: Callable[[], bool],
         background: bool = False,
     ) -> Job:
-        """The pipeline's admission (limits, tokenize, cost: in the planning pool when large, off the event loop),
+        """The pipeline's admission (limits, tokenize, cost: in the admission pool when large, off the event loop),
         as a job for a lane. Characters are checked before anything is tokenized, so a request over a limit costs
         little."""
         arrival = time.perf_counter()
@@ -336,10 +336,10 @@ class Engine:
             job.finish(self.pipeline.settle(job.state, [], job.arrival))
             return
         if job.background:
-            lane = self.long or self.batch
+            lane = self.long or self.background
         else:
             lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
-        assert lane is not None  # the engine has a long lane or else a batch lane
+        assert lane is not None  # the engine has a long lane or else a background lane
         lane.submit(job)
 
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
@@ -353,6 +353,6 @@ class Engine:
                 lane.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _stop_when(engine: Engine, batch: list[Job]) -> Callable[[], bool]:
-    """When a running pass stops: the server abandons its work, or no client of the batch is left."""
-    return lambda: engine.abandoned or all(job.cancelled() for job in batch)
+def _stop_when(engine: Engine, jobs: list[Job]) -> Callable[[], bool]:
+    """When a running pass stops: the server abandons its work, or no client of its jobs is left."""
+    return lambda: engine.abandoned or all(job.cancelled() for job in jobs)

@@ -26,7 +26,7 @@ from basal.core.errors import EngineClosed, Loading, Overloaded
 from basal.core.model.model_dir import Calibration
 from basal.core.request.plan import DecisionRequest
 
-INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
+INLINE_ADMIT_CHARS = 8192  # requests this small are admitted on the event loop; larger ones in the admission pool
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class InflightLimit:
 
 
 class Engines(InflightLimit):
-    """Every model the process serves: one gate, one in-flight limit, one planning pool. `pending`: names of models
+    """Every model the process serves: one gate, one in-flight limit, one admission pool. `pending`: names of models
     still loading (`basal serve` listens first); each serves once `add`ed, and requests get 503 until all are."""
 
     def __init__(
@@ -165,7 +165,7 @@ class Engines(InflightLimit):
         default: str,
         metrics: Metrics,
         max_inflight: int = 1024,
-        planners: int = 2,
+        admitters: int = 2,
         pending: list[str] | tuple[str, ...] = (),
     ):
         super().__init__(max_inflight)
@@ -177,7 +177,7 @@ class Engines(InflightLimit):
         self.progress = {name: "waiting" for name in pending}
         self._started = False
         self._start_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
+        self._pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit")
 
     @property
     def names(self) -> list[str]:
@@ -246,21 +246,21 @@ class Engines(InflightLimit):
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
-            if chars <= INLINE_PLAN_CHARS and not background:  # a few short prompts cost less than a hop; batch
-                # lines are always planned in the pool, so that the event loop stays with online requests
+            if chars <= INLINE_ADMIT_CHARS and not background:  # a few short prompts cost less than a hop; batch
+                # lines are always admitted in the pool, so that the event loop stays with online requests
                 job = prepare()
             else:
                 try:
-                    # in the request's context (its id on the planning thread's log lines and in the job)
+                    # in the request's context (its id on the admitting thread's log lines and in the job)
                     job = await loop.run_in_executor(self._pool, contextvars.copy_context().run, prepare)
-                except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
+                except asyncio.CancelledError:  # the admission pool was shut down under it, not this task
                     task = asyncio.current_task()
                     if self.closed and task is not None and not task.cancelling():
                         raise EngineClosed("the server shut down before this request ran") from None
                     raise
             answer: Answer = await future
             return Result(
-                answer.response, job.queue_ms, job.compute_ms, job.batch_requests, diagnostics=answer.diagnostics
+                answer.response, job.queue_ms, job.compute_ms, job.pass_requests, diagnostics=answer.diagnostics
             )
         finally:
             self.metrics.model_inflight.inc(engine.name, by=-1)
