@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,20 +28,21 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
+from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.decision.distribution import Distribution
-from basal.core.engine.admission import check_length
 from basal.core.engine.engine import Engine
 from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.rounds import Rounds
+from basal.core.engine.seam import Answer, Next
 from basal.core.errors import RequestError
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import MAX_OPTIONS, Item, lang_of
 from basal.core.packing.backend import Backend
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import TokenizedQuestion
+from basal.core.packing.tree import ItemLogits, TokenizedQuestion
 from basal.core.request.dialects import parse_basal, parse_systemone
 from basal.core.request.plan import DecisionRequest, Dialect, Question
 from basal.export.format import (
@@ -130,6 +132,7 @@ class Admitted:
     rounds: Rounds | None = None
     error: dict[str, Any] | None = None
     ran: list[RoundRun] = field(default_factory=list)
+    answer: SystemOneResponse | BasalResponse | None = None  # once every round has run
 
     @property
     def running(self) -> bool:
@@ -175,12 +178,17 @@ class _RecordingPipeline(Pipeline):
         super().__init__(*args, **kwargs)
         self.rounds_of: dict[int, list[RoundRun]] = {}
 
-    def advance(
-        self, rounds: Rounds, logits: Sequence[list[np.ndarray]], cancelled: Callable[[], bool] = lambda: False
-    ) -> None:
-        run = RoundRun(rounds.round, list(rounds.asked), list(rounds.tokenized), list(logits))
-        self.rounds_of.setdefault(id(rounds.request), []).append(run)
-        super().advance(rounds, logits, cancelled)
+    def settle(
+        self,
+        state: Rounds,
+        rows: Sequence[ItemLogits],
+        arrival: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Answer | Next:
+        if not state.done:
+            run = RoundRun(state.round, list(state.asked), list(state.tokenized), list(rows))
+            self.rounds_of.setdefault(id(state.request), []).append(run)
+        return super().settle(state, rows, arrival, cancelled)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -207,7 +215,7 @@ class Exporter:
         return self.model.name
 
     def serves_evidence(self, _model: str) -> bool:
-        return self.engine.pipeline.serves_evidence
+        return self.pipeline.serves_evidence
 
     def admit(self, inp: ExportInput) -> Admitted:
         try:
@@ -220,7 +228,7 @@ class Exporter:
             job = self.engine.admit(request, lambda _result: None, lambda: False)
         except RequestError as e:
             return Admitted(inp, error=_error(e))
-        return Admitted(inp, request, job.rounds)
+        return Admitted(inp, request, job.state)
 
     def records(self, inputs: Sequence[ExportInput]) -> Iterator[dict[str, Any]]:
         if self.batching == "single":
@@ -252,15 +260,22 @@ class Exporter:
             for p, lg in zip(active, logits, strict=True):
                 rounds = p.rounds
                 p.ran.append(RoundRun(rounds.round, list(rounds.asked), list(rounds.tokenized), lg))
-                self.pipeline.advance(rounds, lg)
-                if not rounds.done:
-                    try:  # a later round is length-checked once planned, as the engine does
-                        check_length(p.request, rounds.tokenized, self.engine.context)
-                    except RequestError as e:
-                        p.error = _error(e)
+                self._settle(p, lg)
         for p in planned:
-            answer = None if p.error is not None else msgspec.to_builtins(self.pipeline.respond(p.rounds, 0.0))
+            if p.error is None and p.answer is None:  # no question needed the model
+                self._settle(p, [])
+            answer = None if p.answer is None else msgspec.to_builtins(p.answer)
             yield self._record(p, answer)
+
+    def _settle(self, p: Admitted, rows: Sequence[ItemLogits]) -> None:
+        """Hand a round's logits back as the engine does: the answer, or the next round (length-checked)."""
+        try:
+            settled = self.pipeline.settle(p.rounds, rows, time.perf_counter())
+        except RequestError as e:
+            p.error = _error(e)
+            return
+        if isinstance(settled, Answer):
+            p.answer = settled.response
 
     # -- batch: the engine runs the rounds ------------------------------------------------------------------
 

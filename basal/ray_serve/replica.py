@@ -110,13 +110,13 @@ class BasalReplica:
         return self.engines.model_info(self.engines.default)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this replica (benchmarks and tests): jobs, batches, tokens computed vs in the prompts."""
+        """Counters of this replica (benchmarks and tests): jobs, passes, tokens computed vs in the prompts."""
         engines = list(self.engines.engines.values())
         return {
             "replica": self.name,
             "computed_jobs": sum(e.computed_jobs for e in engines),
             "cancelled_jobs": sum(e.cancelled_jobs for e in engines),
-            "batches": sum(e.batches for e in engines),
+            "passes": sum(e.passes for e in engines),
             "packed_tokens": sum(e.packed_tokens for e in engines),
             "prompt_tokens": sum(e.prompt_tokens for e in engines),
         }

@@ -135,12 +135,12 @@ def measure(model, floor_ms: float, token_us: float, overlap: bool, clients: int
     engines, engine = started_engines(model, device)
     try:
         asyncio.run(closed_loop(engines, clients, 2 * clients))  # warm-up
-        device.busy_s, forwards = 0.0, engine.batches
+        device.busy_s, forwards = 0.0, engine.passes
         seconds = asyncio.run(closed_loop(engines, clients, total))
         return {
             "per_s": total / seconds,
             "device_busy": device.busy_s / seconds,
-            "requests_per_batch": total / max(1, engine.batches - forwards),
+            "requests_per_batch": total / max(1, engine.passes - forwards),
         }
     finally:
         engines.close()

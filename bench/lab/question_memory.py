@@ -53,15 +53,14 @@ def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 out = {"warm_mb": peak()}
 req = parse(raw)
-rounds = pipe.first_round(req)
+rounds = pipe.admit(req).state
 out["tokenized_mb"] = peak()
 stats = Stats()
-forwards = pipe.pack(rounds.tokenized, stats)
+forwards = pipe.pack_questions(rounds.tokenized, stats)
 out["packed_mb"] = peak()
-logits = run_to_end(pipe.forward(rounds.tokenized, forwards, stats))
+logits = run_to_end(pipe.run_forwards(rounds.tokenized, forwards, stats))
 out["forward_mb"] = peak()
-pipe.advance(rounds, logits)
-pipe.respond(rounds, 0.0)
+pipe.settle(rounds, logits, 0.0)
 out["answered_mb"] = peak()
 out["prompt_tokens"], out["packed_tokens"] = stats.prompt_tokens, stats.packed_tokens
 import json

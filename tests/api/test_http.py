@@ -238,8 +238,8 @@ def test_large_and_compressed_bodies_are_decoded_off_the_event_loop(client, monk
 def test_a_large_request_that_needs_no_model_is_answered_off_the_event_loop(client, engines, monkeypatch):
     pipeline = engines.engines["basal-synthetic-demo"].pipeline
     seen = []
-    respond = pipeline.respond
-    monkeypatch.setattr(pipeline, "respond", lambda *a: (seen.append(_where()), respond(*a))[1])
+    settle = pipeline.settle
+    monkeypatch.setattr(pipeline, "settle", lambda *a: (seen.append(_where()), settle(*a))[1])
     one_option = {"type": "choice", "instructions": "?" * 200, "criteria": {"only": None}}
     body = {**REQUEST, "questions": {f"q{i}": one_option for i in range(100)}}
     r = post(client, body)

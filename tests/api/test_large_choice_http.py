@@ -53,7 +53,7 @@ def test_answer_shape_and_option_order(answered):
 def test_usage_counts_both_rounds(answered, engines, demo_model):
     pipeline = engines.engines[demo_model.name].pipeline
     request = parse_systemone(body(), lambda _: demo_model.name)
-    rounds = pipeline.first_round(request)
+    rounds = pipeline.admit(request).state
     assert sum(len(t.prompts) for t in rounds.tokenized) == (prompt_count(N) - 2) + 2  # 12 groups, the noul's 2
     first = sum(len(p) for t in rounds.tokenized for p in t.prompts)
     assert answered["usage"]["input_tokens"] > first  # plus the final round's two prompts

@@ -38,4 +38,4 @@ def test_shutdown_drains_then_abandons_with_json_503(demo_model):
     reply = replies[0]
     assert reply.status_code == 503 and reply.headers["content-type"] == "application/json"
     assert reply.headers["retry-after"] == "1" and "shut" in reply.json()["detail"]
-    assert engine.stopped_batches == 1 and engine.computed_jobs == 0
+    assert engine.stopped_passes == 1 and engine.computed_jobs == 0

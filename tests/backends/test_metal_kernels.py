@@ -276,8 +276,8 @@ def test_the_metal_model_path_runs_end_to_end_under_the_stand_in(demo_model, bui
     qs = questions(demo_model, 3)
     alone = run_to_end(pipeline.letter_logits(qs[:1]))
     counts.update(dict.fromkeys(counts, 0))
-    forwards = pipeline.pack(qs)
-    together = run_to_end(pipeline.forward(qs, forwards))
+    forwards = pipeline.pack_questions(qs)
+    together = run_to_end(pipeline.run_forwards(qs, forwards))
     layers = demo_model.config.num_hidden_layers
     assert counts == {"launch": 2 * len(forwards), "tree_attention": layers * len(forwards), "letter_readout": 1}
     assert [r.tobytes() for r in alone[0]] == [r.tobytes() for r in together[0]]

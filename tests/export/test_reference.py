@@ -116,9 +116,9 @@ def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
 
     request = {**case["request"], "model": demo_model.name}
     plan = parse_basal(request, lambda _name: demo_model.name, serves_evidence=lambda _name: True)
-    rounds = pipeline.first_round(plan)
+    rounds = pipeline.admit(plan).state
     tokenized = rounds.tokenized
-    pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
+    settled = pipeline.settle(rounds, run_to_end(pipeline.letter_logits(tokenized)), 0.0)
     logits = rounds.plain_logits
     ids = iter(p for t in tokenized for p in t.prompts)
     items = []
@@ -146,7 +146,7 @@ def _export_record(pipeline, demo_model, case) -> tuple[dict, object]:
                     "p_cal": dist.p_cal.tolist(),
                 }
             )
-    answer = msgspec.to_builtins(pipeline.respond(rounds, 0.0))
+    answer = msgspec.to_builtins(settled.response)
     return {**case, "request": request, "items": items, "upstream_answer": answer}, rounds
 
 

@@ -1,17 +1,21 @@
-"""The engine of one model, and the process that holds several.
+"""The engine of one model: when and where its work runs (queues, lanes, the device gate, cancellation).
 
-    HTTP handler --plan (thread pool: tokenize, cost)--> Engine.submit --> main lane | long lane (threads)
+    HTTP handler --admit (thread pool when large)--> Engine.submit --> main lane | long lane (threads)
                  <--------------- future resolved from the lane thread ------------------
 
+What a request needs and what its results mean is the pipeline's (`basal.core.engine.seam`); a lane's step is
+
+    jobs = queue.admit(budget)                      schedule (basal.core.engine.scheduler)
+    rows = forward(pack(job states))                run, under the gate; each job's rows by its state
+    settle(job state, rows[job state]) per job      answer it, or queue its next round again
+
 Each lane is a thread with its own `JobQueue`; a request over `long_tokens` packed tokens goes to the long lane.
-All lanes of all models share one `Gate`, so one batch computes at a time, main lanes first. A lane packs its
-batch before it takes the gate (the device waits for no host work), and every yield of the backend is a
-checkpoint: a long pass steps aside there (`basal.core.engine.gate`), and a pass whose clients have all gone, or that
-the server abandons at shutdown, stops there. A request whose client went away is dropped before admission.
-On an asynchronous device a lane keeps two batches in flight: it lets the gate go once a batch's device work is
+All lanes of all models share one `Gate`, so one pass computes at a time, main lanes first. A lane packs its
+pass before it takes the gate (the device waits for no host work), and every yield of the pass is a checkpoint: a
+long pass steps aside there (`basal.core.engine.gate`), and a pass whose clients have all gone, or that the server
+abandons at shutdown, stops there. A request whose client went away is dropped before admission.
+On an asynchronous device a lane keeps two passes in flight: it lets the gate go once a pass's device work is
 queued (`passes.QUEUED`), packs and queues the next one behind it, and then answers the first.
-Request limits (`basal.core.request.limits`) are checked by counting characters before tokenizing and packed tokens
-while tokenizing, so a request over them costs little.
 """
 
 from __future__ import annotations
@@ -24,14 +28,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from basal.core.engine.admission import check_chars, check_cost, check_length
 from basal.core.engine.gate import Gate, Holder
 from basal.core.engine.memory import release_free_memory
 from basal.core.engine.metrics import Metrics
-from basal.core.engine.pipeline import Pipeline, Stats
 from basal.core.engine.scheduler import Job, JobQueue, Policy
+from basal.core.engine.seam import Facts, Next, Rows, Seam, Stats
 from basal.core.errors import Cancelled, EngineClosed, RequestError
 from basal.core.packing.passes import QUEUED, advance
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
@@ -40,11 +41,11 @@ from basal.core.request.plan import DecisionRequest
 log = logging.getLogger(__name__)
 
 TRIM_AFTER_CHARS = 4 << 20  # after a request this large, give freed heap memory back to the system
-IDLE_POLL_S = 50e-6  # a lane with a batch in flight and none waiting: how long it sleeps between readback polls
+IDLE_POLL_S = 50e-6  # a lane with a pass in flight and none waiting: how long it sleeps between readback polls
 
 
 class _PassStopped(Exception):
-    """A pass stopped at a checkpoint: every client of the batch is gone, or the server abandons its work."""
+    """A pass stopped at a checkpoint: every client of its jobs is gone, or the server abandons its work."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Lane:
 
     def __init__(self, engine: Engine, name: str, urgent: bool):
         self.engine, self.name, self.urgent = engine, name, urgent
-        self.queue = JobQueue(engine.settings.schedule, {k: len(v) for k, v in engine.pipeline.prefixes.items()})
+        self.queue = JobQueue(engine.settings.schedule, engine.prefix_tokens)
         self.cv = threading.Condition()
         self.closing = False
         self.drain = True
@@ -79,7 +80,7 @@ class Lane:
             self.cv.notify()
 
     def _loop(self) -> None:
-        in_flight: _InFlight | None = None  # the last batch, queued on the device: its answers are still to come
+        in_flight: _InFlight | None = None  # the last pass, queued on the device: its answers are still to come
         while True:
             with self.cv:
                 while not len(self.queue) and not self.closing and in_flight is None:
@@ -92,122 +93,116 @@ class Lane:
                 if self.closing and (not len(self.queue) or not self.drain):
                     rest = self.queue.admit(1 << 62)
                     break
-                batch = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
-            if batch:  # packed while the last batch computes, and queued behind it
-                queued = self._run(batch, in_flight)
+                jobs = self.queue.admit(self.engine.settings.max_batch_tokens) if len(self.queue) else []
+            if jobs:  # packed while the last pass computes, and queued behind it
+                queued = self._run(jobs, in_flight)
                 if in_flight is not None:
                     self._finish(in_flight)  # unless _run finished it while it waited for the device
                 in_flight = queued
             elif in_flight is not None and self._finish(in_flight, one_step=True):
-                in_flight = None  # answered; until then every step looks for a next batch to queue behind it
+                in_flight = None  # answered; until then every step looks for a next pass to queue behind it
         if in_flight is not None:
             self._finish(in_flight)
         for job in rest:
             job.finish(EngineClosed("the server shut down before this request ran"))
 
-    def _run(self, batch: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
-        """Pack and run a batch. On an asynchronous device the pass pauses once its device work is queued
-        (`passes.QUEUED`): the gate is let go and the batch is returned, to be finished after the lane has packed
-        and queued its next batch behind it. Otherwise it is answered here. `in_flight`, the lane's last batch,
+    def _run(self, jobs: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
+        """Pack and run a pass over `jobs`. On an asynchronous device the pass pauses once its device work is queued
+        (`passes.QUEUED`): the gate is let go and the pass is returned, to be finished after the lane has packed
+        and queued its next pass behind it. Otherwise it is answered here. `in_flight`, the lane's last pass,
         is finished first if the device is not free at once, so its answers never wait behind another lane."""
         engine, metrics = self.engine, self.engine.metrics
-        while True:  # packed without the device; packed again if a client leaves while the batch waits for it
-            batch = self._drop_gone(batch)
-            if not batch:
+        while True:  # packed without the device; packed again if a client leaves while the pass waits for it
+            jobs = self._drop_gone(jobs)
+            if not jobs:
                 return None
-            stats = Stats()
-            tokenized = [t for job in batch for t in job.tokenized]
             try:
-                forwards = engine.pipeline.pack(tokenized, stats)
-            except Exception as e:  # a bug: fail this batch, keep serving
-                log.exception("packing a batch of %d requests failed", len(batch))
-                self._fail(batch, e)
+                packed = engine.pipeline.pack([job.state for job in jobs])
+            except Exception as e:  # a bug: fail these jobs, keep serving
+                log.exception("packing a pass of %d requests failed", len(jobs))
+                self._fail(jobs, e)
                 return None
             before_wait = None if in_flight is None else (lambda f=in_flight: self._finish(f))
             with engine.gate.hold(self.urgent, before_wait) as holder:
-                if any(job.cancelled() for job in batch):
+                if any(job.cancelled() for job in jobs):
                     continue
                 started = time.perf_counter()
-                for job in batch:
-                    if job.rounds is None or job.rounds.round == 0:  # a later round re-enters: keep its first wait
+                for job in jobs:
+                    if job.passes == 0:  # a later round re-enters: keep its first wait
                         job.queue_ms = (started - job.arrival) * 1000
                         metrics.queue_duration.observe(engine.name, self.name, value=job.queue_ms / 1000)
-                    job.batch_requests = len(batch)
-                steps = engine.pipeline.forward(tokenized, forwards, stats, preemptible=not self.urgent)
-                outcome, logits = self._drive(steps, holder, batch, pause_at_queued=True)
+                    job.passes += 1
+                    job.pass_requests = len(jobs)
+                steps = engine.pipeline.forward(packed, preemptible=not self.urgent)
+                outcome, rows = self._drive(steps, holder, jobs, pause_at_queued=True)
             break
+        stats = packed.stats
         if outcome == "pending":  # paused at QUEUED
-            return _InFlight(batch, stats, steps, started)
-        del tokenized, forwards  # a large batch's memory can go back to the system after its answers
-        self._answer(batch, stats, started, outcome, logits)
+            return _InFlight(jobs, stats, steps, started)
+        del packed  # a large pass's memory can go back to the system after its answers
+        self._answer(jobs, stats, started, outcome, rows)
         return None
 
     def _finish(self, f: _InFlight, one_step: bool = False) -> bool:
-        """The rest of a queued batch, without the gate (its device work is in the stream): readback, answers;
+        """The rest of a queued pass, without the gate (its device work is in the stream): readback, answers;
         with `one_step`, one step of it only (a poll of its readback). -> whether it is answered (once only)."""
         if f.finished:
             return True
-        outcome, logits = self._drive(f.steps, _OUTSIDE_GATE, f.batch, one_step=one_step)
+        outcome, rows = self._drive(f.steps, _OUTSIDE_GATE, f.jobs, one_step=one_step)
         if outcome == "pending":
             return False
         f.finished = True
-        self._answer(f.batch, f.stats, f.started, outcome, logits)
+        self._answer(f.jobs, f.stats, f.started, outcome, rows)
         return True
 
     def _drive(
-        self, steps, holder, batch: list[Job], pause_at_queued: bool = False, one_step: bool = False
+        self, steps, holder, jobs: list[Job], pause_at_queued: bool = False, one_step: bool = False
     ) -> tuple[str, Any]:
-        """-> ("ok", logits), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
+        """-> ("ok", each job's rows), ("pending", None) (paused at QUEUED or after one step), ("stopped", None) or
         ("error", the exception)."""
         try:
-            done, logits = _drive(steps, holder, _stop_when(self.engine, batch), pause_at_queued, one_step)
+            done, rows = _drive(steps, holder, _stop_when(self.engine, jobs), pause_at_queued, one_step)
         except _PassStopped:
             return "stopped", None
-        except Exception as e:  # a bug or a device failure: fail this batch, keep serving
-            log.exception("batch of %d requests failed", len(batch))
-            for job in batch:
-                job.log(log, logging.ERROR, "its batch of %d requests failed: %s: %s", len(batch), type(e).__name__, e)
+        except Exception as e:  # a bug or a device failure: fail this pass, keep serving
+            log.exception("a pass of %d requests failed", len(jobs))
+            for job in jobs:
+                job.log(log, logging.ERROR, "its pass of %d requests failed: %s: %s", len(jobs), type(e).__name__, e)
             return "error", e
-        return ("ok", logits) if done else ("pending", None)
+        return ("ok", rows) if done else ("pending", None)
 
-    def _answer(self, batch: list[Job], stats: Stats, started: float, outcome: str, logits: Any) -> None:
+    def _answer(self, jobs: list[Job], stats: Stats, started: float, outcome: str, rows: Any) -> None:
         engine, metrics = self.engine, self.engine.metrics
         seconds = time.perf_counter() - started
         metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
-        metrics.batch_requests.observe(engine.name, self.name, value=len(batch))
-        engine.batches += 1
-        if logits is None:
-            engine.stopped_batches += 1
+        metrics.batch_requests.observe(engine.name, self.name, value=len(jobs))
+        engine.passes += 1
+        if rows is None:
+            engine.stopped_passes += 1
             if engine.abandoned:
-                self._fail(batch, EngineClosed("the server shut down while this request ran"))
+                self._fail(jobs, EngineClosed("the server shut down while this request ran"))
             else:
-                engine.cancelled_jobs += len(batch)
-                self._fail(batch, Cancelled())
+                engine.cancelled_jobs += len(jobs)
+                self._fail(jobs, Cancelled())
             return
-        if isinstance(logits, Exception):
-            self._fail(batch, logits)
+        if isinstance(rows, Exception):
+            self._fail(jobs, rows)
             return
         self.queue.observe(stats.packed_tokens, seconds)
         engine.packed_tokens += stats.packed_tokens
         engine.prompt_tokens += stats.prompt_tokens
         metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
         metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
-        rows = iter(logits)
-        for job in batch:
+        for job in jobs:
             job.compute_ms += seconds * 1000
-            results = [next(rows) for _ in job.tokenized]
             try:
-                engine.pipeline.advance(job.rounds, results, job.cancelled)
-                if not job.rounds.done:  # a second stage: back into this lane, ahead of most by its long wait
-                    names = [i.name for i in job.rounds.asked]
-                    check_length(job.request, job.rounds.tokenized, engine.context, names)
-                    job.tokenized = job.rounds.tokenized
-                    job.cost = engine.pipeline.cost(job.tokenized)
+                settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)
+                if isinstance(settled, Next):  # a second stage: back into this lane, ahead of most by its long wait
+                    job.tokenized, job.cost = settled.tokenized, settled.cost
                     self.submit(job)
                     continue
-                latency = (time.perf_counter() - job.arrival) * 1000
                 engine.computed_jobs += 1
-                job.finish(engine.pipeline.respond(job.rounds, latency))
+                job.finish(settled)
             except (EngineClosed, RequestError) as e:
                 job.finish(e)
             except Cancelled as e:  # the client left while its large choice was fitted
@@ -217,30 +212,30 @@ class Lane:
                 job.log(log, logging.ERROR, "answer failed", exc_info=e)
                 job.finish(e)
         if stats.prompt_tokens * 4 > TRIM_AFTER_CHARS:
-            del logits, rows
+            del rows
             release_free_memory()
 
-    def _drop_gone(self, batch: list[Job]) -> list[Job]:
+    def _drop_gone(self, jobs: list[Job]) -> list[Job]:
         """Jobs whose client is still there; the others are answered Cancelled and never computed."""
-        gone = [job for job in batch if job.cancelled()]
+        gone = [job for job in jobs if job.cancelled()]
         for job in gone:
             self.engine.cancelled_jobs += 1
             job.finish(Cancelled())
-        return [job for job in batch if job not in gone] if gone else batch
+        return [job for job in jobs if job not in gone] if gone else jobs
 
     @staticmethod
-    def _fail(batch: list[Job], error: Exception) -> None:
-        for job in batch:
+    def _fail(jobs: list[Job], error: Exception) -> None:
+        for job in jobs:
             job.finish(error)
 
 
 @dataclass
 class _InFlight:
-    """A batch whose device work is queued (its pass paused at `QUEUED`); its readback and answers are to come."""
+    """A pass whose device work is queued (paused at `QUEUED`); its readback and answers are to come."""
 
-    batch: list[Job]
+    jobs: list[Job]
     stats: Stats
-    steps: Generator
+    steps: Generator[Any, None, Rows]
     started: float
     finished: bool = False
 
@@ -261,7 +256,7 @@ def _drive(
     stop: Callable[[], bool] = lambda: False,
     pause_at_queued: bool = False,
     one_step: bool = False,
-) -> tuple[bool, list[list[np.ndarray]] | None]:
+) -> tuple[bool, Rows | None]:
     """Run a pass to its end (-> (True, result)); with `pause_at_queued` until it yields `QUEUED`, with `one_step`
     for one step (-> (False, None) there). Every yield is a checkpoint: the pass stops there if `stop()` says so,
     and a preemptible lane offers the device back there (between layers, or inside one where the backend yields)."""
@@ -277,25 +272,28 @@ def _drive(
 
 
 class Engine:
-    """One model: its pipeline and its lanes."""
+    """One model: its pipeline (asked through `Seam`'s four calls) and its lanes."""
 
     def __init__(
-        self, name: str, pipeline: Pipeline, gate: Gate, metrics: Metrics, settings: EngineSettings = EngineSettings()
+        self, name: str, pipeline: Seam, gate: Gate, metrics: Metrics, settings: EngineSettings = EngineSettings()
     ):
         self.name, self.pipeline, self.gate, self.metrics, self.settings = name, pipeline, gate, metrics, settings
+        facts = pipeline.facts()
+        self.prefix_tokens = facts.prefix_tokens  # the scheduler does not count them: computed once at load
+        self.context = facts.context  # the longest prompt the model reads, in tokens
+        self.prompt_char_limit = facts.prompt_char_limit(settings.limits)
         self.main = Lane(self, "main", urgent=True)
         self.long = Lane(self, "long", urgent=False) if settings.long_tokens > 0 else None
-        # batch lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
+        # Batch API lines (background jobs) run on the long lane, behind its online jobs; without one, on their own
         # preemptible lane: either way they step aside for main lanes after a slice and have the long lane's floor
-        self.batch = Lane(self, "batch", urgent=False) if self.long is None else None
-        self.computed_jobs = self.cancelled_jobs = self.batches = self.stopped_batches = 0
-        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all batches
+        self.background = Lane(self, "background", urgent=False) if self.long is None else None
+        self.computed_jobs = self.cancelled_jobs = self.passes = self.stopped_passes = 0
+        self.packed_tokens = self.prompt_tokens = 0  # tokens computed vs in the option-order prompts, all passes
         self.abandoned = False  # shutdown gave up on running work: passes stop at their next checkpoint
-        config = pipeline.model.config
-        self.context = config.max_position_embeddings  # the longest prompt the model reads, in tokens
-        self.prompt_char_limit = settings.limits.max_prompt_chars or (
-            config.max_position_embeddings * pipeline.tokenizer.max_token_chars
-        )
+
+    def facts(self) -> Facts:
+        """The model's facts (plain data: the front's `ModelInfo`, the metrics)."""
+        return self.pipeline.facts()
 
     def start(self) -> None:
         for lane in self.lanes:
@@ -304,7 +302,7 @@ class Engine:
 
     @property
     def lanes(self) -> list[Lane]:
-        return [self.main] + [lane for lane in (self.long, self.batch) if lane is not None]
+        return [self.main] + [lane for lane in (self.long, self.background) if lane is not None]
 
     def admit(
         self,
@@ -313,39 +311,35 @@ class Engine:
         cancelled: Callable[[], bool],
         background: bool = False,
     ) -> Job:
-        """Check the request's limits, tokenize and cost it (in the planning pool when large, off the event loop).
-
-        Characters are checked before anything is tokenized; packed tokens while tokenizing, a chunk at a time, so
-        a request over a limit is refused after at most one chunk of work."""
+        """The pipeline's admission (limits, tokenize, cost: in the admission pool when large, off the event loop),
+        as a job for a lane. Characters are checked before anything is tokenized, so a request over a limit costs
+        little."""
         arrival = time.perf_counter()
-        limits, context = self.settings.limits, self.context
-        check_chars(request, self.prompt_char_limit, limits, context)
-        if cancelled():
-            raise Cancelled()
-        rounds = self.pipeline.first_round(request)
-        tokenized = rounds.tokenized
-        later = self.pipeline.later_rounds_estimate(rounds)  # large choices' final rounds, before they are known
-        check_length(request, [*tokenized, *later], context, [*(i.name for i in rounds.asked), *rounds.large])
-        prompt_tokens = sum(n for t in tokenized for n in t.lengths)
-        cost = self.pipeline.cost(tokenized) + (self.pipeline.cost(later) if later else 0)
-        check_cost(request, cost, limits)
+        admitted = self.pipeline.admit(request, self.settings.limits, cancelled)
         self.metrics.tokenization_duration.observe(self.name, value=time.perf_counter() - arrival)
         job = Job(
-            request, tokenized, cost, prompt_tokens, finish, cancelled, arrival, rounds=rounds, background=background
+            request,
+            admitted.tokenized,
+            admitted.cost,
+            finish,
+            cancelled,
+            arrival,
+            state=admitted.state,
+            background=background,
         )
         job.context = contextvars.copy_context()  # the request's id for the lines a lane logs about it
         return job
 
     def submit(self, job: Job) -> None:
-        """Queue a planned job; one that needs no model (every question has one option) is answered at once."""
-        if job.rounds is not None and job.rounds.done:  # every question has a single option: no model run
-            job.finish(self.pipeline.respond(job.rounds, (time.perf_counter() - job.arrival) * 1000))
+        """Queue an admitted job; one that needs no model (every question has one option) is settled at once."""
+        if not job.tokenized:  # no prompt to run: settled with no rows
+            job.finish(self.pipeline.settle(job.state, [], job.arrival))
             return
         if job.background:
-            lane = self.long or self.batch
+            lane = self.long or self.background
         else:
             lane = self.long if self.long and job.cost > self.settings.long_tokens else self.main
-        assert lane is not None  # the engine has a long lane or else a batch lane
+        assert lane is not None  # the engine has a long lane or else a background lane
         lane.submit(job)
 
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
@@ -359,6 +353,6 @@ class Engine:
                 lane.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _stop_when(engine: Engine, batch: list[Job]) -> Callable[[], bool]:
-    """When a running pass stops: the server abandons its work, or no client of the batch is left."""
-    return lambda: engine.abandoned or all(job.cancelled() for job in batch)
+def _stop_when(engine: Engine, jobs: list[Job]) -> Callable[[], bool]:
+    """When a running pass stops: the server abandons its work, or no client of its jobs is left."""
+    return lambda: engine.abandoned or all(job.cancelled() for job in jobs)

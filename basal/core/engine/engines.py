@@ -19,14 +19,15 @@ from basal.core.engine.front import InflightLimit, ModelInfo, Result
 from basal.core.engine.memory import release_free_memory
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.scheduler import Job
+from basal.core.engine.seam import Answer
 from basal.core.errors import EngineClosed
 from basal.core.request.plan import DecisionRequest
 
-INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
+INLINE_ADMIT_CHARS = 8192  # requests this small are admitted on the event loop; larger ones in the admission pool
 
 
 class Engines(InflightLimit):
-    """Every model the process serves: one gate, one in-flight limit, one planning pool. `pending`: names of models
+    """Every model the process serves: one gate, one in-flight limit, one admission pool. `pending`: names of models
     still loading (`basal serve` listens first); each serves once `add`ed, and requests get 503 until all are."""
 
     def __init__(
@@ -35,18 +36,19 @@ class Engines(InflightLimit):
         default: str,
         metrics: Metrics,
         max_inflight: int = 1024,
-        planners: int = 2,
+        admitters: int = 2,
         pending: list[str] | tuple[str, ...] = (),
     ):
         super().__init__(max_inflight)
         self.engines, self.default, self.metrics = engines, default, metrics
         for name, engine in engines.items():
-            metrics.model_served(name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+            facts = engine.facts()
+            metrics.model_served(name, facts.compute, facts.version)
         self._names = [*engines, *pending]
         self.progress = {name: "waiting" for name in pending}
         self._started = False
         self._start_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(planners, thread_name_prefix="basal-plan")
+        self._pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit")
 
     @property
     def names(self) -> list[str]:
@@ -54,7 +56,8 @@ class Engines(InflightLimit):
 
     def add(self, engine: Engine) -> None:
         """A pending model has loaded: its lanes start (if the app has started) and it serves."""
-        self.metrics.model_served(engine.name, engine.pipeline.backend.describe(), engine.pipeline.model.version)
+        facts = engine.facts()
+        self.metrics.model_served(engine.name, facts.compute, facts.version)
         with self._start_lock:
             self.engines[engine.name] = engine
             if self.closed:
@@ -66,15 +69,15 @@ class Engines(InflightLimit):
 
     def model_info(self, name: str) -> ModelInfo:
         engine = self.engines[name]
-        pipeline = engine.pipeline
+        facts = engine.facts()
         return ModelInfo(
             name,
-            pipeline.model.calibration,
-            pipeline.serves_evidence,
-            pipeline.backend.describe(),
+            facts.calibration,
+            facts.serves_evidence,
+            facts.compute,
             engine.prompt_char_limit,
             engine.context,
-            pipeline.model.synthetic,
+            facts.synthetic,
         )
 
     def start(self) -> None:
@@ -120,21 +123,22 @@ class Engines(InflightLimit):
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
-            if chars <= INLINE_PLAN_CHARS and not background:  # a few short prompts cost less than a hop; batch
-                # lines are always planned in the pool, so that the event loop stays with online requests
+            if chars <= INLINE_ADMIT_CHARS and not background:  # a few short prompts cost less than a hop; batch
+                # lines are always admitted in the pool, so that the event loop stays with online requests
                 job = prepare()
             else:
                 try:
-                    # in the request's context (its id on the planning thread's log lines and in the job)
+                    # in the request's context (its id on the admitting thread's log lines and in the job)
                     job = await loop.run_in_executor(self._pool, contextvars.copy_context().run, prepare)
-                except asyncio.CancelledError:  # the planning pool was shut down under it, not this task
+                except asyncio.CancelledError:  # the admission pool was shut down under it, not this task
                     task = asyncio.current_task()
                     if self.closed and task is not None and not task.cancelling():
                         raise EngineClosed("the server shut down before this request ran") from None
                     raise
-            response = await future
-            diagnostics = engine.pipeline.diagnose(job.rounds) if request.diagnostics else None
-            return Result(response, job.queue_ms, job.compute_ms, job.batch_requests, diagnostics=diagnostics)
+            answer: Answer = await future
+            return Result(
+                answer.response, job.queue_ms, job.compute_ms, job.pass_requests, diagnostics=answer.diagnostics
+            )
         finally:
             self.metrics.model_inflight.inc(engine.name, by=-1)
             if chars > TRIM_AFTER_CHARS:

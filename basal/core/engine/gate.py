@@ -54,7 +54,7 @@ class Gate:
     @contextmanager
     def hold(self, urgent: bool, before_wait: Callable[[], None] | None = None) -> Iterator[Holder]:
         """Hold the device. `before_wait` runs (without the gate's lock) if the device is not free at once: a lane
-        finishes its last batch there rather than keep its answers waiting behind another lane's turn."""
+        finishes its last pass there rather than keep its answers waiting behind another lane's turn."""
         self._acquire(urgent, before_wait=before_wait)
         holder = Holder(self, urgent)
         try:

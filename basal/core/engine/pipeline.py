@@ -1,7 +1,13 @@
-"""One model, end to end and synchronous: first round (tokenize) -> pack -> forward -> advance -> respond.
+"""One model's work: what a request needs, and what to do with its results (the seam's four calls).
 
-The engine (scheduler, lanes) uses the same pieces; `Pipeline.decide` is the plain path used by
-`basal decide`, the tests and the in-process benchmarks.
+    admit   limits, the first round tokenized (`rounds.Rounds`), its cost with later rounds estimated
+    pack    the requests' next rounds into one prefix tree, cut into forwards (host work)
+    forward the pass over those forwards; each request's rows, by its `Rounds`
+    settle  the rows into the request's rounds: its answer, or its next round and that round's cost
+
+The engine (`basal.core.engine.engine`) calls them per pass with queues, lanes and the device gate around them
+(`basal.core.engine.seam` holds the contract); `Pipeline.decide` calls them for one request, without queues
+(`basal decide`, the tests and the in-process benchmarks).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from basal.core.decision.diagnostics import Diagnostics, diagnose
 from basal.core.decision.evidence import StateTokens, state_tokens
 from basal.core.decision.large_choice import DEFAULT_STRATEGY, FINALISTS, Strategy, sub_item
 from basal.core.decision.respond import EvidenceInputs, respond
+from basal.core.engine.admission import check_chars, check_cost, check_length
 from basal.core.engine.rounds import Rounds
+from basal.core.engine.seam import Admitted, Answer, Facts, Next, Stats
+from basal.core.errors import Cancelled
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import LETTERS, Item, template_prefix
 from basal.core.packing.backend import Backend
@@ -33,19 +42,18 @@ from basal.core.packing.tree import (
     packed_tokens,
     plan_forwards,
 )
+from basal.core.request.limits import Limits
 from basal.core.request.plan import DecisionRequest, Question
 
 
 @dataclass
-class Stats:
-    """Where the time went, and what packing saved."""
+class PackedPass:
+    """One pass's host work: its prompts, their forwards, and whose prompts they are."""
 
-    tokenize_ms: float = 0.0
-    pack_ms: float = 0.0
-    forward_ms: float = 0.0
-    forwards: int = 0
-    packed_tokens: int = 0  # tokens computed (shared prefixes once, cached template prefix not at all)
-    prompt_tokens: int = 0  # tokens of every option-order prompt, as if each ran alone
+    stats: Stats
+    tokenized: list[TokenizedQuestion]  # the next round of every request, one request after another
+    forwards: list[Forward]
+    owners: list[tuple[Rounds, int]]  # each request, and how many entries of `tokenized` are its (in that order)
 
 
 class Pipeline:
@@ -67,6 +75,7 @@ class Pipeline:
         self.tree_max_tokens = tree_max_tokens
         self.forward_max_tokens = forward_max_tokens
         self.share_across_questions = share_across_questions
+        self.max_token_chars = self.tokenizer.max_token_chars  # a walk over the vocabulary: once
         self.prefixes: dict[str, tuple[int, ...]] = {}
         if prefix_cache:
             for lang, n in self.tokenizer.prefix_len.items():
@@ -124,9 +133,102 @@ class Pipeline:
             raise RuntimeError("the tokenizer gave two tokenizations of one prompt; this is a bug")
         return state_tokens(prompt, item.state_text, offsets)
 
+    def facts(self) -> Facts:
+        """The model's facts for the engine, the front and the metrics (`compute` read afresh each time)."""
+        return Facts(
+            self.model.version,
+            self.model.calibration,
+            self.serves_evidence,
+            self.backend.describe(),
+            self.model.config.max_position_embeddings,
+            self.max_token_chars,
+            {lang: len(ids) for lang, ids in self.prefixes.items()},
+            self.model.synthetic,
+        )
+
+    # -- the seam: admit, pack, forward, settle ----------------------------------------------------------------
+
+    def admit(
+        self, request: DecisionRequest, limits: Limits | None = None, cancelled: Callable[[], bool] = lambda: False
+    ) -> Admitted:
+        """Check the request's limits, tokenize its first round and cost every round (its state: `Rounds`).
+
+        Characters are checked before anything is tokenized, so a request over a limit costs little. A large
+        choice's final round is costed and length-checked before it is known, from stand-ins. `limits` None
+        (`decide`): only the model's context is checked."""
+        context = self.model.config.max_position_embeddings
+        if limits is not None:
+            check_chars(request, limits.max_prompt_chars or context * self.max_token_chars, limits, context)
+        if cancelled():
+            raise Cancelled()
+        rounds = self._first_round(request)
+        later = self._later_rounds_estimate(rounds)
+        check_length(request, [*rounds.tokenized, *later], context, [*(i.name for i in rounds.asked), *rounds.large])
+        cost = self.cost(rounds.tokenized) + (self.cost(later) if later else 0)
+        if limits is not None:
+            check_cost(request, cost, limits)
+        return Admitted(rounds.tokenized, cost, rounds)
+
+    def pack(self, states: Sequence[Rounds], stats: Stats | None = None) -> PackedPass:
+        """The next round of every request in one prefix tree, cut into forwards: host work, done before the device
+        is taken."""
+        tokenized = [t for rounds in states for t in rounds.tokenized]
+        stats = stats if stats is not None else Stats()
+        owners = [(rounds, len(rounds.tokenized)) for rounds in states]
+        return PackedPass(stats, tokenized, self.pack_questions(tokenized, stats), owners)
+
+    def forward(self, packed: PackedPass, preemptible: bool = False) -> Generator[None, None, dict[Rounds, list]]:
+        """Run a packed pass (every yield of the backend passed on: a checkpoint). -> each request's letter logits,
+        one `ItemLogits` per entry of its round's `tokenized`, by its `Rounds`."""
+        logits = yield from self.run_forwards(packed.tokenized, packed.forwards, packed.stats, preemptible)
+        rows, at = {}, 0
+        for rounds, n in packed.owners:  # `pack` laid each request's entries out together, in this order
+            rows[rounds] = logits[at : at + n]
+            at += n
+        return rows
+
+    def settle(
+        self,
+        state: Rounds,
+        rows: Sequence[ItemLogits],
+        arrival: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Answer | Next:
+        """Hand a round's letter logits back (none when `admit` asked no round): the request's answer, or its next
+        round, tokenized, length-checked and costed. `cancelled`: the client is gone (a large choice's fit stops
+        between its steps with `Cancelled`)."""
+        rounds = state
+        if not rounds.done:
+            if rounds.request.diagnostics:
+                rounds.packed_tokens += self.cost(rounds.tokenized)
+            rounds.take(rows, cancelled)
+            if not rounds.done:
+                rounds.tokenized = self.tokenize_items(rounds.asked, letter_mass=rounds.request.diagnostics)
+                names = [i.name for i in rounds.asked]
+                check_length(rounds.request, rounds.tokenized, self.model.config.max_position_embeddings, names)
+                return Next(rounds.tokenized, self.cost(rounds.tokenized))
+        elif rows:
+            raise ValueError(f"{len(rows)} results for a request with no round to run")
+        response = self._respond(rounds, (time.perf_counter() - arrival) * 1000)
+        return Answer(response, self._diagnose(rounds) if rounds.request.diagnostics else None)
+
+    def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
+        """Answer a request with the seam's calls: no queue, no pausing, no batching with other requests."""
+        stats = stats if stats is not None else Stats()
+        started = time.perf_counter()
+        admitted = self.admit(request)
+        stats.tokenize_ms += (time.perf_counter() - started) * 1000
+        rounds, step = admitted.state, admitted
+        while True:  # one pass for an ordinary request; a large choice adds its final round
+            rows = run_to_end(self.forward(self.pack([rounds], stats)))[rounds] if step.tokenized else []
+            settled = self.settle(rounds, rows, started)
+            if isinstance(settled, Answer):
+                return settled.response
+            step = settled
+
     # -- rounds: a request whose later prompts depend on earlier answers (choices with 11..255 options) ------
 
-    def first_round(self, request: DecisionRequest) -> Rounds:
+    def _first_round(self, request: DecisionRequest) -> Rounds:
         """The request's rounds, the first one tokenized."""
         rounds = Rounds(request, self.large_choice)
         if rounds.evidence and not self.serves_evidence:  # the dialect refused it already, unless upstream's order
@@ -137,18 +239,7 @@ class Pipeline:
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
-    def advance(
-        self, rounds: Rounds, logits: Sequence[list[np.ndarray]], cancelled: Callable[[], bool] = lambda: False
-    ) -> None:
-        """Hand a round's letter logits back; tokenize the next round, if there is one. `cancelled`: the client
-        is gone (a large choice's fit stops between its steps with `Cancelled`)."""
-        if rounds.request.diagnostics:
-            rounds.packed_tokens += self.cost(rounds.tokenized)
-        rounds.take(logits, cancelled)
-        if not rounds.done:
-            rounds.tokenized = self.tokenize_items(rounds.asked, letter_mass=rounds.request.diagnostics)
-
-    def later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
+    def _later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
         """Stand-ins for the final rounds before they are known: each large choice's 10 longest options (by
         characters), in both orders. Their cost and length bound the real final group's closely."""
         stand_ins = []
@@ -158,7 +249,7 @@ class Pipeline:
             stand_ins.append(sub_item(lc.item, longest, f"{lc.item.name}#final", 2))
         return self.tokenize_items(stand_ins)
 
-    def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
+    def _respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
         """The response of a request whose rounds have all been run."""
         head = self.model.evidence_head if self.serves_evidence else None
         evidence = EvidenceInputs(head, rounds.state_tokens, rounds.states)
@@ -172,7 +263,7 @@ class Pipeline:
             evidence,
         )
 
-    def diagnose(self, rounds: Rounds) -> Diagnostics:
+    def _diagnose(self, rounds: Rounds) -> Diagnostics:
         """What a client that asks for diagnostics gets with the answer of a request whose rounds have all run."""
         return diagnose(
             rounds.request,
@@ -183,6 +274,8 @@ class Pipeline:
             rounds.input_tokens,
             rounds.packed_tokens,
         )
+
+    # -- below the seam: prompts, packing and forwards of plain question lists ------------------------------
 
     def cost(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """Packed tokens of a set of questions, shared prefixes counted once (the scheduler's budget unit)."""
@@ -195,12 +288,13 @@ class Pipeline:
     def letter_logits(
         self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:
-        """Letter logits of every order of every question (float32, first k letters); yields between layers."""
-        forwards = self.pack(tokenized, stats)
-        return (yield from self.forward(tokenized, forwards, stats))
+        """Letter logits of every order of every question (float32, first k letters), in `tokenized` order; yields
+        between layers. The export's and the invariance tests' path for questions that are not requests."""
+        forwards = self.pack_questions(tokenized, stats)
+        return (yield from self.run_forwards(tokenized, forwards, stats))
 
-    def pack(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
-        """Trie rows and forwards of a batch: host work, done before the device is taken."""
+    def pack_questions(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
+        """Trie rows and forwards of a list of questions: host work, done before the device is taken."""
         t0 = time.perf_counter()
         forwards = plan_forwards(
             tokenized,
@@ -224,13 +318,13 @@ class Pipeline:
         wanted = tuple(sorted({qi for qi, _ in f.readout_of if tokenized[qi].letter_mass}))
         return replace(f, letter_mass=wanted) if wanted else f
 
-    def forward(
+    def run_forwards(
         self,
         tokenized: Sequence[TokenizedQuestion],
         forwards: Sequence[Forward],
         stats: Stats | None = None,
         preemptible: bool = False,
-    ) -> Generator[None, None, list[list[np.ndarray]]]:
+    ) -> Generator[None, None, list[ItemLogits]]:
         """Run packed forwards; every yield of the backend is passed on (a point where the pass may pause). On an
         asynchronous device the next forward is queued before the last one's result is waited for (passes.py).
         `preemptible`: the long lane's pass, which must pause between layers (the GPU path then runs no graph)."""
@@ -264,13 +358,3 @@ class Pipeline:
         if f.hidden_of or f.letter_mass:  # evidence, diagnostics: final hidden states too (same readout bits)
             return self.backend.run_with_hidden(f.batch)
         return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
-
-    def decide(self, request: DecisionRequest, stats: Stats | None = None) -> SystemOneResponse | BasalResponse:
-        """Answer a planned request (no pausing, no batching with other requests)."""
-        stats = stats if stats is not None else Stats()
-        started = time.perf_counter()
-        rounds = self.first_round(request)
-        stats.tokenize_ms += (time.perf_counter() - started) * 1000
-        while not rounds.done:  # one pass for an ordinary request; a large choice adds its final round
-            self.advance(rounds, run_to_end(self.letter_logits(rounds.tokenized, stats)))
-        return self.respond(rounds, (time.perf_counter() - started) * 1000)

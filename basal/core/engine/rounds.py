@@ -3,8 +3,9 @@
 An ordinary request is one round: every question's items go into one packed pass. A choice with 11–255 options
 (`basal.core.decision.large_choice`) needs a second round whose prompts depend on the first round's answers, so its
 request is planned as a sequence: round 1 holds the ordinary items and every group of every large choice (all
-in one tree, so the groups of a question share its state); round 2 holds the final groups. The pipeline and the
-engine run a round, hand its letter logits back with `take`, and run the next until `done`.
+in one tree, so the groups of a question share its state); round 2 holds the final groups. A `Rounds` is the
+pipeline's state of one request (`basal.core.engine.seam`): the pipeline runs a round, hands its letter logits
+back with `take`, and runs the next until `done`; the engine holds it without reading it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from basal.core.request.plan import DecisionRequest
 Logits = list[np.ndarray]  # letter logits of one item, one array per asked option order
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a pass's results are keyed by the request's Rounds
 class Rounds:
     request: DecisionRequest
     strategy: Strategy = DEFAULT_STRATEGY
@@ -58,7 +59,7 @@ class Rounds:
         if len(logits) != len(self.asked):
             raise ValueError(f"{len(logits)} results for {len(self.asked)} items")
         self.input_tokens += sum(n for t in self.tokenized for n in t.lengths)
-        rest = iter(logits)  # positional: item names may collide with question names ("q#0")
+        rest = iter(logits)  # by `asked` order: item names may collide with question names ("q#0")
         following: list[Item] = []
         if self.round == 0:
             for q in self.request.questions:

@@ -1,10 +1,10 @@
 """Who runs next: the queue of one lane of one model, its order (HRRN or FIFO) and admission by token budget.
 
-The only place that decides what goes into a batch (backends never do). Cost is counted in packed tokens — the
+The only place that decides which jobs share a pass (backends never do). Cost is counted in packed tokens — the
 tokens the prefix tree will actually compute, shared prefixes once, across requests too.
 
 HRRN (highest response ratio next): priority = (waited + estimated) / estimated, with estimated = cost / rate and
-rate an exponential average of packed tokens/s of recent batches. Short requests go first; a long one's ratio
+rate an exponential average of packed tokens/s of recent passes. Short requests go first; a long one's ratio
 grows while it waits, so it is never starved. FIFO keeps arrival order.
 """
 
@@ -15,15 +15,14 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from basal.core.engine.rounds import Rounds
 from basal.core.packing.tree import TokenizedQuestion, TrieSize
 from basal.core.request.plan import DecisionRequest
 
-INITIAL_RATE = 3000.0  # packed tokens/s before the first batch was measured
+INITIAL_RATE = 3000.0  # packed tokens/s before the first pass was measured
 
 
 class Policy(enum.Enum):
@@ -36,19 +35,19 @@ class Job:
     """One HTTP request inside the engine."""
 
     request: DecisionRequest
-    tokenized: list[TokenizedQuestion]  # the items of the round to run next, in request order
-    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is planned)
-    prompt_tokens: int  # tokens of every option-order prompt (usage.input_tokens)
+    tokenized: list[TokenizedQuestion]  # the prompts of the round to run next (what admission packs by)
+    cost: int  # packed tokens of every round still to run (a later round's are estimated until it is known)
     finish: Callable[[Any], None]  # called once from a lane thread with the result or an exception
     cancelled: Callable[[], bool] = lambda: False
     arrival: float = field(default_factory=time.perf_counter)
     seq: int = field(default_factory=itertools.count().__next__)
-    # filled when its batch runs
+    # filled when its pass runs
     queue_ms: float = 0.0
     compute_ms: float = 0.0
-    batch_requests: int = 0
-    rounds: Rounds | None = None  # the request's rounds (a choice with 11..255 options needs a second pass)
-    background: bool = False  # a batch line: runs only when no online job waits in its lane, in arrival order
+    pass_requests: int = 0  # requests in its (last) pass
+    passes: int = 0  # passes it has been in (a choice with 11..255 options needs a second one)
+    state: Hashable = None  # the pipeline's state of the request (`seam.Admitted.state`), never read here
+    background: bool = False  # a Batch API line: runs only when no online job waits in its lane, in arrival order
     context: contextvars.Context | None = None  # the HTTP task's context vars: a lane's log lines carry its id
 
     def log(self, logger: logging.Logger, level: int, message: str, *args: Any, **kwargs: Any) -> None:
@@ -75,7 +74,7 @@ class JobQueue:
         self._jobs.append(job)
 
     def observe(self, packed_tokens: int, seconds: float) -> None:
-        """Update the token rate from a finished batch (batches under 1 ms say nothing)."""
+        """Update the token rate from a finished pass (passes under 1 ms say nothing)."""
         if seconds > 0.001:
             self.rate = 0.8 * self.rate + 0.2 * (packed_tokens / seconds)
 
@@ -95,17 +94,17 @@ class JobQueue:
         return gone
 
     def admit(self, max_tokens: int, now: float | None = None) -> list[Job]:
-        """The first job in order always; then every waiting job that keeps the batch within `max_tokens`
+        """The first job in order always; then every waiting job that keeps the pass within `max_tokens`
         packed tokens (prompts shared with jobs already admitted count once). No waiting for more work. Online and
-        background jobs never share a batch: an online job does not wait for batch lines computed beside it."""
+        background jobs never share a pass: an online job does not wait for Batch API lines computed beside it."""
         if not self._jobs:
             return []
         now = time.perf_counter() if now is None else now
         ordered = sorted(self._jobs, key=lambda j: self.priority(j, now))
         sizes: dict[str, TrieSize] = {}
-        batch: list[Job] = []
+        chosen: list[Job] = []
         for job in ordered:
-            if batch and job.background != batch[0].background:
+            if chosen and job.background != chosen[0].background:
                 break  # sorted: every job after the first background one is background too
             added = []
             for t in job.tokenized:
@@ -114,13 +113,13 @@ class JobQueue:
                     size.add(p)
                     added.append((size, p))
             total = sum(s.tokens - self.prefix_len.get(lang, 0) for lang, s in sizes.items() if s.tokens)
-            if batch and total > max_tokens:
+            if chosen and total > max_tokens:
                 for size, p in reversed(added):
                     size.remove(p)
                 continue
-            batch.append(job)
+            chosen.append(job)
             if total >= max_tokens:
                 break
-        chosen = set(map(id, batch))
-        self._jobs = [j for j in self._jobs if id(j) not in chosen]
-        return batch
+        taken = set(map(id, chosen))
+        self._jobs = [j for j in self._jobs if id(j) not in taken]
+        return chosen

@@ -143,8 +143,8 @@ def test_hidden_rows_are_the_state_tokens_and_questions_on_one_state_share_them(
     from basal.core.engine.pipeline import Pipeline
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
-    rounds = pipeline.first_round(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b"))
-    (forward,) = pipeline.pack(rounds.tokenized)
+    rounds = pipeline.admit(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b")).state
+    (forward,) = pipeline.pack_questions(rounds.tokenized)
     batch = forward.batch
     assert set(forward.hidden_of) == {0, 1} and len(batch.hidden) == len(rounds.tokenized[0].hidden)  # shared
     assert not set(batch.hidden.tolist()) & set(batch.readouts.tolist())
@@ -166,9 +166,9 @@ def test_a_state_found_inside_the_template_is_computed_without_the_prefix_cache(
     backend = TorchBackend.load(demo_model)
     cached, uncached = Pipeline(demo_model, backend), Pipeline(demo_model, backend, prefix_cache=False)
     request = _evidence_request(SYSTEM["en"][:40], "q")  # English: no Polish letters
-    rounds = cached.first_round(request)
+    rounds = cached.admit(request).state
     assert rounds.tokenized[0].hidden[0] < len(cached.prefixes["en"])  # inside the cached prefix
-    (forward,) = cached.pack(rounds.tokenized)
+    (forward,) = cached.pack_questions(rounds.tokenized)
     assert forward.batch.prefix_keys == ()
     answers = [msgspec.to_builtins(p.decide(request))["answers"]["q"] for p in (cached, uncached)]
     assert answers[0] == answers[1] and answers[0]["evidence"]
@@ -183,15 +183,15 @@ def test_served_spans_are_the_heads_choice_over_the_state_rows(demo_model):
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     request = _evidence_request("Termin płatności faktury minął wczoraj. Klient prosi o przedłużenie.", "q")
-    rounds = pipeline.first_round(request)
+    rounds = pipeline.admit(request).state
     from basal.core.packing.passes import run_to_end
 
-    pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
+    answer = pipeline.settle(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)), 0.0)
     states, found = np.asarray(rounds.states["q"]), rounds.state_tokens["q"]
     assert states.shape == (found.t1 - found.t0 + 1, demo_model.config.hidden_size) and states.dtype == np.float32
     ls, le = demo_model.evidence_head.log_scores(states[:-1], states[-1])
     want = best_spans(request.questions[0].item.state_text, found.rel, ls, le)
-    got = msgspec.to_builtins(pipeline.respond(rounds, 0.0))["answers"]["q"]["evidence"]
+    got = msgspec.to_builtins(answer.response)["answers"]["q"]["evidence"]
     assert got == want and 1 <= len(got) <= 3
 
 

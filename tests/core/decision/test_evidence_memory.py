@@ -28,9 +28,9 @@ def _kept(pipeline: Pipeline, questions: int) -> tuple[int, int]:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        rounds = pipeline.first_round(request)
+        rounds = pipeline.admit(request).state
         tokenized = rounds.tokenized
-        pipeline.advance(rounds, run_to_end(pipeline.letter_logits(tokenized)))
+        pipeline.settle(rounds, run_to_end(pipeline.letter_logits(tokenized)), 0.0)
         gc.collect()
         kept = tracemalloc.get_traced_memory()[0] - before
     finally:

@@ -1,4 +1,4 @@
-"""Batch lines are background work: behind every online job of their lane, never in the same batch as one, in
+"""Batch lines are background work: behind every online job of their lane, never in the same pass as one, in
 arrival order (so lines of one state pack together), and on a preemptible lane that steps aside for an online
 request at the next pause point once its slice is spent — shown with a deterministic gate: the online request
 arrives at a pause of the batch pass, and the pass stands still at exactly that pause while it computes."""
@@ -23,7 +23,7 @@ from tests.servers import make_engines
 
 def _job(prompts, background=False) -> Job:
     t = TokenizedQuestion("en", "s", tuple(prompts))
-    return Job(request=None, tokenized=[t], cost=sum(map(len, prompts)), prompt_tokens=0, finish=print,
+    return Job(request=None, tokenized=[t], cost=sum(map(len, prompts)), finish=print,
                background=background)  # fmt: skip
 
 
@@ -46,7 +46,7 @@ def test_lines_keep_arrival_order_under_hrrn():
     assert q.admit(50) == [big]  # HRRN would have taken the cheaper one first
 
 
-@pytest.mark.parametrize("long_tokens", [4096, 0], ids=["on the long lane", "on the batch lane"])
+@pytest.mark.parametrize("long_tokens", [4096, 0], ids=["on the long lane", "on the background lane"])
 def test_an_online_request_waits_at_most_one_pause_behind_a_batch_pass(demo_model, long_tokens):
     engines = make_engines(demo_model, slow_s=0.01, long_tokens=long_tokens, slice_ms=0)
     engines.start()

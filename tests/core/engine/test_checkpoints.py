@@ -59,7 +59,7 @@ def test_pass_stops_at_the_next_checkpoint_when_every_client_left(demo_model):
 
     asyncio.run(main())
     layers = demo_model.config.num_hidden_layers
-    assert engine.stopped_batches == 1 and engine.computed_jobs == 0
+    assert engine.stopped_passes == 1 and engine.computed_jobs == 0
     assert backend.yields == 1 < layers * backend.yields_per_layer  # it stopped at that pause, not at the end
     assert 'outcome="stopped"' in engines.metrics.render()
     engines.close()
@@ -91,7 +91,7 @@ def test_a_batch_with_a_live_client_runs_to_the_end_with_the_same_bits(demo_mode
         return result
 
     assert asyncio.run(main()).response == alone
-    assert engine.stopped_batches == 0
+    assert engine.stopped_passes == 0
     engines.close()
 
 
@@ -134,7 +134,7 @@ def test_every_backend_yield_is_a_checkpoint_and_bits_do_not_change(demo_model, 
 def test_over_the_character_bound_nothing_is_tokenized(plain, demo_model, monkeypatch):
     engine = plain.engines[DEMO]
     calls = []
-    monkeypatch.setattr(engine.pipeline, "first_round", calls.append)
+    monkeypatch.setattr(engine.pipeline, "tokenize_items", lambda *a, **k: calls.append(a))
     huge = request(1)
     limit = engine.prompt_char_limit
     item = huge.questions[0].item

@@ -206,7 +206,7 @@ def test_a_client_that_leaves_during_the_readback_stops_only_its_batch(served):
         return await asyncio.wait_for(second, WAIT_S)
 
     assert answers(asyncio.run(main()))
-    assert engine.stopped_batches == 1 and engine.computed_jobs == 1
+    assert engine.stopped_passes == 1 and engine.computed_jobs == 1
     assert "read 1" not in device.log  # stopped at a readback checkpoint, before its result was taken
 
 

@@ -39,7 +39,7 @@ def test_cost_counts_the_final_round_before_the_work_starts(demo_model):
     engine = engines.engines[MODEL]
     job = engine.admit(large_request(), print, lambda: False)
     first = engine.pipeline.cost(job.tokenized)
-    estimate = engine.pipeline.cost(engine.pipeline.later_rounds_estimate(job.rounds))
+    estimate = engine.pipeline.cost(engine.pipeline._later_rounds_estimate(job.state))
     assert len(job.tokenized) == 6 and estimate > 0 and job.cost == first + estimate
     ordinary = engine.admit(small_request(0), print, lambda: False)
     assert ordinary.cost == engine.pipeline.cost(ordinary.tokenized)  # nothing added to an ordinary request
@@ -70,5 +70,5 @@ def test_second_stage_re_enters_its_lane(demo_model, expected, long_tokens):
     assert large.response.answers == expected_large.answers and large.response.usage == expected_large.usage
     assert [r.response.answers for r in small] == [r.answers for r in expected_small]
     assert sorted(submitted) == [1, 1, 1, 6]  # 2 small jobs, the group round (6 groups), the final group again
-    assert engine.computed_jobs == 3 and engine.batches >= 2
+    assert engine.computed_jobs == 3 and engine.passes >= 2
     engines.close()

@@ -42,12 +42,12 @@ def backend(request, demo_model):
 
 def _answer(pipeline: Pipeline, diagnostics: bool):
     request = parse_basal({"state": "Paczka dotarła uszkodzona.", "questions": QUESTIONS}, lambda _m: "m")
-    rounds = pipeline.first_round(replace(request, diagnostics=diagnostics))
+    rounds = pipeline.admit(replace(request, diagnostics=diagnostics)).state
     forwards = []
     while not rounds.done:
-        forwards += pipeline.pack(rounds.tokenized)
-        pipeline.advance(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)))
-    return rounds, forwards
+        forwards += pipeline.pack_questions(rounds.tokenized)
+        settled = pipeline.settle(rounds, run_to_end(pipeline.letter_logits(rounds.tokenized)), 0.0)
+    return rounds, forwards, settled
 
 
 def _lm_head(model) -> np.ndarray:
@@ -72,8 +72,8 @@ def small_chunks(monkeypatch):
 def test_letter_mass_is_the_full_vocabulary_softmax_mass_of_the_letters(demo_model, backend, small_chunks):
     assert demo_model.config.vocab_size % CHUNK and demo_model.config.vocab_size > 2 * CHUNK
     pipeline = Pipeline(demo_model, backend)
-    rounds, _ = _answer(pipeline, diagnostics=True)
-    questions = pipeline.diagnose(rounds).questions
+    rounds, _, answer = _answer(pipeline, diagnostics=True)
+    questions = answer.diagnostics.questions
     head = _lm_head(demo_model)
     checked = 0
     for q in rounds.request.questions:
@@ -94,8 +94,8 @@ def test_letter_mass_is_the_full_vocabulary_softmax_mass_of_the_letters(demo_mod
 
 def test_without_diagnostics_nothing_is_computed_and_no_logit_changes(demo_model, backend):
     pipeline = Pipeline(demo_model, backend)
-    plain, plain_forwards = _answer(pipeline, diagnostics=False)
-    asked, asked_forwards = _answer(pipeline, diagnostics=True)
+    plain, plain_forwards, _ = _answer(pipeline, diagnostics=False)
+    asked, asked_forwards, _ = _answer(pipeline, diagnostics=True)
     assert not plain.log_norms and not any(f.letter_mass for f in plain_forwards)
     assert all(f.letter_mass for f in asked_forwards) and set(asked.log_norms) == set(QUESTIONS)
     assert plain.plain_logits.keys() == asked.plain_logits.keys()

@@ -226,7 +226,7 @@ def test_overload(demo_model):
 
 def _job(prompts, lang="en", cost=None):
     t = TokenizedQuestion(lang, "s", tuple(prompts))
-    return Job(request=None, tokenized=[t], cost=cost or sum(map(len, prompts)), prompt_tokens=0, finish=print)
+    return Job(request=None, tokenized=[t], cost=cost or sum(map(len, prompts)), finish=print)
 
 
 def test_admission_counts_shared_prefixes_once_and_runs_oversized_alone():

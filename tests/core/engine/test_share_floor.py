@@ -154,7 +154,7 @@ class TimedStub(StubBackend):
         self.shorts_during_long = 0
 
     def run(self, batch: PackedBatch, prepared=None, preemptible=False):
-        if threading.current_thread().name.endswith(("-long", "-batch")):  # lane threads: basal-MODEL-LANE
+        if threading.current_thread().name.endswith(("-long", "-background")):  # lane threads: basal-MODEL-LANE
             self.long_running = True
             try:
                 for _ in range(self.long_steps):
