@@ -116,6 +116,10 @@ def timing_headers(result: Result, rid: str) -> dict[str, str]:
     }
     if result.replica:
         headers["x-basal-replica"] = result.replica
+    if result.cascade is not None:  # who answered (the TypeSafe answer shape is fixed; /v1/basal also says per answer)
+        headers["x-basal-answered-by"] = result.cascade.answered_by_header()
+        if failed := result.cascade.failure_header():
+            headers["x-basal-escalation-failed"] = failed.encode("ascii", "backslashreplace").decode("ascii")[:1024]
     return headers
 
 

@@ -121,6 +121,49 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError("`batches.retention_days` must be 0 (keep forever) or positive")
 
 
+class CascadeStepConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """One step of a cascade: a served model and when it sends a question on (every step but the last)."""
+
+    model: str  # a served name (`models[].name`, or basal.json's name)
+    escalate_below: float | dict[str, float] | None = None  # a confidence, or one per question type
+    escalate_above_error: float | dict[str, float] | None = None  # a certified max_error target (CALIBRATION.json)
+
+    def __post_init__(self) -> None:
+        if self.escalate_below is not None and self.escalate_above_error is not None:
+            raise msgspec.ValidationError("a cascade step takes `escalate_below` or `escalate_above_error`, not both")
+        for key in ("escalate_below", "escalate_above_error"):
+            value = getattr(self, key)
+            values = value.items() if isinstance(value, dict) else [("", value)] if value is not None else []
+            for qtype, v in values:
+                if qtype and qtype not in CASCADE_TYPES:
+                    raise msgspec.ValidationError(f"`{key}`: unknown question type {qtype!r}; types: {CASCADE_TYPES}")
+                if not 0 < v <= 1 or v != v:
+                    raise msgspec.ValidationError(f"`{key}` must be above 0 and at most 1, got {v!r}")
+
+
+class CascadeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A served name answered by its first model, each uncertain question sent on to the next (docs/cascades.md)."""
+
+    name: str
+    steps: list[CascadeStepConfig]
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise msgspec.ValidationError("a cascade needs a `name`")
+        if len(self.steps) < 2:
+            raise msgspec.ValidationError(f"cascade {self.name!r}: needs at least two `steps`")
+        for i, step in enumerate(self.steps):
+            rule = step.escalate_below is not None or step.escalate_above_error is not None
+            if rule == (i == len(self.steps) - 1):
+                raise msgspec.ValidationError(
+                    f"cascade {self.name!r}: every step but the last needs `escalate_below` or "
+                    "`escalate_above_error`; the last answers what reaches it and has neither"
+                )
+
+
+CASCADE_TYPES = "choice, noul, score, multi, act"
+
+
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
     addr: str = "127.0.0.1:8000"
@@ -146,6 +189,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
         None  # OpenTelemetry traces over OTLP/HTTP (the otel extra), e.g. http://h:4318/v1/traces
     )
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
+    cascades: list[CascadeConfig] = msgspec.field(default_factory=list)  # names answered by several models in turn
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")
@@ -225,6 +269,29 @@ def model_entry(text: str) -> dict[str, str]:
         return {"path": text}
     repo, _, revision = text.partition("@")
     return {"repo": repo, "revision": revision} if revision else {"repo": repo}
+
+
+def cascade_entry(text: str) -> dict[str, object]:
+    """A `cascades:` entry from `--cascade NAME=MODEL:below=0.9,MODEL:error=0.05,MODEL`."""
+    name, eq, chain = text.partition("=")
+    if not eq or not name.strip() or not chain.strip():
+        raise ConfigError(f"--cascade {text!r}: write NAME=MODEL:below=0.9,MODEL (a name, then its steps in order)")
+    steps: list[dict[str, object]] = []
+    for part in chain.split(","):
+        model, _, rule = part.strip().partition(":")
+        step: dict[str, object] = {"model": model.strip()}
+        if rule:
+            key, _, value = rule.partition("=")
+            keys = {"below": "escalate_below", "error": "escalate_above_error"}
+            try:
+                step[keys[key.strip()]] = float(value)
+            except (KeyError, ValueError):
+                raise ConfigError(
+                    f"--cascade {text!r}: step {part.strip()!r}: write MODEL:below=P (a confidence) or "
+                    "MODEL:error=E (a certified max_error target)"
+                ) from None
+        steps.append(step)
+    return {"name": name.strip(), "steps": steps}
 
 
 def environment(environ: Mapping[str, str] | None = None) -> tuple[dict, list[str], list[str]]:

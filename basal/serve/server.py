@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store
+from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
@@ -27,7 +29,7 @@ from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
-from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig
+from basal.serve.config import DEMO_PATH, CascadeStepConfig, ConfigError, ModelConfig, ServeConfig
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
@@ -268,8 +270,10 @@ def serve(config: ServeConfig) -> None:
         host, _, port = config.metrics_addr.rpartition(":")
         check_port(host.strip("[]"), int(port))
     engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
+    calibrations = {d.name: d.calibration.thresholds for _, d in sources}  # read before any weights load
+    front = with_cascades(engines, config, calibrations.__getitem__)
     failed: list[BaseException] = []
-    server = _server(engines, config, batches=batch_service(config))
+    server = _server(front, config, batches=batch_service(config))
 
     def load() -> None:
         try:
@@ -289,9 +293,41 @@ def serve(config: ServeConfig) -> None:
 
 def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    server = _server(engines, config, where, batches)
+    server = _server(with_cascades(engines, config), config, where, batches)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
     server.run()
+
+
+def cascades_of(config: ServeConfig) -> list[Cascade]:
+    """The configuration's cascades as the front serves them."""
+    return [Cascade(c.name, tuple(Step(s.model, _rule(s)) for s in c.steps)) for c in config.cascades]
+
+
+def _rule(step: CascadeStepConfig) -> Rule | None:
+    kind, value = (
+        ("confidence", step.escalate_below) if step.escalate_below is not None else ("error", step.escalate_above_error)
+    )
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return Rule(kind, None, dict(value))
+    return Rule(kind, float(value))
+
+
+def with_cascades(
+    engines: EnginesFront, config: ServeConfig, thresholds_of: Callable[[str], Mapping[str, Any]] | None = None
+) -> EnginesFront:
+    """The front that also serves the configuration's cascades (the engines themselves when there are none).
+    `thresholds_of`: a model's certified thresholds, when known before its weights load."""
+    if not config.cascades:
+        return engines
+    try:
+        front = CascadeFront(engines, cascades_of(config))
+        for cascade in front.cascades.values():
+            check_thresholds(cascade, thresholds_of or front.thresholds)
+    except CascadeError as e:
+        raise ConfigError(f"cascades: {e}") from e
+    return front
 
 
 def _server(

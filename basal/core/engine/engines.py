@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.decision.diagnostics import Diagnostics
@@ -25,6 +25,9 @@ from basal.core.errors import EngineClosed, Loading, Overloaded
 from basal.core.model.model_dir import Calibration
 from basal.core.request.plan import DecisionRequest
 
+if TYPE_CHECKING:
+    from basal.core.engine.cascade import CascadeReport
+
 INLINE_PLAN_CHARS = 8192  # requests this small are tokenized on the event loop; larger ones in the planning pool
 
 
@@ -36,6 +39,7 @@ class Result:
     batch_requests: int
     replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
+    cascade: CascadeReport | None = None  # a cascade's request: who answered what (basal.core.engine.cascade)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class ModelInfo:
     compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
     prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
+    cascade: tuple[dict[str, Any], ...] = ()  # a cascade's name: its steps and their rules; () for a model
 
     @property
     def prompt_bound(self) -> tuple[int, int] | None:

@@ -157,6 +157,18 @@ class Metrics:
             "tokens of the option-order prompts those passes answered",
             ("model", "lane"),
         )
+        self.cascade_escalations = Counter(
+            r,
+            "basal_cascade_escalations_total",
+            "questions a cascade's step sent on to its next model, by the step's model and question type",
+            ("cascade", "model", "type"),
+        )
+        self.cascade_step_failures = Counter(
+            r,
+            "basal_cascade_step_failures_total",
+            "later cascade steps that could not answer (their questions kept the earlier step's answers)",
+            ("cascade", "model"),
+        )
         self.max_inflight.set(value=max_inflight)
         for endpoint in ("/v1/systemone", "/v1/basal"):
             self.http_inflight.inc(endpoint, by=0)
