@@ -105,6 +105,8 @@ def _open_model(path: str | None):
 
 
 def _decide(a: argparse.Namespace) -> int:
+    if a.config:
+        return _decide_served(a)
     import time
 
     import msgspec
@@ -149,6 +151,44 @@ def _decide(a: argparse.Namespace) -> int:
             f"forward {stats.forward_ms:.1f} ms",
             file=sys.stderr,
         )
+    return 0
+
+
+def _decide_served(a: argparse.Namespace) -> int:
+    """`basal decide --config FILE`: one request through the front `basal serve` would build (cascades too)."""
+    import asyncio
+
+    import msgspec
+
+    from basal.core.errors import RequestError
+    from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
+    from basal.core.request.model_names import ServedModels
+    from basal.serve.config import load_config
+    from basal.serve.server import build_engines, with_cascades
+
+    if a.model is not None:
+        raise ValueError("give either --model or --config (the file names the models)")
+    config = load_config(a.config)
+    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
+    engines = build_engines(config)
+    front = with_cascades(engines, config)
+    front.start()
+    try:
+        parse = parse_systemone if a.dialect == "systemone" else parse_basal
+        evidence = lambda name: front.model_info(name).serves_evidence  # noqa: E731
+        request = parse(
+            decode_body(body, a.dialect), ServedModels(tuple(front.names), front.default), serves_evidence=evidence
+        )
+        result = asyncio.run(front.run(request))
+    except RequestError as e:
+        print(msgspec.json.encode(e.body).decode())
+        print(f"basal decide: the request was refused (HTTP {e.status})", file=sys.stderr)
+        return 1
+    finally:
+        front.close()
+    print(msgspec.json.encode(result.response).decode())
+    if result.cascade is not None:
+        print(f"answered by: {result.cascade.answered_by_header()}", file=sys.stderr)
     return 0
 
 
@@ -457,6 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("decide", help="answer one request (JSON file or stdin) and print the answer JSON")
     d.add_argument("request", nargs="?", default=None, help="request JSON file; - or nothing: standard input")
     d.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
+    d.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="decide as `basal serve --config FILE` would: its models and cascades (the request's model names one)",
+    )
     d.add_argument(
         "--dialect",
         default=DEFAULT_DIALECT,

@@ -176,3 +176,25 @@ def test_a_target_without_a_certified_threshold_is_refused_at_start(engines):
     )
     with pytest.raises(ConfigError, match="no served model 'tiny'"):
         with_cascades(engines, unknown)
+
+
+def test_basal_decide_with_a_config_answers_through_the_cascade(tmp_path, capsys):
+    import json
+
+    from basal.cli import main
+    from tests.cascade_models import write_models
+
+    dirs = write_models(tmp_path)
+    config = {
+        "models": [{"path": str(dirs["small"])}, {"path": str(dirs["large"])}],
+        "cascades": [
+            {"name": "casc", "steps": [{"model": "small", "escalate_below": {"noul": 1.0}}, {"model": "large"}]}
+        ],
+    }
+    (tmp_path / "serve.yaml").write_text(json.dumps(config))  # JSON is YAML
+    (tmp_path / "request.json").write_text(json.dumps(_body("casc")))
+    assert main(["decide", "--config", str(tmp_path / "serve.yaml"), str(tmp_path / "request.json")]) == 0
+    out, err = capsys.readouterr()
+    answers = json.loads(out.splitlines()[-1])["answers"]
+    assert answers["urgent"]["answered_by"] == "large" and answers["team"]["answered_by"] == "small"
+    assert "answered by: small=3, large=2" in err
