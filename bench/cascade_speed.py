@@ -146,8 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report.write_json(a.out, result)
     print(
-        f"\nsmall: mini shapes, large: {a.large} shapes, {a.layers} layers each, f32, torch CPU; {a.requests} requests x "
-        f"{len(QUESTIONS)} questions, ~{a.state_tokens}-token states; best of {a.reps} alternating runs\n"
+        f"\nsmall: mini shapes, large: {a.large} shapes, {a.layers} layers each, f32, torch CPU; "
+        f"{a.requests} requests x {len(QUESTIONS)} questions, ~{a.state_tokens}-token states; "
+        f"best of {a.reps} alternating runs\n"
         f"escalate_below {below:.4f}: {escalated}/{decisions} questions ({escalated / decisions:.0%}) went on; "
         f"answers bitwise their model's own: {same_bits}/{decisions}\n"
     )
