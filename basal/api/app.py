@@ -48,10 +48,12 @@ from basal.api.schema_types import (
     SystemOneRequest,
     json_schema,
 )
+from basal.api.shadow import shadow_routes
 from basal.batch.service import BatchService
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.engine.engines import EnginesFront
 from basal.core.engine.pipeline import model_resolver
+from basal.core.engine.shadow import ShadowFront
 from basal.core.errors import RequestError
 from basal.core.request.dialects import parse_systemone
 
@@ -63,9 +65,14 @@ METRICS_OFF = "Metrics are off: start the server with basal serve --metrics (YAM
 
 
 def create_app(
-    engines: EnginesFront, settings: ApiSettings | None = None, on_shutdown=(), batches: BatchService | None = None
+    engines: EnginesFront,
+    settings: ApiSettings | None = None,
+    on_shutdown=(),
+    batches: BatchService | None = None,
+    shadow: ShadowFront | None = None,
 ) -> Litestar:
-    """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store."""
+    """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store. `shadow`: the
+    front that shadows models (`engines` or a front inside it), whose summary `GET /v1/shadow` serves."""
     settings = settings or ApiSettings()
     names = engines.names
     resolve = model_resolver(names, engines.default)  # unknown names are told the served ones
@@ -216,6 +223,7 @@ def create_app(
             *health_routes(engines),
             metrics,
             *playground_routes(),
+            *shadow_routes(shadow, settings),
             *extra_routes,
         ],
         exception_handlers={HTTPException: litestar_http_exception, Exception: unhandled_exception},

@@ -34,6 +34,20 @@ NOT_KEYS = frozenset(
 )
 
 
+class ShadowConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A candidate model decided in the background beside this one on a sample of its online requests."""
+
+    model: str  # a served name: the candidate
+    sample: float = 0.1  # the share of online requests copied to it
+    queue: int = 64  # copies waiting or running at once; one more is dropped (and counted)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sample <= 1:  # also refuses NaN
+            raise msgspec.ValidationError(f"`shadow.sample` must be between 0 and 1, got {self.sample!r}")
+        if self.queue < 1:
+            raise msgspec.ValidationError("`shadow.queue` must be positive")
+
+
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     path: str | None = None  # a local model directory, or "demo": the built-in demo model
     repo: str | None = None  # a Hugging Face repository (downloaded at start; needs the network)
@@ -49,6 +63,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
+    shadow: ShadowConfig | None = None  # a candidate decided beside this model on a sample of its requests
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):

@@ -25,6 +25,7 @@ from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
+from basal.core.engine.shadow import Shadow, ShadowFront
 from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
@@ -330,10 +331,28 @@ def with_cascades(
     return front
 
 
+def with_shadows(engines: EnginesFront, config: ServeConfig) -> ShadowFront | None:
+    """The front that copies a sample of each shadowed model's requests to its shadow (None: no model has one).
+    `models[i]` is served as `engines.names[i]` (the served names are in configuration order)."""
+    shadows = [
+        Shadow(engines.names[i], m.shadow.model, m.shadow.sample, m.shadow.queue)
+        for i, m in enumerate(config.models)
+        if m.shadow is not None
+    ]
+    if not shadows:
+        return None
+    try:
+        return ShadowFront(engines, shadows)
+    except ValueError as e:
+        raise ConfigError(f"models: {e}") from e
+
+
 def _server(
     engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
 ) -> DrainingServer:
-    app = create_app(engines, api_settings(config), batches=batches)
+    shadow = with_shadows(engines, config)
+    engines = shadow or engines
+    app = create_app(engines, api_settings(config), batches=batches, shadow=shadow)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,
