@@ -330,6 +330,51 @@ def _run_batch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(a: argparse.Namespace) -> int:
+    """Captured requests under two configurations, compared answer by answer."""
+    import asyncio
+    import os
+
+    from basal.progress import Progress
+    from basal.replay import report
+    from basal.replay.diff import Diff, diff, failures
+    from basal.replay.run import configuration, read_capture, run
+
+    captured = read_capture(Path(a.capture))
+    failures(Diff().summary(), a.fail_on)  # a malformed --fail-on fails before any run
+    key = a.api_key or os.environ.get("BASAL_API_KEY")
+    outcomes, names = [], []
+    for side, spec in (("A", a.a), ("B", a.b)):
+        with configuration(spec, key) as config:
+            bar = Progress(f"replay {side}", len(captured.lines), min_interval_s=5.0)
+
+            def tick(bar=bar) -> None:
+                with bar.step(""):
+                    pass
+
+            async def side_run(config=config, tick=tick):
+                try:
+                    return await run(captured, config.decide, tick)
+                finally:
+                    await config.aclose()
+
+            try:
+                outcomes.append(asyncio.run(side_run()))
+            finally:
+                bar.close()
+            names.append(config.name)
+    compared = diff(outcomes[0], outcomes[1])
+    summary = compared.summary()
+    failed = failures(summary, a.fail_on)
+    report.write(Path(a.output), compared, names[0], names[1], captured.states, failed)
+    print(f"basal replay: {report.headline(summary)}; report in {a.output}/report.html", file=sys.stderr)
+    if captured.unreadable:
+        print(f"basal replay: {len(captured.unreadable)} unreadable line(s) skipped", file=sys.stderr)
+    for reason in failed:
+        print(f"basal replay: fail-on: {reason}", file=sys.stderr)
+    return 2 if failed else 0
+
+
 def _doctor(a: argparse.Namespace) -> int:
     from basal.doctor import report
 
@@ -565,6 +610,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default=None, help="a basal serve configuration file: its models and limits (default: none)"
     )
     r.set_defaults(run=_run_batch)
+
+    rp = sub.add_parser(
+        "replay",
+        help="run captured requests under two configurations and report what changes",
+        description="Run every request of a capture (Batch API input JSONL) under configuration A and under B, "
+        "through the batch path, and write a report of flips, |Δp| and the largest changes to REPORT_DIR "
+        "(report.html, summary.md, report.json, a PNG per plot; docs/replay.md). A configuration is a model "
+        "directory, demo, a basal serve YAML file, or a running server's URL. Each configuration's default model "
+        "answers (the captured model names are dropped). Exit 2 when a --fail-on condition holds.",
+    )
+    rp.add_argument("capture", help="the requests: Batch API input JSONL ({custom_id, method, url, body} per line)")
+    rp.add_argument("--a", required=True, metavar="CONFIG", help="the configuration now (dir, demo, YAML or URL)")
+    rp.add_argument("--b", required=True, metavar="CONFIG", help="the candidate (dir, demo, YAML or URL)")
+    rp.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="where the report is written")
+    rp.add_argument(
+        "--fail-on",
+        default="",
+        metavar="CONDITIONS",
+        help='e.g. "flips>0.01,max_abs_dp>0.05": exit 2 if any holds (flips and changed are shares of answers)',
+    )
+    rp.add_argument("--api-key", default=None, help="bearer key for a URL configuration (default: $BASAL_API_KEY)")
+    rp.set_defaults(run=_replay)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")
