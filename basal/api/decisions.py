@@ -21,6 +21,7 @@ import msgspec
 from litestar import Request, Response
 
 from basal.api.body import TransitBytes, check_content_type, decompress, read_body
+from basal.api.capture import Capture
 from basal.api.errors import auth_error, error_response, too_large
 from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
@@ -53,6 +54,7 @@ class ApiSettings:
     access_log: bool = False  # one line per request (basal.access), in the process's log format
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
     transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
+    capture: Capture | None = None  # a sample of valid requests to JSONL (docs/replay.md); None: off
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
@@ -147,12 +149,19 @@ async def _plan(
     def decode() -> Any:
         return decode_body(decompress(body, encoding, settings.max_body_bytes, dialect), dialect)
 
+    def parsed(raw: Any) -> DecisionRequest:
+        plan = parse(raw)
+        if settings.capture is not None:  # a valid request, as its client sent it
+            settings.capture.offer(raw, rid)
+        return plan
+
+    rid = current_request_id()
     if len(body) > INLINE_BODY_BYTES or (encoding or "identity").strip().lower() != "identity":
-        return await asyncio.to_thread(lambda: parse(decode()))
+        return await asyncio.to_thread(lambda: parsed(decode()))
     raw = decode()
     if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
-        return await asyncio.to_thread(parse, raw)
-    return parse(raw)
+        return await asyncio.to_thread(parsed, raw)
+    return parsed(raw)
 
 
 async def handle_decision(

@@ -179,6 +179,24 @@ class CascadeConfig(msgspec.Struct, forbid_unknown_fields=True):
 CASCADE_TYPES = "choice, noul, score, multi, act"
 
 
+class CaptureConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Request capture to JSONL in the Batch API's input format (docs/replay.md): personal data where states are."""
+
+    path: str | None = None  # the file (rotated beside it as FILE.1, FILE.2, ...); None: no capture
+    sample: float = 1.0  # the share of valid requests written
+    max_mb: float = 100.0  # a file this large is rotated
+    keep: int = 5  # rotated files kept
+    hash_state: bool = False  # write the state's SHA-256 instead of its text (such lines cannot be replayed)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sample <= 1:
+            raise msgspec.ValidationError(f"`capture.sample` must be between 0 and 1, got {self.sample!r}")
+        if not 0 < self.max_mb < 1 << 30:
+            raise msgspec.ValidationError("`capture.max_mb` must be positive (and below 2^30)")
+        if not 0 <= self.keep <= 1000:
+            raise msgspec.ValidationError("`capture.keep` must be 0 to 1000")
+
+
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
     addr: str = "127.0.0.1:8000"
@@ -205,6 +223,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     )
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
     cascades: list[CascadeConfig] = msgspec.field(default_factory=list)  # names answered by several models in turn
+    capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)  # request capture (off without a path)
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from basal.api.app import create_app
+from basal.api.capture import Capture
 from basal.api.decisions import ApiSettings
 from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
@@ -220,7 +221,21 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         public_metrics_and_schema=config.public_metrics_and_schema,
         access_log=config.access_log,
         tracer=tracer,
+        capture=_capture(config),
     )
+
+
+def _capture(config: ServeConfig) -> Capture | None:
+    c = config.capture
+    if c.path is None:
+        return None
+    log.warning(
+        "capturing %.0f%% of valid requests to %s%s: personal data where states are (docs/replay.md)",
+        c.sample * 100,
+        c.path,
+        " (states hashed)" if c.hash_state else "",
+    )
+    return Capture(c.path, c.sample, int(c.max_mb * (1 << 20)), c.keep, c.hash_state)
 
 
 def metrics_listener(engines: EnginesFront, addr: str):
