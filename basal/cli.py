@@ -546,7 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         metavar="FILE",
-        help="decide as `basal serve --config FILE` would: its models and cascades (the request's model names one)",
+        help="decide as `basal serve --config FILE` would: its models and cascades (the request's model names one) "
+        "(default: none, one model)",
     )
     d.add_argument(
         "--dialect",
@@ -628,7 +629,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-on",
         default="",
         metavar="CONDITIONS",
-        help='e.g. "flips>0.01,max_abs_dp>0.05": exit 2 if any holds (flips and changed are shares of answers)',
+        help='e.g. "flips>0.01,max_abs_dp>0.05": exit 2 if any holds (flips and changed are shares of answers) '
+        "(default: none, never fails)",
     )
     rp.add_argument("--api-key", default=None, help="bearer key for a URL configuration (default: $BASAL_API_KEY)")
     rp.set_defaults(run=_replay)
