@@ -238,7 +238,7 @@ def _serve(a: argparse.Namespace) -> int:
 
     config = serve_config(a)
     if config.log_format != "text":
-        from basal.logs import configure
+        from basal.observability.logs import configure
 
         configure(config.log_format, logging.getLogger().level)
     if a.ray is not None or a.replicas is not None:
@@ -285,7 +285,7 @@ def _run_batch(a: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from basal.api.decisions import body_decider
+    from basal.api.decide import body_decider
     from basal.batch.offline import run_file
     from basal.progress import Progress
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     from basal.serve.config import ConfigError
 
     a = build_parser().parse_args(argv)
-    from basal.logs import configure
+    from basal.observability.logs import configure
 
     configure("text", logging.DEBUG if a.verbose else logging.INFO)  # `basal serve` may switch to JSON
     try:

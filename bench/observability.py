@@ -48,11 +48,11 @@ def micro(n: int = 20000) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from basal.api.observe import access, access_line
-    from basal.api.otlp import DirectOTLPSpanExporter, SpanEncoder
-    from basal.api.tracing import Tracer, otlp_tracer
     from basal.core.engine.metrics import Metrics
-    from basal.logs import JsonFormatter
+    from basal.observability.logs import JsonFormatter
+    from basal.observability.otlp import DirectOTLPSpanExporter, SpanEncoder
+    from basal.observability.request_context import access, access_line
+    from basal.observability.tracing import Tracer, otlp_tracer
 
     m = Metrics()
 

@@ -154,7 +154,7 @@ def main() -> int:
             in_flight.get("status") == 200 and finished_after_stop,
             f"{in_flight.get('status')} after {in_flight.get('seconds', 0):.1f} s; stop took {stopped_s:.1f} s",
         )
-        # a SIGTERM whose drain finished everything exits 0 (basal.api.listener); 143 means requests were abandoned,
+        # a SIGTERM whose drain finished everything exits 0 (basal.api.http.listener); 143: requests were abandoned,
         # 137 a kill
         code = docker("inspect", "-f", "{{.State.ExitCode}}", name)
         drained = "Application shutdown complete" in docker("logs", name, check=False, both=True)

@@ -33,7 +33,7 @@ OUTSIDE_CORE = (
     "basal.cli",
     "basal.doctor",
     "basal.progress",
-    "basal.logs",
+    "basal.observability",
 )
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
-from basal.api.listener import DrainingServer, server_config
+from basal.api.http.listener import DrainingServer, server_config
+from basal.api.settings import ApiSettings
 from basal.backends.cuda.backend import TorchBackend
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines

@@ -24,6 +24,7 @@ CONSTRAINED = {
     "metrics_addr": ("127.0.0.1:9101", "127.0.0.1:9102", "127.0.0.1:9103"),
     "long_share": (0.1, 0.2, 0.3),
     "gemm_table": ("none", "auto", "none"),
+    "release_date": ("2026-01-02", "2026-03-04", "2026-05-06"),
 }
 ONLY_DEFAULT = {"state_cache_mb"}  # accepted for old configs, only its default is valid: checked to reach validation
 
@@ -87,7 +88,7 @@ def flag_argv(path: tuple, value) -> list[str] | None:
         return [name, str(value)]
     if path[0] == "models" and key in MODEL_FLAGS:
         return [name, str(value)]
-    if path[0] == "models" and key == "no_prefix_cache":
+    if (path[0] == "models" and key == "no_prefix_cache") or path == ("no_auth",):
         return [name] if value else None
     if path == ("api_keys",):
         return [arg for v in value for arg in ("--api-key", v)]

@@ -88,7 +88,7 @@ def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatc
     uvicorn runs: a full collection over them held the GIL for 130-150 ms (bench/host_ceiling.py)."""
     import gc
 
-    from basal.api.listener import DrainingServer
+    from basal.api.http.listener import DrainingServer
     from basal.core.engine.engines import Engines
     from basal.core.engine.metrics import Metrics
     from basal.serve import server

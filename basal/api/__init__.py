@@ -1,1 +1,2 @@
-"""HTTP layer (Litestar + msgspec): decode, dialect rules, auth, 529 gate; it talks to `core.engine` only."""
+"""HTTP layer (Litestar + msgspec): routes/, wire/ (OpenAPI), http/ (plumbing); it talks to the engines through
+`basal.core.engine.front.EnginesFront` only."""

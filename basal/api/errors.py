@@ -1,14 +1,17 @@
 """Every failure -> (status, body, headers) in the caller's dialect: the one place in the HTTP layer that picks a
-status (the refusals of the request parsers come from `basal.core.errors` with theirs)."""
+status (the refusals of the request parsers come from `basal.core.errors` with theirs).
+
+Every refusal is a `RequestError` (status and the body its routes answer): the decision dialects' bodies, and the
+Files and Batches API's `{"error": {message, type, param, code}}` (`batch_refusal`). No web framework is imported
+here: `basal run-batch` maps a batch line's failures with the same function as the server.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from litestar import Request, Response
-from litestar.exceptions import HTTPException
-
+from basal.api.wire.batch_types import ApiError, ErrorDetail
 from basal.core.errors import Cancelled, EngineClosed, Loading, Overloaded, RequestError
 
 log = logging.getLogger(__name__)
@@ -41,9 +44,6 @@ def error_response(exc: Exception, dialect: str) -> tuple[int, Any, dict[str, st
         if isinstance(exc, Loading):
             message = "The models are still loading. Retry after a short delay (GET /health/ready says when)."
         return 503, ({"error": message} if dialect == "basal" else {"detail": message}), OVERLOADED_HEADERS
-    if isinstance(exc, HTTPException):  # raised by Litestar while reading the body (over the size limit)
-        detail = "Request body too large." if exc.status_code == 413 else str(exc.detail)
-        return exc.status_code, ({"error": detail} if dialect == "basal" else {"detail": detail}), {}
     if isinstance(exc, Cancelled | ClientGone):
         return STATUS_CLIENT_CLOSED, {"detail": "client closed the request"}, {}
     log.error("internal error", exc_info=exc)
@@ -76,17 +76,31 @@ def auth_error(missing: bool, dialect: str) -> RequestError:
     return RequestError(status, {"detail": {"error_type": "authentication_error", "message": message}})
 
 
-def litestar_http_exception(request: Request, exc: HTTPException) -> Response:
-    """Litestar's own errors (unknown path, wrong method, body over the size limit) with FastAPI-style bodies."""
-    detail = {404: "Not Found", 405: "Method Not Allowed", 413: "Request body too large."}.get(
-        exc.status_code, exc.detail
-    )
-    return Response({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+def service_auth_error(missing: bool) -> RequestError:
+    """403 without a key, 401 with a wrong one, on /metrics and /schema (not a decision: the plain `detail` body)."""
+    return RequestError(403, {"detail": AUTH_MISSING}) if missing else RequestError(401, {"detail": AUTH_WRONG})
 
 
-def unhandled_exception(request: Request, exc: Exception) -> Response:
-    log.error("unhandled error on %s", request.url.path, exc_info=exc)
-    return Response({"detail": "Internal Server Error"}, status_code=500)
+def not_found() -> RequestError:
+    """404, as Litestar answers a path it does not route (`app.litestar_http_exception`)."""
+    return RequestError(404, {"detail": "Not Found"})
+
+
+BATCH_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def batch_refusal(status: int, code: str, message: str, param: str | None = None) -> RequestError:
+    """A refusal of the Files and Batches API, in the shape an OpenAI-Batch user reads: `code` says what was wrong,
+    `param` which parameter it is about."""
+    kind = BATCH_ERROR_TYPES.get(status, "invalid_request_error")
+    return RequestError(status, ApiError(error=ErrorDetail(message=message, type=kind, param=param, code=code)))
 
 
 class ClientGone(Exception):

@@ -1,8 +1,10 @@
 """The JSONL of the Batch API: input lines in, result records out (docs/batches.md).
 
 An input line is `{"custom_id", "method": "POST", "url": "/v1/basal", "body": a native request}`. A line that
-cannot be read (not UTF-8 JSON, not that shape, over the line size limit) becomes an error record; the file is
-refused at upload only when it cannot be a batch at all (`check_upload`). Records are built as bytes around
+cannot be read (not UTF-8 JSON, nested past the decoder's depth, not that shape, over the line size limit)
+becomes an error record whose message is bounded; the file is refused at upload only when it cannot be a batch
+at all (`check_upload`). A UTF-8 byte order mark at the start of the file (as some Windows editors write) is
+skipped. Records are built as bytes around
 the answer's own bytes, so a record's `response.body` is byte for byte what `POST /v1/basal` answers.
 """
 
@@ -14,8 +16,11 @@ from typing import Any
 
 import msgspec
 
+from basal.core.errors import DETAIL_CHARS, cut
+
 MAX_CUSTOM_ID_BYTES = 256
 ENDPOINT = "/v1/basal"
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class UploadRefused(ValueError):
 
 
 def split(data: bytes) -> list[bytes]:
-    """The lines of a JSONL file: LF or CRLF ends a line; a final line may lack its LF."""
-    lines = data.split(b"\n")
+    """The lines of a JSONL file: LF or CRLF ends a line; a final line may lack its LF; a BOM before the first
+    line is not part of it."""
+    lines = data.removeprefix(BOM).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
@@ -61,8 +67,17 @@ def parse(number: int, raw: bytes, max_line_bytes: int) -> Line | BadLine:
         return BadLine(number, _peek_id(raw, number), "line_too_large", f"line is over {max_line_bytes} bytes")
     try:
         value = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        return BadLine(number, unreadable_line_id(number), "invalid_json", f"line {number} is not JSON: {e}")
+    except msgspec.DecodeError as e:  # ValidationError too: a number out of range
+        return BadLine(
+            number,
+            unreadable_line_id(number),
+            "invalid_json",
+            f"line {number} is not JSON: {cut(str(e), DETAIL_CHARS)}",
+        )
+    except RecursionError:
+        return BadLine(
+            number, unreadable_line_id(number), "invalid_json", f"line {number} is nested too deeply to be read"
+        )
     if not isinstance(value, dict):
         return BadLine(number, unreadable_line_id(number), "invalid_request", "a line must be a JSON object")
     custom_id = value.get("custom_id")
@@ -74,14 +89,17 @@ def parse(number: int, raw: bytes, max_line_bytes: int) -> Line | BadLine:
     if problem:
         return BadLine(number, custom_id, "invalid_request", problem)
     body = value["body"]
-    group = msgspec.json.encode([body.get("model"), body.get("state"), body.get("lang"), body.get("facts")])
-    return Line(number, custom_id, msgspec.json.encode(body), group)
+    try:  # what was decoded encodes again, unless the stack here is deeper than where it was decoded
+        group = msgspec.json.encode([body.get("model"), body.get("state"), body.get("lang"), body.get("facts")])
+        return Line(number, custom_id, msgspec.json.encode(body), group)
+    except RecursionError:
+        return BadLine(number, custom_id, "invalid_json", f"line {number} is nested too deeply to be read")
 
 
 def _envelope_problem(value: dict[str, Any]) -> str:
     unknown = set(value) - {"custom_id", "method", "url", "body"}
     if unknown:
-        return f"unknown fields in the line: {', '.join(sorted(unknown))}"
+        return cut(f"unknown fields in the line: {', '.join(sorted(unknown))}", DETAIL_CHARS)
     if value.get("method") != "POST":
         return 'method must be "POST"'
     if value.get("url") != ENDPOINT:

@@ -52,7 +52,7 @@ class BatchService:
         self._task: asyncio.Task | None = None
 
     def attach(self, decide: Decide) -> None:
-        """The decision path lines go through (`basal.api.decisions.body_decider`), set when the app is built."""
+        """The decision path lines go through (`basal.api.decide.body_decider`), set when the app is built."""
         self.decide = decide
 
     async def start(self) -> None:
@@ -161,15 +161,24 @@ class BatchService:
             data = path.read_bytes()
             return check_upload(data, 1 << 62, self.settings.max_line_bytes)
         except (OSError, ValueError) as e:
+            message = str(e) if isinstance(e, ValueError) else input_file_problem(batch["input_file_id"], e)
             errors = {
                 "object": "list",
-                "data": [{"code": "invalid_input_file", "message": str(e), "param": "input_file_id", "line": None}],
+                "data": [{"code": "invalid_input_file", "message": message, "param": "input_file_id", "line": None}],
             }
             self.store.set_status(batch["id"], "failed", ("validating", "in_progress"), errors=json.dumps(errors))
             return None
 
     async def _finalize(self, batch_id: str, status: str) -> None:
         await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
+
+
+def input_file_problem(file_id: str, e: OSError) -> str:
+    """Why a batch's input file cannot be read, in words that name the file by its id, never by the store's path
+    on this server (the API's users are not its operators)."""
+    if isinstance(e, FileNotFoundError):
+        return f"the input file {file_id} is gone (deleted while the batch waited or ran)"
+    return f"the input file {file_id} cannot be read on the server ({e.strerror or type(e).__name__})"
 
 
 def lines_of(data: bytes, settings: BatchSettings) -> list:

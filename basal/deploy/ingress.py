@@ -1,10 +1,10 @@
 """The ingress side of a Ray deployment: the basal HTTP front calls model replicas through deployment handles.
 
-`RayEngines` stands where `basal.core.engine.engine.Engines` stands in one process — the Litestar app cannot tell them
-apart: the same in-flight limit (529), the same errors, and a `Result` per request, plus the replica that
-answered. Each call carries the request's affinity key for the router. A replica that dies during a call is
-retried once on another replica (answers are deterministic, so a retry is safe); a client that goes away cancels
-the call, and the replica drops the job before it is computed.
+`RayEngines` implements `basal.core.engine.front.EnginesFront` as `basal.core.engine.engines.Engines` does in one
+process — the Litestar app cannot tell them apart: the same in-flight limit (529), the same errors, and a `Result`
+per request, plus the replica that answered. Each call carries the request's affinity key for the router. A replica
+that dies during a call is retried once on another replica (answers are deterministic, so a retry is safe); a
+client that goes away cancels the call, and the replica drops the job before it is computed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from basal.core.engine.engines import InflightLimit, ModelInfo, Result
+from basal.core.engine.front import InflightLimit, ModelInfo, Result
 from basal.core.engine.metrics import Metrics
 from basal.core.errors import Cancelled, EngineClosed
 from basal.core.request.plan import DecisionRequest

@@ -16,7 +16,7 @@ import msgspec
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.decision.diagnostics import Diagnostics
-from basal.core.engine.engines import ModelInfo, Result
+from basal.core.engine.front import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest

@@ -74,7 +74,7 @@ def configuration(spec: str, api_key: str | None = None) -> Iterator[Configurati
     if is_url(spec):
         yield _remote(spec, api_key)
         return
-    from basal.api.decisions import body_decider
+    from basal.api.decide import body_decider
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
     from basal.serve.server import api_settings, build_engines
 

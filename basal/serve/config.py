@@ -14,17 +14,21 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import yaml
+from msgspec import Meta
 
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
 from basal.core.request.limits import Limits
-from basal.serve.config_keys import environment_tree, problems
+from basal.serve.config_keys import ENV_PREFIX, ENV_SEP, environment_tree, problems
+from basal.serve.config_values import ApiKey, HostPort, IsoDate
 
 log = logging.getLogger("basal")
 
+API_KEYS_VAR = "BASAL_API_KEYS"  # adds keys to the file's (`environment_api_keys`)
+MAX_MB = 1 << 20  # sizes in MB (a body, an upload, a line) up to a TiB: more is no size this machine holds
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
 # BASAL_ variables that are not configuration keys: read elsewhere (basal.core.home, the CPU kernels), by the
@@ -55,10 +59,10 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str | None = None  # the served name (default: basal.json's name); serves one directory twice
     dtype: Literal["f32", "f16", "bf16"] | None = None  # default: f16 on CUDA and Metal, f32 on the CPU
     backend: Literal["auto", "torch", "mlx"] = "auto"
-    max_batch_tokens: int = 8192
+    max_batch_tokens: Annotated[int, Meta(ge=1)] = 8192
     schedule: Literal["hrrn", "fifo"] = "hrrn"
     long_tokens: int = 4096  # 0: no long lane
-    tree_max_tokens: int = 32768
+    tree_max_tokens: Annotated[int, Meta(ge=1)] = 32768
     no_prefix_cache: bool = False
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
@@ -74,11 +78,6 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
             raise msgspec.ValidationError(
                 "`gemm_table`: basal needs no GEMM table (its kernels run fixed shapes); remove the key"
             )
-        for key in ("max_batch_tokens", "tree_max_tokens"):
-            if getattr(self, key) < 1:
-                raise msgspec.ValidationError(f"`{key}` must be positive")
-        if self.long_tokens < 0:
-            raise msgspec.ValidationError("`long_tokens` must be 0 (no long lane) or positive")
         if self.name is not None and not self.name.strip():
             raise msgspec.ValidationError("`name` must not be empty (leave it out to use basal.json's name)")
 
@@ -91,8 +90,8 @@ class AutoscalingConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Ray Serve autoscaling of a model's replicas on ongoing requests per replica."""
 
     min_replicas: int = 1
-    max_replicas: int = 4
-    target_ongoing_requests: float = 16.0
+    max_replicas: Annotated[int, Meta(ge=1, le=4096)] = 4
+    target_ongoing_requests: Annotated[float, Meta(gt=0)] = 16.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
@@ -103,12 +102,12 @@ class RayConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Scale-out on Ray Serve (`basal serve --ray`): per model `replicas` engines behind the state-affinity router."""
 
     address: str | None = None  # None: start a local Ray; "auto" or "ray://HOST:10001": join a running cluster
-    replicas: int = 2  # per model (ignored with autoscaling)
+    replicas: Annotated[int, Meta(ge=1, le=4096)] = 2  # per model (ignored with autoscaling)
     num_cpus: float = 1.0  # resources of one replica
     num_gpus: float = 0.0  # 1 on a GPU host: one replica per GPU
-    max_ongoing_requests: int = 256  # per replica; Ray holds further requests at the ingress
+    max_ongoing_requests: Annotated[int, Meta(ge=1)] = 256  # per replica; Ray holds further requests at the ingress
     router: Literal["affinity", "power_of_two"] = "affinity"  # power_of_two: Ray's default router (comparisons)
-    router_max_queue: int = 8  # requests on a state's preferred replica before new ones spill over
+    router_max_queue: Annotated[int, Meta(ge=1)] = 8  # requests on a state's preferred replica before others spill
     affinity_min_chars: int = 256  # shorter states are not worth keeping together: least-loaded replica
     autoscaling: AutoscalingConfig | None = None
 
@@ -122,18 +121,12 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     enabled: bool | None = None  # None: on when `addr` is a loopback address, off otherwise
     dir: str | None = None  # the store's directory (default: $BASAL_HOME/batches)
-    max_upload_mb: float = 200.0  # one uploaded file (413 beyond)
-    max_lines: int = 50_000  # lines of one input file (400 beyond)
-    max_line_kb: int = 1024  # one input line; a longer line becomes an error record
-    max_in_progress: int = 8  # batches not yet finished; one more is refused with 429
-    retention_days: float = 30.0  # finished batches, and output files without their own expiry (0: forever)
-
-    def __post_init__(self) -> None:
-        for key in ("max_upload_mb", "max_lines", "max_line_kb", "max_in_progress"):
-            if getattr(self, key) <= 0:
-                raise msgspec.ValidationError(f"`batches.{key}` must be positive")
-        if self.retention_days < 0:
-            raise msgspec.ValidationError("`batches.retention_days` must be 0 (keep forever) or positive")
+    max_upload_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 200.0  # one uploaded file (413 beyond)
+    max_lines: Annotated[int, Meta(ge=1)] = 50_000  # lines of one input file (400 beyond)
+    max_line_kb: Annotated[int, Meta(ge=1, le=MAX_MB << 10)] = 1024  # one input line; longer: an error record
+    max_in_progress: Annotated[int, Meta(ge=1)] = 8  # batches not yet finished; one more is refused with 429
+    # finished batches, and output files without their own expiry (0: forever); stored as seconds (SQLite's int64)
+    retention_days: Annotated[float, Meta(ge=0, le=36_500)] = 30.0
 
 
 class CascadeStepConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -199,23 +192,25 @@ class CaptureConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelConfig] = msgspec.field(default_factory=list)  # empty: the built-in demo model
-    addr: str = "127.0.0.1:8000"
+    addr: HostPort = "127.0.0.1:8000"
     default_model: str | None = None  # /v1/basal requests without "model" (default: the first model)
-    max_inflight: int = 1024
-    long_slice_ms: float = 100.0
-    long_share: float = DEFAULT_LONG_SHARE  # the long lane's floor on device time while it has work (0: none)
-    release_date: str = "2026-10-05"
+    max_inflight: Annotated[int, Meta(ge=1)] = 1024
+    long_slice_ms: Annotated[float, Meta(gt=0, le=60_000)] = 100.0  # a minute at most
+    # the long lane's floor on device time while it has work (0: none)
+    long_share: Annotated[float, Meta(ge=0, lt=1)] = DEFAULT_LONG_SHARE
+    release_date: IsoDate = "2026-10-05"
     metrics: bool = False
-    api_keys: list[str] = msgspec.field(default_factory=list)
-    max_body_mb: float = 16.0
+    api_keys: list[ApiKey] = msgspec.field(default_factory=list)
+    no_auth: bool = False  # no API keys on purpose: an empty BASAL_API_KEYS is then no error
+    max_body_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 16.0  # from a KB: less refuses every request
     access_log: bool = False
     gemm_cache: str | None = None  # accepted for basal-rs configs; unused
     limits: Limits = msgspec.field(default_factory=Limits)  # docs/configuration.md "Limits": what one request may cost
     cors_origins: list[str] = msgspec.field(default_factory=list)  # browser origins allowed (none: CORS off)
-    shutdown_grace_s: float = 30.0  # on SIGTERM: how long requests in flight may finish (then 503)
-    threads: int | None = None  # CPU forward threads (default: the physical cores)
+    shutdown_grace_s: Annotated[float, Meta(le=86_400)] = 30.0  # on SIGTERM: how long requests in flight may finish
+    threads: Annotated[int, Meta(ge=1, le=4096)] | None = None  # CPU forward threads (default: the physical cores)
     ray: RayConfig | None = None  # scale out on Ray Serve (`basal serve --ray`)
-    metrics_addr: str | None = None  # HOST:PORT of a separate /metrics listener (no key there; bind it privately)
+    metrics_addr: HostPort | None = None  # a separate /metrics listener (no key there; bind it privately)
     public_metrics_and_schema: bool = False  # with api_keys: /metrics and /schema without a key (docs/operations.md)
     log_format: Literal["text", "json"] = "text"  # json: one object per line (time, level, logger, request_id, ...)
     otlp_endpoint: str | None = (
@@ -226,21 +221,22 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)  # request capture (off without a path)
 
     def __post_init__(self) -> None:
-        host, _, port = self.addr.rpartition(":")
-        if not host or not port.isdigit():
-            raise msgspec.ValidationError(f"`addr` must be HOST:PORT, got {self.addr!r}")
-        if self.max_inflight < 1:
-            raise msgspec.ValidationError("`max_inflight` must be positive")
-        if not 0 <= self.long_share < 1:
-            raise msgspec.ValidationError("`long_share` must be at least 0 (no floor) and below 1")
-        if self.shutdown_grace_s < 0:
-            raise msgspec.ValidationError("`shutdown_grace_s` must be 0 or positive")
-        if self.metrics_addr is not None:
-            mhost, _, mport = self.metrics_addr.rpartition(":")
-            if not mhost or not mport.isdigit():
-                raise msgspec.ValidationError(f"`metrics_addr` must be HOST:PORT, got {self.metrics_addr!r}")
-        if self.threads is not None and self.threads < 1:
-            raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
+        if self.metrics_addr is not None and _same_listener(self.addr, self.metrics_addr):
+            raise msgspec.ValidationError(
+                f"`metrics_addr` {self.metrics_addr} is the API's own `addr` {self.addr}: the separate /metrics "
+                "listener needs a port of its own (or leave `metrics_addr` out: /metrics is then on `addr`)"
+            )
+        if self.limits.max_transit_bytes < self.max_body_mb * (1 << 20):
+            raise msgspec.ValidationError(
+                f"`limits.max_transit_bytes` ({self.limits.max_transit_bytes}) is below `max_body_mb` "
+                f"({self.max_body_mb:g} MiB): a body that large could never be received (529 every time); raise "
+                "`max_transit_bytes` or lower `max_body_mb`"
+            )
+        if self.no_auth and self.api_keys:
+            raise msgspec.ValidationError(
+                "`no_auth` (--no-auth) says the server runs without API keys, but `api_keys` gives "
+                f"{len(self.api_keys)}: remove one of the two"
+            )
         _check_unique_names(self.models)
 
     @property
@@ -254,16 +250,29 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     @property
     def batches_enabled(self) -> bool:
         """`batches.enabled`, or by default: on when only this machine can reach the server."""
-        if self.batches.enabled is not None:
-            return self.batches.enabled
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return self.host == "localhost"
+        return self.batches.enabled if self.batches.enabled is not None else is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach `host` (a loopback address, or localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the key and says what to change."""
+
+
+def _same_listener(addr: str, other: str) -> bool:
+    """Whether two HOST:PORT would listen on one socket: the same port, and the same host or a wildcard."""
+    host, _, port = addr.rpartition(":")
+    other_host, _, other_port = other.rpartition(":")
+    if port != other_port:
+        return False
+    hosts = {"127.0.0.1" if h == "localhost" else h.strip("[]") for h in (host, other_host)}
+    return len(hosts) == 1 or bool(hosts & {"0.0.0.0", "::", ""})
 
 
 def _check_unique_names(models: list[ModelConfig]) -> None:
@@ -280,12 +289,42 @@ def _check_unique_names(models: list[ModelConfig]) -> None:
         seen[key] = i
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as the configuration reads it: a key given twice is an error naming it and both lines (PyYAML keeps
+    the last silently), and a date stays the text it was written as (`release_date: 2026-13-01` is then reported
+    by the key's own rule, not as PyYAML's "month must be in 1..12")."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise ConfigError(
+                    f"line {line}: the key `{key}` is given twice in one section (also on line {seen[key]}); "
+                    "YAML would keep only the last: remove one"
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def read_config_file(path: str | Path) -> dict:
     """The YAML file as a dict (not validated yet: flags may still be laid over it)."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader) or {}  # a SafeLoader
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e})") from e
+    except ConfigError as e:
+        raise ConfigError(f"{path}, {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the configuration must be a YAML mapping of keys (see docs/configuration.md)")
     return data
@@ -341,14 +380,30 @@ def environment(environ: Mapping[str, str] | None = None) -> tuple[dict, list[st
 def with_environment(data: dict, where: str = "configuration", environ: Mapping[str, str] | None = None) -> dict:
     """`data` (the file with the flags laid over it) with the environment under it: a BASAL_* key applies only
     where `data` does not set that key; sections merge key by key, lists are replaced whole. A value that does
-    not fit its key is an error; a BASAL_ variable that names no key is a warning (with the nearest names)."""
+    not fit its key is an error; a BASAL_ variable that names no key is a warning (with the nearest names).
+    BASAL_API_KEYS set but without a key (`""`, `" , ,"`) is an error unless `no_auth` says so: a deployment
+    whose secret went missing must not start an open server."""
+    environ = dict(os.environ if environ is None else environ)
     tree, bad, unknown = environment(environ)
     for problem in unknown:
         log.warning("%s (ignored; every key: docs/configuration.md)", problem)
+    no_auth = data.get("no_auth", tree.get("no_auth", False))
+    keyless = not environment_api_keys(environ) and not data.get("api_keys")  # the file's or the flags' keys
+    if API_KEYS_VAR in environ and keyless and not bad and no_auth is not True:
+        bad.append(
+            f"{API_KEYS_VAR} is set but holds no key ({environ[API_KEYS_VAR]!r}): give the keys (a,b), or say "
+            "--no-auth (no_auth: true, BASAL_NO_AUTH=true) to serve without keys on purpose"
+        )
     if bad:
         listed = bad[0] if len(bad) == 1 else f"{len(bad)} problems:" + "".join(f"\n  - {p}" for p in bad)
         raise ConfigError(f"the environment: {listed}\n(every key: docs/configuration.md)")
     return _under(data, tree)
+
+
+def environment_api_keys(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The keys of BASAL_API_KEYS (comma-separated; accepted beside the file's `api_keys`)."""
+    raw = (os.environ if environ is None else environ).get(API_KEYS_VAR, "")
+    return [k for k in (k.strip() for k in raw.split(",")) if k]
 
 
 def _under(data: dict, env: dict) -> dict:
@@ -362,15 +417,29 @@ def _under(data: dict, env: dict) -> dict:
 
 
 def parse_config(data: object, where: str = "configuration") -> ServeConfig:
-    """Validate a raw tree; the environment (BASAL_*) fills only the keys it does not set."""
+    """Validate a raw tree; the environment (BASAL_*) fills only the keys it does not set. Every value is checked
+    where it comes from (`where`, or the variable), so only rules between keys are left to the struct's own
+    checks, whose message names both sources when the environment took part."""
+    if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # a date read by PyYAML
+        data = {**data, "release_date": data["release_date"].isoformat()}
     if found := problems(data, ServeConfig):
         listed = found[0] if len(found) == 1 else f"{len(found)} problems:" + "".join(f"\n  - {p}" for p in found)
         raise ConfigError(f"{where}: {listed}\n(every key: docs/configuration.md)")
-    if isinstance(data, dict):
-        data = with_environment(data, where)
-    if isinstance(data, dict) and isinstance(data.get("release_date"), datetime.date):  # YAML reads 2026-10-05 so
-        data = {**data, "release_date": data["release_date"].isoformat()}
+    merged = with_environment(data, where) if isinstance(data, dict) else data
+    if merged != data and "environment" not in where:
+        where = f"{where} with the environment (BASAL_*)"
     try:
-        return msgspec.convert(data, ServeConfig)
+        return msgspec.convert(merged, ServeConfig)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{where}: {e}") from e
+        raise ConfigError(f"{where}: {e}{_variables_at(str(e))}") from e
+
+
+def _variables_at(message: str) -> str:
+    """The BASAL_* variables of the keys a struct's own check names in `message` (`` `state_cache_mb` ``), as
+    " (the environment has BASAL_MODELS__0__STATE_CACHE_MB=...)": such a check sees the merged tree, so the
+    message says where a value may have come from. "" when the environment has none of them."""
+    keys = {k.upper() for k in re.findall(r"`([a-z_]+)`", message)}
+    config_vars = [v for v in os.environ if v.startswith(ENV_PREFIX) and v not in NOT_KEYS]
+    names = sorted(v for v in config_vars if v.removeprefix(ENV_PREFIX).rsplit(ENV_SEP, 1)[-1] in keys)
+    shown = ", ".join(f"{v}={os.environ[v][:80]!r}" for v in names if v != API_KEYS_VAR)
+    return f" (the environment has {shown})" if shown else ""

@@ -2,7 +2,8 @@
 
 msgspec stops at the first unknown key or bad enum value. A user who mistyped three keys should hear about all
 three at once, each with the nearest valid key, and an enum error should list what is allowed — so the raw YAML
-is walked against the schema first (`problems`), and only a clean tree goes on to `msgspec.convert`.
+is walked against the schema first (`problems`, with every value's kind, range and format from `config_values`),
+and only a clean tree goes on to `msgspec.convert`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import typing
 
 import msgspec
 import msgspec.inspect as mi
+
+from basal.serve.config_values import value_problem, words
 
 
 def _struct_of(t: mi.Type) -> mi.StructType | None:
@@ -64,7 +67,8 @@ def key_tree(struct: type[msgspec.Struct]) -> dict[str, dict]:
 
 
 def problems(data: object, struct: type[msgspec.Struct], where: str = "") -> list[str]:
-    """Every unknown key (with the nearest valid ones) and every enum value outside its choices, in `data`."""
+    """Every unknown key (with the nearest valid ones), every enum value outside its choices and every value of
+    the wrong kind, out of range or of the wrong format (`config_values`), in `data`."""
     if not isinstance(data, dict):
         return []  # a wrong shape is msgspec's to report
     known = fields(struct)
@@ -82,16 +86,22 @@ def problems(data: object, struct: type[msgspec.Struct], where: str = "") -> lis
             near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             out.append(f"`{at}` is {value!r}: choose one of {', '.join(map(str, choices))}{hint}")
-        if isinstance(f.type, mi.ListType) and (inner := _struct_of(f.type.item_type)) and isinstance(value, list):
+        listed = _struct_of(f.type.item_type) if isinstance(f.type, mi.ListType) else None
+        if listed is not None and isinstance(value, list):
             for i, item in enumerate(value):
-                out += problems(item, inner.cls, f"{at}[{i}]")
-        elif inner := _struct_of(f.type):
+                if problem := value_problem(listed, item):  # an entry that is not a section
+                    out.append(f"`{at}[{i}]` {problem}")
+                out += problems(item, listed.cls, f"{at}[{i}]")
+        elif listed is None and (inner := _struct_of(f.type)) and isinstance(value, dict):
             out += problems(value, inner.cls, at)
+        elif problem := value_problem(f.type, value):  # a value; or a section given as something else
+            out.append(f"`{at}` {problem}")
     return out
 
 
 ENV_PREFIX = "BASAL_"
 ENV_SEP = "__"  # a key inside a section: BASAL_LIMITS__MAX_QUESTIONS, BASAL_MODELS__0__PATH
+MAX_ENV_INDEX = 255  # BASAL_MODELS__N__...: entries of a list of sections from the environment, numbered from 0
 
 
 def env_name(path: tuple[str | int, ...]) -> str:
@@ -119,7 +129,22 @@ def environment_tree(
         problem = _env_key(struct, path, environ[var], var, tree)
         if problem is not None:
             (unknown if problem.startswith("unknown") else bad).append(problem)
-    return tree, bad, unknown
+    return tree, bad or _gaps(tree, ()), unknown  # a refused variable leaves its entry empty too
+
+
+def _gaps(tree: dict, section: tuple[str | int, ...]) -> list[str]:
+    """Entries of a list of sections that no variable set (BASAL_MODELS__1__PATH without BASAL_MODELS__0__...)."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for i, entry in enumerate(value):
+                where = (*section, key, i)
+                if not entry:
+                    out.append(f"no variable sets {env_name(where)}{ENV_SEP}...: entries are numbered from 0")
+                out += _gaps(entry, where)
+        elif isinstance(value, dict):
+            out += _gaps(value, (*section, key))
+    return out
 
 
 def _env_key(struct: type[msgspec.Struct], path: list[str], raw: str, var: str, tree: dict) -> str | None:
@@ -136,8 +161,10 @@ def _env_key(struct: type[msgspec.Struct], path: list[str], raw: str, var: str, 
     inner = _struct_of(t)
     if inner is not None:
         if isinstance(f.type, mi.ListType):
-            if len(rest) < 2 or not rest[0].isdigit():
+            if len(rest) < 2 or not (rest[0].isascii() and rest[0].isdigit()):
                 return f"{var}: `{key}` is a list of sections; name one by its index: {var}{ENV_SEP}0{ENV_SEP}KEY"
+            if int(rest[0]) > MAX_ENV_INDEX:
+                return f"{var}: the index {rest[0]} is over {MAX_ENV_INDEX}; entries are numbered from 0 without gaps"
             items = tree.setdefault(key, [])
             while len(items) <= int(rest[0]):
                 items.append({})
@@ -148,10 +175,16 @@ def _env_key(struct: type[msgspec.Struct], path: list[str], raw: str, var: str, 
         return _env_key(inner.cls, rest, raw, var, tree.setdefault(key, {}))
     if rest:
         return f"unknown variable {var}: `{key}` has no keys inside it"
-    value: object = [v.strip() for v in raw.split(",") if v.strip()] if isinstance(f.type, mi.ListType) else raw
+    value: object = raw
+    if isinstance(f.type, mi.ListType):  # an empty item ("a,,b", " , ,") is refused by the item's rules
+        value = [v.strip() for v in raw.split(",")] if raw.strip() else []
     try:
-        tree[key] = msgspec.convert(value, typing.get_type_hints(struct)[key], strict=False)
+        converted = msgspec.convert(value, typing.get_type_hints(struct)[key], strict=False)
     except msgspec.ValidationError as e:
         choices = _literal_of(f.type)
-        return f"{var}={raw!r}: " + (f"choose one of {', '.join(map(str, choices))}" if choices else str(e))
+        wanted = f"choose one of {', '.join(map(str, choices))}" if choices else f"expected {words(f.type)}"
+        return f"{var}={raw!r}: {wanted}" + ("" if choices or str(e).startswith("Expected") else f" ({e})")
+    if problem := value_problem(f.type, converted):
+        return f"{var}={raw!r}: {problem}"
+    tree[key] = converted
     return None

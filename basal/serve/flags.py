@@ -140,6 +140,13 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         "default: none, no authentication)",
     )
     v.add_argument(
+        "--no-auth",
+        action="store_true",
+        default=None,
+        help="serve without API keys on purpose: an empty BASAL_API_KEYS is then no error (refused beside keys) "
+        "(default: off)",
+    )
+    v.add_argument(
         "--cors-origin",
         action="append",
         default=None,
@@ -183,6 +190,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         server["cors_origins"] = a.cors_origin
     if a.cascade is not None:
         server["cascades"] = [cascade_entry(text) for text in a.cascade]
+    if a.no_auth:
+        server["no_auth"] = True
     model = {k: getattr(a, k) for k in MODEL_FLAGS if getattr(a, k) is not None}
     if a.no_prefix_cache:
         model["no_prefix_cache"] = True
@@ -199,7 +208,7 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
     if limits:
         data["limits"] = {**(data.get("limits") or {}), **limits}
     flags_given = bool(server or model or limits or a.model is not None)
-    where = config_file or "flags"
+    where = config_file or ("flags" if flags_given else "the environment")
     if config_file and flags_given:
         where = f"{config_file} with the flags given"
     return parse_config(data, where)

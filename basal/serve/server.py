@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from basal.api.app import create_app
-from basal.api.capture import Capture
-from basal.api.decisions import ApiSettings
-from basal.api.listener import DrainingServer, server_config
+from basal.api.http.capture import Capture
+from basal.api.settings import ApiSettings
 from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
 from basal.core.engine.engine import Engine, EngineSettings
-from basal.core.engine.engines import Engines, EnginesFront
+from basal.core.engine.engines import Engines
+from basal.core.engine.front import EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
@@ -31,9 +29,20 @@ from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
-from basal.serve.config import DEMO_PATH, CascadeStepConfig, ConfigError, ModelConfig, ServeConfig
+from basal.serve.config import (
+    DEMO_PATH,
+    CascadeStepConfig,
+    ConfigError,
+    ModelConfig,
+    ServeConfig,
+    environment_api_keys,
+    is_loopback,
+)
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
+
+if TYPE_CHECKING:
+    from basal.api.http.listener import DrainingServer
 
 log = logging.getLogger("basal")
 
@@ -204,11 +213,10 @@ def _check_names(specs: list[ModelConfig], dirs: list[ModelDir]) -> None:
 
 def api_settings(config: ServeConfig) -> ApiSettings:
     keys = list(config.api_keys)
-    if env := os.environ.get("BASAL_API_KEYS"):
-        keys += [k for k in (k.strip() for k in env.split(",")) if k and k not in keys]  # adds to the file's
+    keys += [k for k in environment_api_keys() if k not in keys]  # BASAL_API_KEYS adds to the file's
     tracer = None
     if config.otlp_endpoint:
-        from basal.api.tracing import otlp_tracer
+        from basal.observability.tracing import otlp_tracer
 
         tracer = otlp_tracer(config.otlp_endpoint)
     return ApiSettings(
@@ -236,6 +244,24 @@ def _capture(config: ServeConfig) -> Capture | None:
         " (states hashed)" if c.hash_state else "",
     )
     return Capture(c.path, c.sample, int(c.max_mb * (1 << 20)), c.keep, c.hash_state)
+
+
+def exposure_warnings(config: ServeConfig, settings: ApiSettings) -> list[str]:
+    """What an operator should know before others can reach the server: no API key on an address other machines
+    reach, and CORS open to every origin (docs/configuration.md, "API keys")."""
+    out = []
+    if not settings.api_keys and not is_loopback(config.host):
+        chosen = " (--no-auth)" if config.no_auth else ""
+        out.append(
+            f"no API key{chosen}: anyone who reaches {config.addr} can use this server; give --api-key KEY "
+            "(or BASAL_API_KEYS) unless a proxy in front of it checks who calls"
+        )
+    if "*" in config.cors_origins:
+        out.append(
+            "cors_origins has '*': any web page a user opens may read this server's answers from their browser; "
+            "list the origins that need it instead"
+        )
+    return out
 
 
 def metrics_listener(engines: EnginesFront, addr: str):
@@ -281,6 +307,7 @@ def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None
 def serve(config: ServeConfig) -> None:
     """Listen first, then load: probes get answers during a long load (`/health/live` 200, `/health/ready` 503 with
     each model's step) instead of "connection refused". A load that fails stops the server and raises here."""
+    settings = api_settings(config)  # what the listener needs, built before anything is written or loaded
     check_port(config.host, config.port)  # before loading: a busy port costs a second, not the load
     if config.metrics_addr:
         host, _, port = config.metrics_addr.rpartition(":")
@@ -289,7 +316,7 @@ def serve(config: ServeConfig) -> None:
     calibrations = {d.name: d.calibration.thresholds for _, d in sources}  # read before any weights load
     front = with_cascades(engines, config, calibrations.__getitem__)
     failed: list[BaseException] = []
-    server = _server(front, config, batches=batch_service(config))
+    server = _server(front, config, batches=batch_service(config), settings=settings)
 
     def load() -> None:
         try:
@@ -363,11 +390,21 @@ def with_shadows(engines: EnginesFront, config: ServeConfig) -> ShadowFront | No
 
 
 def _server(
-    engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
+    engines: EnginesFront,
+    config: ServeConfig,
+    where: str = "",
+    batches: BatchService | None = None,
+    settings: ApiSettings | None = None,
 ) -> DrainingServer:
+    from basal.api.app import create_app  # the web stack, imported only by what listens (`run-batch` does not)
+    from basal.api.http.listener import DrainingServer, server_config
+
+    settings = settings or api_settings(config)
+    for warning in exposure_warnings(config, settings):
+        log.warning(warning)
     shadow = with_shadows(engines, config)
     engines = shadow or engines
-    app = create_app(engines, api_settings(config), batches=batches, shadow=shadow)
+    app = create_app(engines, settings, batches=batches, shadow=shadow)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

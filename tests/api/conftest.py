@@ -4,7 +4,7 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.servers import live_server, make_engines
 
 

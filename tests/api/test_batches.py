@@ -312,12 +312,15 @@ def test_a_batch_whose_input_file_is_gone_fails_with_its_reason(slow):
     assert done["status"] == "failed" and done["failed_at"] is not None
     assert done["errors"]["data"][0]["code"] == "invalid_input_file"
     assert done["errors"]["data"][0]["param"] == "input_file_id"
+    message = done["errors"]["data"][0]["message"]
+    assert "file-gone" in message and "/" not in message  # the id, never the store's path on the server
 
 
 def test_a_batch_line_runs_under_its_record_request_id(demo_model):
     """The id in a line's record is the request id its log lines carry (the lanes copy the task's context)."""
-    from basal.api.decisions import ApiSettings, body_decider
-    from basal.logs import REQUEST_ID
+    from basal.api.decide import body_decider
+    from basal.api.settings import ApiSettings
+    from basal.observability.logs import REQUEST_ID
 
     engines = make_engines(demo_model)
     seen: list[str | None] = []

@@ -10,8 +10,8 @@ from itertools import cycle
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.capture import Capture
-from basal.api.decisions import ApiSettings
+from basal.api.http.capture import Capture
+from basal.api.settings import ApiSettings
 from basal.batch.lines import Line, check_upload
 from tests.servers import make_engines
 

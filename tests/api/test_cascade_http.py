@@ -10,7 +10,8 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings, body_decider
+from basal.api.decide import body_decider
+from basal.api.settings import ApiSettings
 from basal.core.engine.cascade import Cascade, CascadeFront, Rule, Step
 from basal.core.errors import Overloaded
 from basal.serve.config import ConfigError, parse_config

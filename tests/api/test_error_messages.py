@@ -9,7 +9,7 @@ import json
 import pytest
 import zstandard
 
-from basal.api.decisions import MAX_WARNINGS_HEADER
+from basal.api.routes.decisions import MAX_WARNINGS_HEADER
 from tests.api.test_http import REQUEST, post
 
 SERVED = "served: basal-synthetic-demo; aliases jev-latest, jev-preview -> basal-synthetic-demo"

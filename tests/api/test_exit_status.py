@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from basal.api.app import create_app
-from basal.api.listener import DrainingServer, server_config
+from basal.api.http.listener import DrainingServer, server_config
 from tests.servers import free_port, make_engines
 
 BODY = {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}

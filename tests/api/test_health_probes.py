@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import basal.serve.server
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.errors import ModelDirError
 from basal.serve.config import parse_config
 from tests.servers import free_port, make_engines, running_server

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.request.limits import Limits
 from tests.servers import live_server, make_engines
 

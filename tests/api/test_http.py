@@ -12,9 +12,9 @@ import pytest
 import zstandard
 from litestar.testing import TestClient
 
-from basal.api import decisions as handling
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.routes import decisions as handling
+from basal.api.settings import ApiSettings
 from tests.servers import make_engines
 
 REQUEST = {

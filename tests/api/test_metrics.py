@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.engine.metrics import Metrics
 from tests.api.test_http import REQUEST, post
 from tests.servers import free_port, live_server, make_engines

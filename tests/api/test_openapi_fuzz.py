@@ -16,7 +16,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.servers import make_engines
 
 EXAMPLES = 40  # per operation

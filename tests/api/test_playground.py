@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from basal.api.playground import STATIC
+from basal.api.routes.playground import STATIC
 
 EXTERNAL = re.compile(r"""https?://|(?:src|href|action)\s*=\s*["']?//|@import|url\(\s*["']?(?:https?:)?//""")
 ASSETS = {"playground.css": "text/css", "playground.js": "text/javascript", "index.html": "text/html"}

@@ -13,7 +13,7 @@ import sys
 import httpx
 import pytest
 
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.browser import Browser
 from tests.servers import live_server, make_engines
 

@@ -16,7 +16,7 @@ from typesafe_sdk._core.errors import (
     TypeSafeUnprocessableEntityError,
 )
 
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.servers import live_server, make_engines
 
 

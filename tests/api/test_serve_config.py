@@ -83,7 +83,7 @@ def test_limits_in_yaml_and_flags(tmp_path):
     assert settings.limits.max_questions == 10 and settings.cors_origins == ("https://app.example",)
     with pytest.raises(ConfigError, match="max_question"):
         parse_config({"limits": {"max_question": 10}})
-    with pytest.raises(ConfigError, match="positive"):
+    with pytest.raises(ConfigError, match=r"`limits\.max_errors` must be at least 1, got 0"):
         parse_config({"limits": {"max_errors": 0}})
 
 

@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from tests.servers import make_engines, running_server
 
 BODY = {"model": "jev-latest", "state": "x " * 200, "questions": {"q": {"type": "noul", "instructions": "?"}}}

@@ -71,3 +71,32 @@ def test_records_hold_the_answer_bytes_and_the_sdk_envelope():
     assert value["id"].startswith("batch_req_") and value["response"]["request_id"] == "req_1"
     error = json.loads(error_record("line:3", "invalid_json", "no"))
     assert error["response"] is None and error["error"] == {"code": "invalid_json", "message": "no"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"[" * 1000 + b"]" * 1000, "line 3 is nested too deeply to be read"),
+        (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "line 3 is nested too deeply to be read"),
+        (b'{"custom_id":"a","n":' + b"9" * 5000 + b"}", "line 3 is not JSON: Integer value out of range"),
+        (b'{"custom_id":"\xed\xa0\x80"}', "line 3 is not JSON"),  # a surrogate's bytes: not UTF-8
+    ],
+    ids=["arrays", "objects", "integer", "surrogate"],
+)
+def test_every_way_the_decoder_fails_is_a_bad_line(raw, message):
+    bad = parse(3, raw, 1 << 20)
+    assert isinstance(bad, BadLine) and bad.code == "invalid_json" and bad.message.startswith(message)
+    assert len(bad.message) < 300
+
+
+def test_a_byte_order_mark_before_the_first_line_is_skipped():
+    parsed = check_upload(b"\xef\xbb\xbf" + line("a") + b"\r\n" + line("b") + b"\n", 10, 1000)
+    assert [(type(p), p.custom_id) for p in parsed] == [(Line, "a"), (Line, "b")]
+    inside = check_upload(line("a") + b"\n\xef\xbb\xbf" + line("b"), 10, 1000)  # only the file's start
+    assert isinstance(inside[1], BadLine) and inside[1].code == "invalid_json"
+
+
+def test_messages_that_quote_a_line_are_bounded():
+    many = json.dumps({"custom_id": "a", **{f"key-{i}": 1 for i in range(5000)}}).encode()
+    bad = parse(1, many, 1 << 20)
+    assert isinstance(bad, BadLine) and bad.code == "invalid_request" and len(bad.message) < 300

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from basal.api.decisions import ApiSettings, body_decider
+from basal.api.decide import body_decider
+from basal.api.settings import ApiSettings
 from basal.batch.offline import recorded_ids, run_file
 from basal.cli import main
 from tests.servers import make_engines
@@ -75,3 +78,19 @@ def test_the_command(demo_dir, tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_bytes(b"")
     assert main(["run-batch", str(tmp_path / "bad.jsonl"), "-o", str(output)]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_the_command_loads_no_http_layer(demo_dir, tmp_path):
+    """`basal run-batch` decides without the HTTP server: no Litestar, no uvicorn, no route module is imported."""
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 1, 2)
+    code = (
+        "import sys\nfrom basal.cli import main\n"
+        f"assert main(['run-batch', {str(source)!r}, '-o', {str(output)!r}, '--model', {str(demo_dir)!r}]) == 0\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('litestar', 'uvicorn') "
+        "or m.startswith('basal.api.routes') or m == 'basal.api.app')\n"
+        "assert not loaded, loaded[:8]\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(recorded_ids(output)) == 2

@@ -18,7 +18,7 @@ from basal.core.decision.answers import (
     NoulAnswer,
 )
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, decide, top_probability
-from basal.core.engine.engines import Result
+from basal.core.engine.front import Result
 from basal.core.errors import Overloaded
 from basal.core.model.prompt import Item
 from basal.core.request.plan import DecisionRequest, Question

@@ -12,7 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.decision.answers import BasalChoiceAnswer, MultiAnswer, NoulAnswer
 from basal.core.engine.shadow import Shadow, ShadowFront, compare
 from basal.core.request.dialects import parse_systemone

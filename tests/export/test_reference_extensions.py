@@ -218,3 +218,20 @@ def test_records_in_the_upstream_form_match_with_named_skips(tmp_path, demo_mode
     assert answered == len(record["upstream_answer"]["answers"])
     names = {it["name"] for it in record["items"]}
     assert names == set(record["request"]["questions"])
+
+
+@pytest.mark.parametrize("view", ["without branches", "branches null"])
+def test_a_multi_item_without_branches_is_a_named_skip_not_a_mismatch(tmp_path, view):
+    """The exporter's single yes/no item view of a multi question carries no `branches` list: nothing of the
+    branches can be checked, and the report says so instead of calling the record a mismatch."""
+    record = copy.deepcopy(_record("m15-multi-pl"))
+    item = record["items"][0]
+    if view == "without branches":
+        del item["branches"]
+    else:
+        item["branches"] = None
+    report = _check(tmp_path, [record]).report
+    assert report.ok, report.mismatches
+    assert "multi branches: the item is the exporter's single yes/no view (no `branches` list)" in report.skipped
+    assert report.passed["keys"] == 1 and report.passed["multi decision"] == 1
+    assert "multi answer probabilities: not checkable (multi: the record's item has no branches)" in report.skipped

@@ -32,7 +32,7 @@ import msgspec
 from basal.core.decision.act import certified_confidence
 from basal.core.decision.answers import BasalResponse, BasalUsage, NoulAnswer, StepUsage, SystemOneResponse, Usage
 from basal.core.decision.diagnostics import CascadeStepDiagnostics, Diagnostics
-from basal.core.engine.engines import EnginesFront, ModelInfo, Result
+from basal.core.engine.front import EnginesFront, ModelInfo, Result
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest, Question
 

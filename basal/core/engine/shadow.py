@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from basal.core.decision.answers import NoulAnswer
-from basal.core.engine.engines import EnginesFront, ModelInfo, Result
+from basal.core.engine.front import EnginesFront, ModelInfo, Result
 from basal.core.request.plan import DecisionRequest
 
 log = logging.getLogger(__name__)

@@ -7,34 +7,42 @@ refused by counting questions and characters, never after tokenizing or packing 
 
 from __future__ import annotations
 
+import math
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 from basal.core.errors import RequestError, over_limit
+
+DAY_S = 86_400.0
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # work of one request
-    max_questions: int = 1024  # questions per request
-    max_request_tokens: int = 262_144  # packed tokens one request may compute (shared prefixes counted once)
-    max_request_chars: int = 16 << 20  # characters of all prompts of a request, checked before tokenizing
+    max_questions: Annotated[int, Meta(ge=1)] = 1024  # questions per request
+    max_request_tokens: Annotated[int, Meta(ge=1)] = 262_144  # packed tokens one request may compute (prefixes once)
+    max_request_chars: Annotated[int, Meta(ge=1)] = 16 << 20  # characters of all prompts of a request, before tokens
     max_prompt_chars: int = 0  # characters of one prompt before tokenizing; 0: what the model's context can hold
     # error bodies
-    max_errors: int = 64  # errors listed in one 422
-    max_echo_chars: int = 200  # characters of the request echoed in an error (input values, names, keys)
-    # connections (uvicorn + basal.api.connection_guard)
-    max_connections: int = 2048  # open HTTP connections; more are closed at once
-    max_header_count: int = 128  # header lines of one request (431 beyond)
-    max_header_bytes: int = 65_536  # request line + headers of one request (431 beyond)
-    header_timeout_s: float = 10.0  # from connection (or the previous response) to the end of the headers (408)
-    body_timeout_s: float = 60.0  # from the end of the headers to the end of the body (408)
-    max_transit_bytes: int = 256 << 20  # bytes of bodies being received at once, all connections (529 beyond)
-    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_errors: Annotated[int, Meta(ge=1)] = 64  # errors listed in one 422
+    max_echo_chars: Annotated[int, Meta(ge=1)] = 200  # characters of the request echoed in an error (values, names)
+    # connections (uvicorn + basal.api.http.connection_guard)
+    max_connections: Annotated[int, Meta(ge=1)] = 2048  # open HTTP connections; more are closed at once
+    # the floors below keep a limit one that a real request can pass (less would refuse every request)
+    max_header_count: Annotated[int, Meta(ge=8)] = 128  # header lines of one request (431 beyond)
+    max_header_bytes: Annotated[int, Meta(ge=1024)] = 65_536  # request line + headers of one request (431 beyond)
+    # from connection (or the previous response) to the end of the headers (408); at most a day, as every timeout
+    header_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 10.0
+    body_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 60.0  # from the end of the headers to the body's end
+    max_transit_bytes: Annotated[int, Meta(ge=1 << 16)] = 256 << 20  # bytes of bodies received at once (529 beyond)
+    keep_alive_s: Annotated[float, Meta(gt=0, le=DAY_S)] = 5.0  # an idle keep-alive connection is closed after this
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            if value < 0 or (value == 0 and name != "max_prompt_chars"):
-                raise msgspec.ValidationError(f"`limits.{name}` must be positive, got {value}")
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "max_prompt_chars"):
+                raise msgspec.ValidationError(f"`limits.{name}` must be a positive finite number, got {value}")
 
 
 DEFAULT_LIMITS = Limits()

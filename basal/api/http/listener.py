@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import uvicorn
 from litestar import Litestar
 
-from basal.api.connection_guard import guarded_protocol
-from basal.core.engine.engines import EnginesFront
+from basal.api.http.connection_guard import guarded_protocol
+from basal.core.engine.front import EnginesFront
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)

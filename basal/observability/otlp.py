@@ -275,7 +275,7 @@ class SpanEncoder:
 
 
 class StageSpans:
-    """A request's four stage spans (parse, and queue and batch under engine; basal.api.tracing) as one item of the
+    """A request's four stage spans (parse, and queue and batch under engine; `tracing.py`) as one item of the
     batch processor's queue, from the served tracer: the encoder writes them straight from these numbers, and
     `spans()` gives the `ReadableSpan`s they stand for (the same ids, times and attributes). The batch processor
     reads only `context` (the server span's: sampled or not)."""

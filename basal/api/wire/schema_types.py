@@ -88,7 +88,9 @@ class BasalRequest(msgspec.Struct):
     model: str | None = None
 
 
-class ModelInfo(msgspec.Struct):
+class ServedModel(msgspec.Struct):  # the front's own facts about a model are `core.engine.front.ModelInfo`
+    """One served model, as `GET /v1/models` lists it."""
+
     name: str
     release_date: str
     description: str
@@ -97,7 +99,7 @@ class ModelInfo(msgspec.Struct):
 
 
 class ModelsResponse(msgspec.Struct):
-    models: list[ModelInfo]
+    models: list[ServedModel]
 
 
 class HealthResponse(msgspec.Struct):

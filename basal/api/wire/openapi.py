@@ -12,7 +12,7 @@ from typing import Any
 
 from litestar.openapi.spec import Operation
 
-from basal.api.schema_types import BasalError, SystemOneError, UnsupportedError, json_schema
+from basal.api.wire.schema_types import BasalError, SystemOneError, UnsupportedError, json_schema
 from basal.core.request.limits import Limits
 
 BEARER = "bearerAuth"
@@ -90,6 +90,11 @@ REQUEST_EXAMPLES = {  # every example is answered 200 (tests/api/test_openapi_do
         },
     },
 }
+
+
+def json_content(tp: Any) -> dict[str, Any]:
+    """An OpenAPI `content` of one JSON body of type `tp`."""
+    return {"application/json": {"schema": json_schema(tp)}}
 
 
 def _json(description: str, tp: Any, headers: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -26,6 +26,11 @@ from litestar.openapi.plugins import (
 )
 
 SCHEMA_PATH = "/schema"
+# every page under /schema: never framed by another site, no <base> or form elsewhere (the viewers' scripts load
+# from their CDNs, so scripts are not limited here); basal's own pages add `PAGE_POLICY`, which allows no script
+FRAMING_POLICY = "frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'"
+SCHEMA_HEADERS = {"content-security-policy": FRAMING_POLICY, "x-frame-options": "DENY"}
+PAGE_POLICY = "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'\">"
 VIEWERS = (  # (path, name, where its scripts come from, Litestar's plugin)
     ("/swagger", "Swagger UI", "cdn.jsdelivr.net", SwaggerRenderPlugin),
     ("/redoc", "Redoc", "cdn.redoc.ly", RedocRenderPlugin),
@@ -59,7 +64,7 @@ class SchemaIndexPlugin(OpenAPIRenderPlugin):
             f"<li><a href='{s}{path}'>{name}</a> (scripts from {host})</li>" for path, name, host, _ in VIEWERS
         )
         page = (
-            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title} API</title></head>"
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'>{PAGE_POLICY}<title>{title} API</title></head>"
             "<body style='font:15px sans-serif;max-width:48em;margin:2em auto'>"
             f"<h1>{title} API</h1>"
             f"<p>The OpenAPI 3.1 document: <a href='{s}/openapi.json'>{s}/openapi.json</a> "
@@ -84,7 +89,7 @@ class ReferencePlugin(OpenAPIRenderPlugin):
         info = openapi_schema["info"]
         title = escape(f"{info['title']} {info['version']}")
         parts = [
-            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title} API reference</title>"
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'>{PAGE_POLICY}<title>{title} API reference</title>"
             f"<style>{REFERENCE_STYLE}</style></head><body><h1>{title} API reference</h1>"
             f"<p>The OpenAPI document, as this server describes itself: <a href='{SCHEMA_PATH}/openapi.json'>"
             f"{SCHEMA_PATH}/openapi.json</a>. Schemas are shown as JSON; <code>$ref</code> names point into "

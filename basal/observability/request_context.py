@@ -2,8 +2,8 @@
 
 The id is taken from `x-request-id` (or `x-typesafe-request-id`) when it is at most 128 characters of a safe set —
 letters, digits and `._~:+/=-`, which covers UUIDs, ULIDs, base64 and the ids of common proxies — and generated
-otherwise, so a hostile value never reaches a response header or a log line. It is set in `basal.logs.REQUEST_ID`
-for the task that serves the request (every log line of it carries the id) and sent back on every response.
+otherwise, so a hostile value never reaches a response header or a log line. It is set in `logs.REQUEST_ID` for the
+task that serves the request (every log line of it carries the id) and sent back on every response.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import secrets
 import time
 from typing import Any
 
-from basal.api.tracing import Tracer
-from basal.logs import REQUEST_FIELDS, REQUEST_ID
+from basal.observability.logs import REQUEST_FIELDS, REQUEST_ID
+from basal.observability.tracing import Tracer
 
 MAX_REQUEST_ID = 128
 SAFE_ID = re.compile(rb"[A-Za-z0-9._~:+/=-]{1,128}")

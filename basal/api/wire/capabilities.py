@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from basal.core.engine.engines import ModelInfo
+from basal.core.engine.front import ModelInfo
 from basal.core.model.prompt import MAX_OPTIONS
 from basal.core.request.dialects import MAX_CHOICES, MAX_LEVELS
 from basal.core.request.extensions import MAX_LABELS

@@ -2,7 +2,7 @@
 
 The tree under the HTTP server span (joined to an incoming `traceparent`):
 
-    POST /v1/systemone             the whole request (basal.api.observe)
+    POST /v1/systemone             the whole request (basal.observability.request_context)
       basal.parse                  body read, decoded and validated
       basal.engine                 planning to the answer (on a Ray front: the replica's call)
         basal.queue                admission to the start of its batch
@@ -15,7 +15,7 @@ times. The request path pays nothing for tracing beyond building these few spans
 With the SDK's own tracer the spans skip the SDK's live-span machinery: the stage spans are built finished, and
 the server span is started as the SDK starts one (sampling, ids, flags) but written finished at its end, unless
 something asks for more than attributes (then the SDK's live span takes over). Tests compare every exported field
-with the SDK's own path. The served exporter (basal.api.otlp) writes the OTLP bytes directly.
+with the SDK's own path. The served exporter (basal.observability.otlp) writes the OTLP bytes directly.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def _bundling(tracer: Any) -> tuple[Any, Any]:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     try:
-        from basal.api.otlp import DirectOTLPSpanExporter, StageSpans
+        from basal.observability.otlp import DirectOTLPSpanExporter, StageSpans
     except ImportError:  # no OTLP exporter installed
         return None, None
     processors = getattr(tracer.span_processor, "_span_processors", ())
@@ -399,7 +399,7 @@ def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from basal.api.otlp import DirectOTLPSpanExporter
+        from basal.observability.otlp import DirectOTLPSpanExporter
     except ImportError as e:
         raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
     # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches

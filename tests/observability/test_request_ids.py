@@ -14,13 +14,13 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
+from basal.api.settings import ApiSettings
 from basal.core.engine.engine import Engine
 from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
-from basal.logs import formatter
+from basal.observability.logs import formatter
 from tests.api.test_http import REQUEST, post
 from tests.stub_backend import FakeBackend
 

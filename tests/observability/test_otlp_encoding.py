@@ -1,4 +1,4 @@
-"""The direct OTLP/protobuf encoding (basal/api/otlp.py) against the SDK's encoder: both decoded with the
+"""The direct OTLP/protobuf encoding (basal/observability/otlp.py) against the SDK's encoder: both decoded with the
 opentelemetry-proto classes must be equal (protobuf's `==` also tells an empty sub-message from an absent one), for
 spans that use every field the SDK's encoder sets; and the served exporter sends such bytes."""
 
@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from basal.api.otlp import DirectOTLPSpanExporter, SpanEncoder, any_value
-from basal.api.tracing import Tracer, otlp_tracer
+from basal.observability.otlp import DirectOTLPSpanExporter, SpanEncoder, any_value
+from basal.observability.tracing import Tracer, otlp_tracer
 
 REMOTE = SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, True, TraceFlags(1),
                      TraceState([("k", "v"), ("a", "b")]))  # fmt: skip
@@ -168,7 +168,7 @@ def test_stage_spans_go_to_the_served_exporter_as_one_item_and_encode_as_their_s
     `ReadableSpan`s it stands for. A request whose attributes need the SDK's cleaning takes `ReadableSpan`s."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-    from basal.api.otlp import StageSpans, spans_of
+    from basal.observability.otlp import StageSpans, spans_of
 
     batches: list[list] = []
 

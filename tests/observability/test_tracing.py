@@ -13,8 +13,8 @@ import pytest
 from litestar.testing import TestClient
 
 from basal.api.app import create_app
-from basal.api.decisions import ApiSettings
-from basal.api.tracing import Tracer
+from basal.api.settings import ApiSettings
+from basal.observability.tracing import Tracer
 from tests.api.test_http import REQUEST, post
 from tests.servers import make_engines
 
@@ -55,7 +55,7 @@ def test_the_span_tree_joins_the_incoming_trace(demo_model):
 
 def test_spans_are_exported_over_otlp_to_the_configured_endpoint(demo_model, monkeypatch):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-    from basal.api.tracing import otlp_tracer
+    from basal.observability.tracing import otlp_tracer
 
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # ms between batch exports
     received: list[tuple[str, bytes]] = []
@@ -163,7 +163,7 @@ def test_the_otlp_resource_hashes_once_and_exports_the_same():
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.trace import SpanContext
 
-    from basal.api import tracing
+    from basal.observability import tracing
 
     def spans(resource: Resource) -> list:
         return [ReadableSpan(f"s{i}", SpanContext(7, i + 1, False), resource=resource) for i in range(3)]
@@ -187,7 +187,7 @@ def test_the_otlp_resource_hashes_once_and_exports_the_same():
 
 def test_the_served_tracer_exports_in_large_batches_unless_the_operator_sets_them(monkeypatch):
     pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-    from basal.api import tracing
+    from basal.observability import tracing
 
     def batches() -> tuple[int, int]:
         served = tracing.otlp_tracer("http://127.0.0.1:9/v1/traces").tracer.span_processor

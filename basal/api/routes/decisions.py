@@ -10,73 +10,42 @@ or compressed bodies are decompressed, decoded and validated in a worker thread,
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import msgspec
-from litestar import Request, Response
+from litestar import Request, Response, post
+from litestar.handlers import HTTPRouteHandler
 
-from basal.api.body import TransitBytes, check_content_type, decompress, read_body
-from basal.api.capture import Capture
-from basal.api.errors import auth_error, error_response, too_large
-from basal.api.observe import current_request_id, new_request_id, note
-from basal.api.tracing import Tracer
+from basal.api.context import ApiContext, api_context
+from basal.api.decide import Parse
+from basal.api.errors import error_response
+from basal.api.http.auth import check_auth
+from basal.api.http.body import check_content_type, decompress, read_body
+from basal.api.settings import ApiSettings
+from basal.api.wire.openapi import (
+    DIAGNOSTICS_PARAMETER,
+    REQUEST_EXAMPLES,
+    decision_responses,
+    documented,
+    request_schema,
+)
+from basal.api.wire.schema_types import BasalRequest, SystemOneRequest
+from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.decision.diagnostics import Diagnostics
-from basal.core.engine.engines import EnginesFront, ModelInfo, Result
-from basal.core.engine.pipeline import model_resolver
+from basal.core.engine.front import Result
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
-from basal.core.request.dialects import decode_body, parse_basal
-from basal.core.request.limits import DEFAULT_LIMITS, Limits
+from basal.core.request.dialects import decode_body
 from basal.core.request.plan import DecisionRequest
-from basal.logs import REQUEST_ID
+from basal.observability.request_context import current_request_id, note
 
 DIAGNOSTICS_HEADER = "x-basal-diagnostics"
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ApiSettings:
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = 16 << 20
-    release_date: str = "2026-10-05"
-    metrics: bool = False
-    descriptions: dict[str, str] = field(default_factory=dict)
-    limits: Limits = DEFAULT_LIMITS
-    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: CORS off)
-    public_metrics_and_schema: bool = False  # /metrics and /schema without a key even when keys are set
-    access_log: bool = False  # one line per request (basal.access), in the process's log format
-    tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
-    transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
-    capture: Capture | None = None  # a sample of valid requests to JSONL (docs/replay.md); None: off
-
-
-def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
-    """Bearer key, compared in constant time on bytes: any header bytes (also >= 0x80) get 401, never a 500."""
-    verdict = key_verdict(request.headers.get("authorization"), settings.api_keys)
-    if verdict is not None:
-        raise auth_error(missing=verdict == "missing", dialect=dialect)
-
-
-def key_verdict(header: str | None, keys: tuple[str, ...]) -> str | None:
-    """None when the request may pass (no keys configured, or a matching bearer key); else "missing" or "wrong"."""
-    if not keys:
-        return None
-    if not header:
-        return "missing"
-    raw = header.encode("latin-1", errors="replace")  # ASGI header bytes, as Litestar decoded them
-    scheme, _, key = raw.partition(b" ")
-    key = key.strip()
-    matched = False
-    for k in keys:  # every key is compared, so timing does not tell which one is close
-        matched |= hmac.compare_digest(key, k.encode("utf-8"))
-    return None if scheme.lower() == b"bearer" and matched else "wrong"
 
 
 async def _watch_disconnect(request: Request, gone: asyncio.Event) -> None:
@@ -140,9 +109,7 @@ async def _read(request: Request, dialect: str, settings: ApiSettings) -> bytes:
     )
 
 
-async def _plan(
-    request: Request, body: bytes, dialect: str, settings: ApiSettings, parse: Callable[[Any], DecisionRequest]
-) -> DecisionRequest:
+async def _plan(request: Request, body: bytes, dialect: str, settings: ApiSettings, parse: Parse) -> DecisionRequest:
     """Decompress, decode and validate the body; the CPU-bound part off the loop when the body is large."""
     encoding = request.headers.get("content-encoding")
 
@@ -164,14 +131,9 @@ async def _plan(
     return parsed(raw)
 
 
-async def handle_decision(
-    request: Request,
-    dialect: str,
-    engines: EnginesFront,
-    settings: ApiSettings,
-    parse: Callable[[Any], DecisionRequest],
-) -> Response:
+async def handle_decision(request: Request, dialect: str, context: ApiContext) -> Response:
     """One decision request, start to end; never raises (every failure becomes the dialect's error response)."""
+    engines, settings, parse = context.engines, context.settings, context.parsers[dialect]
     started, started_ns = time.perf_counter(), time.time_ns()
     endpoint, metrics, rid = f"/v1/{dialect}", engines.metrics, current_request_id()
     model = "-"
@@ -227,65 +189,42 @@ async def handle_decision(
     return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
-class ModelFacts:
-    """What the parsers ask of the front about a served model (does it serve evidence, its prompt limit), asked
-    once per model: on Ray each question is a call to a replica."""
-
-    def __init__(self, engines: EnginesFront):
-        self._engines = engines
-        self._infos: dict[str, ModelInfo] = {}
-
-    def _info(self, name: str) -> ModelInfo:
-        if name not in self._infos:
-            self._infos[name] = self._engines.model_info(name)
-        return self._infos[name]
-
-    def serves_evidence(self, name: str) -> bool:
-        return self._info(name).serves_evidence
-
-    def prompt_bound(self, name: str) -> tuple[int, int] | None:
-        """The model's prompt limit, which the parser checks before facts run."""
-        return self._info(name).prompt_bound
+async def systemone(request: Request) -> Response[SystemOneResponse]:
+    return await handle_decision(request, "systemone", api_context(request))
 
 
-def basal_parser(
-    engines: EnginesFront, settings: ApiSettings, model_facts: ModelFacts | None = None
-) -> Callable[[Any], DecisionRequest]:
-    """The `/v1/basal` dialect's parser for these engines: served names, the default model, the limits, and
-    what each model serves (`model_facts`, shared with the app's other routes when given)."""
-    resolve = model_resolver(engines.names, engines.default)
-    model_facts = model_facts or ModelFacts(engines)
-    return lambda raw: parse_basal(
-        raw,
-        resolve,
-        limits=settings.limits,
-        serves_evidence=model_facts.serves_evidence,
-        prompt_bound=model_facts.prompt_bound,
-    )
+async def basal(request: Request) -> Response[BasalResponse]:
+    return await handle_decision(request, "basal", api_context(request))
 
 
-def body_decider(engines: EnginesFront, settings: ApiSettings):
-    """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
-    -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
-    the online route answers (its contract checks, the same parser and limits, the same encoder)."""
-    parse = basal_parser(engines, settings)
-
-    async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
-        rid = new_request_id()
-        while engines.progress and not engines.closed:  # `basal serve` listens (and resumes batches) before loading
-            await asyncio.sleep(0.2)
-        token = REQUEST_ID.set(rid)  # the record's request_id is on every log line of its line, lanes' included
-        try:
-            if len(body) > settings.max_body_bytes:
-                raise too_large("Request body too large.", "basal")
-            plan = await asyncio.to_thread(lambda: parse(decode_body(body, "basal")))  # off the online requests' loop
-            result = await engines.run(plan, cancelled, has_slot=True, background=True)
-            return 200, msgspec.json.encode(result.response), rid
-        except Exception as exc:
-            status, error_body, _ = error_response(exc, "basal")
-            log.debug("batch line %s answered %d: %s", rid, status, error_body)
-            return status, msgspec.json.encode(error_body), rid
-        finally:
-            REQUEST_ID.reset(token)
-
-    return decide
+def decision_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
+    """Both dialects' routes, documented with the statuses they send, the limits in force and the key scheme."""
+    keys, limits = bool(settings.api_keys), settings.limits
+    return [
+        post(
+            "/v1/systemone",
+            operation_class=documented(
+                decision_responses("systemone", SystemOneResponse, keys),
+                request_schema(SystemOneRequest, limits),
+                keys,
+                REQUEST_EXAMPLES["systemone"],
+                [DIAGNOSTICS_PARAMETER],
+            ),
+            status_code=200,
+            summary="TypeSafe System One decisions",
+            tags=["decisions"],
+        )(systemone),
+        post(
+            "/v1/basal",
+            operation_class=documented(
+                decision_responses("basal", BasalResponse, keys),
+                request_schema(BasalRequest, limits),
+                keys,
+                REQUEST_EXAMPLES["basal"],
+                [DIAGNOSTICS_PARAMETER],
+            ),
+            status_code=200,
+            summary="Decisions in the upstream basal-serve dialect",
+            tags=["decisions"],
+        )(basal),
+    ]

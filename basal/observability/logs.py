@@ -1,9 +1,10 @@
 """Log lines: a timestamp on every one, the request's id on every line logged while it is served, text or JSON.
 
-The request context lives in context variables set by the HTTP layer (`basal.api.observe`) for the task that serves
-one request; `asyncio.to_thread` and the planning pool copy it, so lines logged there carry it too. A formatter
-reads it, so no call site passes the id along. `--log-format json` writes one object per line (time, level, logger,
-message, request_id, and the request's model, status and durations where the line has them).
+The request context lives in context variables set for the task that serves one request (by
+`request_context.RequestContext` around every HTTP request, and by a batch line's decision); `asyncio.to_thread`
+and the planning pool copy it, so lines logged there carry it too. A formatter reads it, so no call site passes the
+id along. `--log-format json` writes one object per line (time, level, logger, message, request_id, and the
+request's model, status and durations where the line has them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,399 @@
+"""The Files and Batches API (docs/batches.md): the routes that basal-client's `files` and `batches` call.
+
+Uploads are read from the ASGI stream straight into a temporary file in the store (`http/multipart.py`).
+Every refusal is a `batch_refusal` (`api/errors.py`): `{"error": {message, type, param, code}}`, the shape an
+OpenAI-Batch user expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.response import File
+
+from basal.api.context import api_context
+from basal.api.errors import ClientGone, batch_refusal
+from basal.api.http.auth import check_auth
+from basal.api.http.multipart import read_upload
+from basal.api.settings import ApiSettings
+from basal.api.wire.batch_types import (
+    MAX_EXPIRES_S,
+    MIN_EXPIRES_S,
+    ApiError,
+    BatchErrors,
+    BatchList,
+    BatchObject,
+    CreateBatch,
+    DeletedFile,
+    FileList,
+    FileObject,
+    RequestCounts,
+)
+from basal.api.wire.openapi import documented, json_schema
+from basal.batch.lines import UploadRefused
+from basal.batch.service import WINDOW_S, BatchService, lines_of
+from basal.batch.store import Conflict, TooMany
+from basal.core.errors import RequestError
+
+MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
+DEFAULT_LIST = 20
+MAX_METADATA = 16  # metadata pairs; keys up to 64 characters, values up to 512 (as OpenAI)
+JSONL = "application/jsonl"
+
+
+def _auth(request: Request) -> None:
+    try:
+        check_auth(request, api_context(request).settings, "basal")
+    except RequestError as e:
+        raise batch_refusal(e.status, "invalid_api_key", e.body["error"]) from None
+
+
+def _service(request: Request) -> BatchService:
+    service = api_context(request).batches
+    assert service is not None  # these routes are registered only with a service
+    return service
+
+
+def file_object(row: dict) -> FileObject:
+    return FileObject(
+        id=row["id"],
+        bytes=row["bytes"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        filename=row["filename"],
+        purpose=row["purpose"],
+    )
+
+
+def batch_object(row: dict) -> BatchObject:
+    errors = msgspec.convert(json.loads(row["errors"]), BatchErrors) if row["errors"] else None
+    return BatchObject(
+        id=row["id"],
+        endpoint=row["endpoint"],
+        model=row["model"],
+        errors=errors,
+        input_file_id=row["input_file_id"],
+        completion_window=row["completion_window"],
+        status=row["status"],
+        output_file_id=row["output_file_id"],
+        error_file_id=row["error_file_id"],
+        created_at=row["created_at"],
+        in_progress_at=row["in_progress_at"],
+        expires_at=row["expires_at"],
+        finalizing_at=row["finalizing_at"],
+        completed_at=row["completed_at"],
+        failed_at=row["failed_at"],
+        expired_at=row["expired_at"],
+        cancelling_at=row["cancelling_at"],
+        cancelled_at=row["cancelled_at"],
+        request_counts=RequestCounts(total=row["total"], completed=row["completed"], failed=row["failed"]),
+        metadata=json.loads(row["metadata"]) if row["metadata"] else None,
+    )
+
+
+def _list_args(request: Request, known: Callable[[str], object]) -> tuple[str | None, int]:
+    """`after` (a cursor: an id `known` finds) and `limit` of a list request."""
+    after = request.query_params.get("after")
+    if after is not None and known(after) is None:
+        raise batch_refusal(
+            400, "invalid_cursor", f"after={after!r} names nothing in this list (deleted, or never in it)", "after"
+        )
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return after, DEFAULT_LIST
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST:
+        raise batch_refusal(400, "invalid_limit", f"limit must be a whole number from 1 to {MAX_LIST}", "limit")
+    return after, int(raw)
+
+
+def _page(kind: type[FileList] | type[BatchList], data: list, more: bool) -> FileList | BatchList:
+    """One page of a list endpoint: its items, the ids at both ends (the cursor for `after`), whether more follow."""
+    return kind(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=more)
+
+
+def _ok(value: msgspec.Struct, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
+
+
+def _expires_seconds(value: Any, param: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not MIN_EXPIRES_S <= value <= MAX_EXPIRES_S:
+        raise batch_refusal(400, "invalid_expires_after", f"{param} must be {MIN_EXPIRES_S} to {MAX_EXPIRES_S}", param)
+    return value
+
+
+# the routes: module-level handlers; a refusal is raised (`batch_refusal`) and answered by the app's `refusal_response`
+
+
+async def upload(request: Request) -> Response:
+    _auth(request)
+    service = _service(request)
+    store, limits = service.store, service.settings
+    tmp = store.upload_path()
+    try:
+        fields, filename = await read_upload(request, limits.max_upload_bytes, tmp)
+        if fields.get("purpose") != "batch":
+            raise batch_refusal(400, "invalid_purpose", 'purpose must be "batch"', "purpose")
+        expires = None
+        if "expires_after[anchor]" in fields or "expires_after[seconds]" in fields:
+            if fields.get("expires_after[anchor]") != "created_at":
+                raise batch_refusal(
+                    400, "invalid_expires_after", 'expires_after[anchor] must be "created_at"', "expires_after"
+                )
+            seconds = fields.get("expires_after[seconds]", "")
+            expires = _expires_seconds(int(seconds) if seconds.isdigit() else -1, "expires_after[seconds]")
+        try:
+            parsed = await asyncio.to_thread(lambda: lines_of(tmp.read_bytes(), limits))
+        except UploadRefused as e:
+            raise batch_refusal(400, "invalid_file", str(e), "file") from None
+        row = await asyncio.to_thread(store.add_file, tmp, filename, "batch", expires, len(parsed))
+        return _ok(file_object(row))
+    except ClientGone:
+        return Response(b"", status_code=499)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+async def list_files(request: Request) -> Response:
+    _auth(request)
+    after, limit = _list_args(request, _service(request).store.get_file)
+    purpose = request.query_params.get("purpose")
+    if purpose is not None and purpose not in ("batch", "batch_output"):
+        raise batch_refusal(400, "invalid_purpose", 'purpose must be "batch" or "batch_output"', "purpose")
+    rows, more = _service(request).store.list_files(after, limit, purpose)
+    return _ok(_page(FileList, [file_object(r) for r in rows], more))
+
+
+def _file(service: BatchService, file_id: str) -> dict:
+    row = service.store.get_file(file_id)
+    if row is None:
+        raise batch_refusal(404, "file_not_found", f"no file {file_id!r}", "file_id")
+    return row
+
+
+async def get_file(request: Request) -> Response:
+    _auth(request)
+    return _ok(file_object(_file(_service(request), request.path_params["file_id"])))
+
+
+async def delete_file(request: Request) -> Response:
+    _auth(request)
+    service, file_id = _service(request), request.path_params["file_id"]
+    _file(service, file_id)
+    await asyncio.to_thread(service.store.delete_file, file_id)
+    return _ok(DeletedFile(id=file_id))
+
+
+async def file_content(request: Request) -> Response | File:
+    _auth(request)
+    service, file_id = _service(request), request.path_params["file_id"]
+    _file(service, file_id)
+    path = service.store.file_path(file_id)
+    if not path.exists():
+        raise batch_refusal(404, "file_not_found", f"no file {file_id!r}", "file_id")
+    return File(path, media_type=JSONL, content_disposition_type="inline", filename=f"{file_id}.jsonl")
+
+
+async def create_batch(request: Request) -> Response:
+    _auth(request)
+    service = _service(request)
+    store, limits = service.store, service.settings
+    key = request.headers.get("idempotency-key")
+    if key is not None and (not 1 <= len(key) <= 128 or any(not "!" <= c <= "~" for c in key)):
+        raise batch_refusal(400, "invalid_idempotency_key", "Idempotency-Key must have 1-128 visible ASCII characters")
+    raw = await request.body()
+    try:
+        body = msgspec.json.decode(raw, type=CreateBatch)
+    except msgspec.ValidationError as e:
+        raise batch_refusal(400, "invalid_request", f"the body does not validate: {e}") from None
+    except msgspec.DecodeError as e:
+        raise batch_refusal(400, "invalid_json", f"the body is not JSON: {e}") from None
+    if body.metadata is not None and (
+        len(body.metadata) > MAX_METADATA or any(len(k) > 64 or len(v) > 512 for k, v in body.metadata.items())
+    ):
+        raise batch_refusal(
+            400, "invalid_metadata", "metadata: at most 16 pairs, keys up to 64, values up to 512", "metadata"
+        )
+    expires = None
+    if body.output_expires_after is not None:
+        expires = _expires_seconds(body.output_expires_after.seconds, "output_expires_after.seconds")
+    file = store.get_file(body.input_file_id)
+    if file is None:
+        raise batch_refusal(404, "file_not_found", f"no file {body.input_file_id!r}", "input_file_id")
+    if file["purpose"] != "batch":
+        raise batch_refusal(400, "invalid_input_file", "the input file's purpose must be batch", "input_file_id")
+    try:
+        row, _ = await asyncio.to_thread(
+            store.create_batch,
+            body.input_file_id,
+            body.endpoint,
+            WINDOW_S[body.completion_window],
+            body.completion_window,
+            body.metadata,
+            expires,
+            key,
+            limits.max_active,
+        )
+    except Conflict:
+        raise batch_refusal(
+            409, "idempotency_conflict", "this Idempotency-Key was used for a batch with other data"
+        ) from None
+    except TooMany:
+        raise batch_refusal(
+            429, "too_many_batches", f"{limits.max_active} batches are in progress; retry when one ends"
+        ) from None
+    service.wake()
+    return _ok(batch_object(row))
+
+
+async def list_batches(request: Request) -> Response:
+    _auth(request)
+    after, limit = _list_args(request, _service(request).store.get_batch)
+    rows, more = _service(request).store.list_batches(after, limit)
+    return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
+
+
+def _batch(service: BatchService, batch_id: str) -> dict:
+    row = service.store.get_batch(batch_id)
+    if row is None:
+        raise batch_refusal(404, "batch_not_found", f"no batch {batch_id!r}", "batch_id")
+    return row
+
+
+async def get_batch(request: Request) -> Response:
+    _auth(request)
+    return _ok(batch_object(_batch(_service(request), request.path_params["batch_id"])))
+
+
+async def cancel_batch(request: Request) -> Response:
+    _auth(request)
+    service, batch_id = _service(request), request.path_params["batch_id"]
+    _batch(service, batch_id)
+    if await asyncio.to_thread(service.store.set_status, batch_id, "cancelling", ("validating", "in_progress")):
+        await service.cancel(batch_id)
+    return _ok(batch_object(_batch(service, batch_id)))
+
+
+UPLOAD_SCHEMA = {
+    "type": "object",
+    "required": ["purpose", "file"],
+    "properties": {
+        "purpose": {"type": "string", "enum": ["batch"]},
+        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+        "expires_after[seconds]": {"type": "integer", "minimum": MIN_EXPIRES_S, "maximum": MAX_EXPIRES_S},
+        "file": {"type": "string", "format": "binary", "description": "JSONL, one batch request per line"},
+    },
+}
+
+
+def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
+    """The Files and Batches API's routes, documented with every status they send."""
+    keys = bool(settings.api_keys)
+
+    def responses(ok: str, tp: Any, *errors: tuple[str, str]) -> dict[str, Any]:
+        out = {"200": {"description": ok, "content": {"application/json": {"schema": json_schema(tp)}}}}
+        error = {"application/json": {"schema": json_schema(ApiError)}}
+        for code, what in (*errors, *((("401", "wrong API key"), ("403", "no API key")) if keys else ())):
+            out[code] = {"description": what, "content": error}
+        return out
+
+    content_responses = responses("the file's bytes", FileObject, ("404", "no such file"))
+    content_responses["200"] = {
+        "description": "the file's bytes (JSONL)",
+        "content": {JSONL: {"schema": {"type": "string"}}},
+    }
+    no_file, no_batch = ("404", "no such file"), ("404", "no such batch")
+    return [
+        post(
+            "/v1/files",
+            operation_class=documented(
+                responses(
+                    "the stored file",
+                    FileObject,
+                    ("400", "a malformed form or file (empty, too many lines, a custom_id twice, not JSONL)"),
+                    ("413", "the file is over the upload limit"),
+                    ("415", "not multipart/form-data"),
+                ),
+                UPLOAD_SCHEMA,
+                keys,
+                media_type="multipart/form-data",
+            ),
+            summary="Upload a batch input file (JSONL)",
+            tags=["batches"],
+            status_code=200,
+            request_max_body_size=None,  # the upload limit is checked while the stream is read
+        )(upload),
+        get(
+            "/v1/files",
+            operation_class=documented(
+                responses("one page of files, newest first", FileList, ("400", "a bad limit or purpose")), secured=keys
+            ),
+            summary="List files",
+            tags=["batches"],
+        )(list_files),
+        get(
+            "/v1/files/{file_id:str}",
+            operation_class=documented(responses("the file", FileObject, no_file), secured=keys),
+            summary="Retrieve a file",
+            tags=["batches"],
+        )(get_file),
+        delete(
+            "/v1/files/{file_id:str}",
+            operation_class=documented(responses("deleted", DeletedFile, no_file), secured=keys),
+            summary="Delete a file",
+            tags=["batches"],
+            status_code=200,
+        )(delete_file),
+        get(
+            "/v1/files/{file_id:str}/content",
+            operation_class=documented(content_responses, secured=keys),
+            summary="Download a file's content",
+            tags=["batches"],
+        )(file_content),
+        post(
+            "/v1/batches",
+            operation_class=documented(
+                responses(
+                    "the batch (new, or the one this Idempotency-Key created)",
+                    BatchObject,
+                    ("400", "a bad body, or an input file that is not a batch input"),
+                    ("404", "no such input file"),
+                    ("409", "this Idempotency-Key was used for a batch with other data"),
+                    ("429", "too many batches in progress"),
+                ),
+                json_schema(CreateBatch),
+                keys,
+            ),
+            summary="Create a batch",
+            tags=["batches"],
+            status_code=200,
+        )(create_batch),
+        get(
+            "/v1/batches",
+            operation_class=documented(
+                responses("one page of batches, newest first", BatchList, ("400", "a bad limit")), secured=keys
+            ),
+            summary="List batches",
+            tags=["batches"],
+        )(list_batches),
+        get(
+            "/v1/batches/{batch_id:str}",
+            operation_class=documented(responses("the batch", BatchObject, no_batch), secured=keys),
+            summary="Retrieve a batch",
+            tags=["batches"],
+        )(get_batch),
+        post(
+            "/v1/batches/{batch_id:str}/cancel",
+            operation_class=documented(
+                responses("the batch (cancelling; a terminal one unchanged)", BatchObject, no_batch), secured=keys
+            ),
+            summary="Cancel a batch",
+            tags=["batches"],
+            status_code=200,
+        )(cancel_batch),
+    ]

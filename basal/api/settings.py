@@ -1,0 +1,26 @@
+"""What the HTTP layer is told at its start (`basal serve` builds it from the configuration)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from basal.api.http.body import TransitBytes
+from basal.api.http.capture import Capture
+from basal.core.request.limits import DEFAULT_LIMITS, Limits
+from basal.observability.tracing import Tracer
+
+
+@dataclass
+class ApiSettings:
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 16 << 20
+    release_date: str = "2026-10-05"
+    metrics: bool = False
+    descriptions: dict[str, str] = field(default_factory=dict)
+    limits: Limits = DEFAULT_LIMITS
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: CORS off)
+    public_metrics_and_schema: bool = False  # /metrics and /schema without a key even when keys are set
+    access_log: bool = False  # one line per request (basal.access), in the process's log format
+    tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
+    transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
+    capture: Capture | None = None  # a sample of valid requests to JSONL (docs/replay.md); None: off
