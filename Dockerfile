@@ -1,6 +1,6 @@
 # basal's container image, two targets (docs/install.md):
-#   docker build --target cpu  -t basal-engine:0.1.0-cpu  .     # torch's CPU build, Python 3.11 (lock/linux-cpu.txt)
-#   docker build --target cuda -t basal-engine:0.1.0-cuda .     # PyPI's CUDA torch + Triton, Python 3.12 (lock/linux-cuda.txt)
+#   docker build --target cpu  -t basal-bitwise:0.1.0-cpu  .     # torch's CPU build, Python 3.11 (lock/linux-cpu.txt)
+#   docker build --target cuda -t basal-bitwise:0.1.0-cuda .     # PyPI's CUDA torch + Triton, Python 3.12 (lock/linux-cuda.txt)
 # Build arguments:
 #   BASE             the cpu target's base: Debian-like, with python3 3.11 that can make a venv (lock/linux-cpu.txt)
 #   CUDA_BASE        the cuda target's base: Debian-like, with apt packages python3 3.12 (lock/linux-cuda.txt)

@@ -11,7 +11,7 @@ venv: $(STAMP)
 
 # torch is installed first and by exact version, so that no dependency can pull a different build. On a Linux
 # machine without a GPU, `make venv TORCH_INDEX_URL=<PyTorch's CPU wheel index>` takes the CPU-only build instead
-# of the default (multi-GB) CUDA one; see the README's set-up section.
+# of the default (multi-GB) CUDA one; see docs/install.md, "Linux without a GPU".
 # Everything else comes at the exact versions of the lock (lock/README.md): the CPU build's, Python 3.11.
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
@@ -66,7 +66,7 @@ gpu-image-check: gpu-wheels
 	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec
 	rm -rf $(IMAGE_SITE) $(IMAGE_VENV)/dry-run
 	$(IMAGE_VENV)/bin/python -m pip install -q --no-index --no-deps --no-compile --target $(IMAGE_SITE) .whl/*.whl
-	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/gpu_check.py \
+	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/checks/gpu_check.py \
 		--cpu-dry-run --out $(IMAGE_VENV)/dry-run
 	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR) $(IMAGE_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" \
 		tests/gpu/interpreter
@@ -78,9 +78,20 @@ gpu-image-check: gpu-wheels
 bench: $(STAMP)
 	$(VENV)/bin/basal bench --plot
 
-# serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning)
-serve: $(STAMP)
-	$(VENV)/bin/basal serve $(SERVE_ARGS)
+# serves the built-in demo model on 127.0.0.1:8000 (synthetic: its answers carry no meaning) from a venv of its own
+# that holds what serving needs and nothing else (basal's runtime dependencies at the lock's versions, no dev stack),
+# with pip's progress shown; editable, so it serves the checkout as it is; `make test`'s .venv is separate
+SERVE_VENV  ?= .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+
+$(SERVE_STAMP): pyproject.toml $(LOCK)
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --progress-bar on $(TORCH_PIP_ARGS) torch==2.13.0
+	$(SERVE_VENV)/bin/python -m pip install --progress-bar on -c $(LOCK) -e .
+	touch $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
+	$(SERVE_VENV)/bin/basal serve $(SERVE_ARGS)
 
 # --- packaging (docs/install.md) ---
 
@@ -109,7 +120,7 @@ lock: $(STAMP)
 # --- the container image (Dockerfile, docs/install.md); needs a running Docker daemon ---
 
 DOCKER    ?= docker
-IMAGE     ?= basal-engine
+IMAGE     ?= basal-bitwise
 IMAGE_TAG ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' basal/__init__.py)
 # BASE: the cpu target's base image instead of the public one. Where no container registry is reachable (this
 # project's machines), `make image-base` builds basal-base:bookworm from the Debian mirror: make image-check
@@ -148,4 +159,4 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SERVE_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -112,9 +112,10 @@ def _decide(a: argparse.Namespace) -> int:
     import msgspec
 
     from basal.backends.load import load_backend
-    from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
+    from basal.core.engine.pipeline import Pipeline, Stats
     from basal.core.errors import RequestError
     from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
+    from basal.core.request.model_names import model_resolver
 
     from_stdin = a.request in (None, "-")
     body = b"" if from_stdin else Path(a.request).read_bytes()  # a missing file fails before the model loads
@@ -256,9 +257,9 @@ def _serve(a: argparse.Namespace) -> int:
         if config.ray.address is None:  # a local Ray: every one of its ports on loopback (docs/ray.md, Security)
             os.environ.setdefault(RAY_LOCAL_ONLY, "0")  # read when ray is imported, so before the import below
         try:
-            from basal.deploy.app import serve_ray
+            from basal.ray_serve.app import serve_ray
         except ImportError as e:
-            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-engine[ray]' ({e})") from e
+            raise ValueError(f"serving on Ray needs the ray extra: pip install 'basal-bitwise[ray]' ({e})") from e
         serve_ray(config)
         return 0
     serve(config)
@@ -285,11 +286,8 @@ def _run_batch(a: argparse.Namespace) -> int:
     import asyncio
     import time
 
-    from basal.api.decide import body_decider
-    from basal.batch.offline import run_file
-    from basal.progress import Progress
+    from basal.batch.offline import pending, run_file
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
-    from basal.serve.server import api_settings, batch_settings, build_engines
 
     source, output = Path(a.input), Path(a.output)
     if not source.is_file():
@@ -298,6 +296,14 @@ def _run_batch(a: argparse.Namespace) -> int:
         config = load_config(a.config)
     else:
         config = ServeConfig(models=[ModelConfig(path=a.model or DEMO_PATH)])
+    todo, skipped = pending(source, output, config.batches.max_line_kb << 10)  # as batch_settings() reads it
+    if not todo:  # nothing to run: no model is loaded
+        print(f"basal run-batch: nothing left to do: all {skipped} line(s) already in {output}", file=sys.stderr)
+        return 0
+    from basal.api.decide import body_decider
+    from basal.progress import Progress
+    from basal.serve.server import api_settings, batch_settings, build_engines
+
     engines = build_engines(config, progress=True)
     engines.start()
     decide = body_decider(engines, api_settings(config))
@@ -384,67 +390,14 @@ def _doctor(a: argparse.Namespace) -> int:
 
 
 def _bench(a: argparse.Namespace) -> int:
-    import tempfile
+    from basal.benchsuite.run import run_suites, suite_names
 
-    from tqdm import tqdm
-
-    from basal.benchsuite import machine_load
-    from basal.benchsuite.report import write
-    from basal.benchsuite.suites import SUITES, Bench, model_shape
-    from basal.core.model.model_dir import ModelDir
-    from basal.core.model.synth import synth_model
-    from basal.progress import Progress
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    names = a.suites or list(SUITES)
-    unknown = [n for n in names if n not in SUITES]
-    if unknown:
-        raise ValueError(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
-    with tempfile.TemporaryDirectory() as tmp:
-        if a.model:
-            model = _open_model(a.model)
-        else:
-            print(f"synthesizing {a.preset} cut to {a.layers} layer(s) for the benchmark", file=sys.stderr)
-            quiet = True if a.quiet else None  # None: tqdm's own choice, a bar on a terminal only
-            with tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc="weights", disable=quiet) as bar:
-                written = synth_model(
-                    Path(tmp) / "model", a.preset, layers=a.layers, on_bytes=bar.update, on_total=_total_of(bar)
-                )
-            model = ModelDir.load(written)
-        print(f"loading {model.name} on the {a.backend} backend and measuring the GEMM limit", file=sys.stderr)
-        bench = Bench(model, a.backend, a.dtype, quick=not a.full, transformers=not a.no_transformers)
-        if bench.limit:
-            rates = ", ".join(f"{k} {v:.0f}" for k, v in bench.limit.gflops.items())
-            print(
-                f"GEMM limit of this machine for the model's shapes: {bench.limit.combined_gflops:.0f} GFLOP/s "
-                f"({bench.limit.rows}-row F.linear: {rates})",
-                file=sys.stderr,
-            )
-        hf_device, hf_dtype = bench.baseline_placement
-        context = {
-            "model": model_shape(model),
-            "backend": bench.backend.name,
-            "device": bench.backend.device,
-            "dtype": bench.backend.dtype,
-            "quick": not a.full,
-            "gemm_limit": bench.limit.as_dict() if bench.limit else None,
-            "transformers_baseline": {"device": hf_device, "dtype": hf_dtype} if bench.transformers else None,
-            # threads, GEMM chunks, compiled CPU kernels: how the numbers were computed (torch backend)
-            "compute": bench.backend.describe(),
-        }
-        out = Path(a.out)
-        for i, name in enumerate(names):
-            before = machine_load.measure()
-            with Progress(f"bench {name} ({i + 1}/{len(names)} suites)", min_interval_s=10, enabled=not a.quiet) as p:
-                if warning := before.warning():
-                    p.write(f"warning before {name}: {warning}")
-                bench.progress = p
-                result = SUITES[name](bench)
-            after = machine_load.measure()
-            load = {"before": before.to_json(), "after": after.to_json()}
-            files = write(result, out, context, a.plot, load)
-            print(result.markdown(), flush=True)
-            print("wrote " + ", ".join(str(f) for f in files), flush=True)
+    names = suite_names(a.suites)
+    model = _open_model(a.model) if a.model else None
+    run_suites(
+        names, model, a.preset, a.layers, a.backend, a.dtype,
+        full=a.full, transformers=not a.no_transformers, out=Path(a.out), plot=a.plot, quiet=a.quiet,
+    )  # fmt: skip
     return 0
 
 
@@ -592,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model from the Hugging Face hub into its cache (HF_HOME), for images and init containers",
         description="Fetch a Basal model into the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub) and print "
         "its folder; `basal serve --model OWNER/NAME[@REV]` then serves it offline. Needs the hub extra: "
-        "pip install 'basal-engine[hub]'. HF_TOKEN authenticates (gated or private models).",
+        "pip install 'basal-bitwise[hub]'. HF_TOKEN authenticates (gated or private models).",
     )
     w.add_argument("repo", metavar="OWNER/NAME[@REV]", help="model id, optionally @ a branch, tag or commit")
     w.set_defaults(run=_download)
@@ -695,10 +648,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     b.set_defaults(run=_bench)
+    described = {  # what `basal CMD --help` opens with (the others set their own description above)
+        "synth-model": "Write a synthetic Basal model directory: the real shapes of a preset (or --layers fewer), "
+        "random weights, a tokenizer trained on the prompt contract. Its answers carry no meaning; its speed is real.",
+        "check-reference": "Rebuild upstream reference exports (systemone.jsonl, bench.jsonl) with this engine and "
+        "compare every prompt, token and probability against them (docs/operations.md, Reference exports).",
+        "decide": "Answer one decision request (a JSON file, or standard input) on one model without a server and "
+        "print the answer JSON; --timing adds where the time went (load, tokenize, pack, forward).",
+        "facts": 'Print a state as the model reads it with facts: "auto": the facts block basal adds to the prompt.',
+        "doctor": "Print the versions, backends and devices of this machine, then check bitwise batch invariance "
+        "of every backend and dtype here (alone = batched = no prefix cache) on the demo model or --model.",
+        "export": "Run a request file and write every result in the reference export format (JSONL), to compare "
+        "machines, backends or versions with `basal compare` (docs/determinism.md section 5).",
+        "compare": "Compare two exports (basal's or upstream's): tokens, letter logits, decisions and answers; "
+        "exit status 1 when the comparison policy fails.",
+        "bench": "Run benchmark suites with their baselines in the same run and write JSON and markdown tables "
+        "(PNG charts with --plot); `make bench` runs all of them (bench/README.md).",
+    }
+    for name, text in described.items():
+        sub.choices[name].description = text
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from basal.ownership import conflict
+
+    if problem := conflict():  # before anything else runs in a package another project wrote into
+        print(f"basal: {problem}", file=sys.stderr)
+        return 2
     from basal.core.errors import ModelDirError
     from basal.serve.config import ConfigError
 

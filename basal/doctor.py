@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import platform
 import random
 import time
 
 import numpy as np
 
-from basal import __version__
 from basal.backends.load import DTYPES, load_backend_class, torch_installed
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
@@ -17,22 +14,7 @@ from basal.core.model.prompt import option_orders, render_prompt
 from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
 from basal.progress import Progress
-
-PACKAGES = ("torch", "mlx", "numpy", "tokenizers", "safetensors", "msgspec", "litestar", "uvicorn")
-
-
-def versions() -> dict[str, str]:
-    out = {
-        "basal": __version__,
-        "python": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-    }
-    for name in PACKAGES:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
+from basal.versions import versions
 
 
 def paths() -> list[tuple[str, str]]:
@@ -105,28 +87,28 @@ def chunk_lines(facts: dict) -> list[str]:
     return out
 
 
-def gpu_engine_tables() -> list[str]:
-    """The GEMM engine tables the GPU path probed on this machine, and whether they match the running versions."""
+def gpu_gemm_tables() -> list[str]:
+    """The GEMM tables the GPU path probed on this machine, and whether they match the running versions."""
     if not torch_installed():
         return []
     import torch
 
-    from basal.backends.cuda.gpu import engine_table as et
-    from basal.backends.cuda.gpu.environment import versions
+    from basal.backends.cuda.gpu import gemm_table as gt
+    from basal.backends.cuda.gpu.environment import device_stack
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = []
     for dtype in DTYPES:
-        path = et.table_path(dtype)
+        path = gt.table_path(dtype)
         if path.is_file():
-            lines += et.describe(*et.load_table(path, et.table_key(versions(device), dtype)))
-    return lines or ["  GEMM engine tables: none yet (the GPU path writes one at its first start on a GPU)"]
+            lines += gt.describe(*gt.load_table(path, gt.table_key(device_stack(device), dtype)))
+    return lines or ["  GEMM tables: none yet (the GPU path writes one at its first start on a GPU)"]
 
 
 def cuda_line() -> str:
     """The CUDA device, and which torch path would serve on it: the GPU path needs Triton (Linux)."""
     if not torch_installed():
-        return "CUDA: torch is not installed (pip install 'basal-engine[cuda]' on NVIDIA)"
+        return "CUDA: torch is not installed (pip install 'basal-bitwise[cuda]' on NVIDIA)"
     import torch
 
     from basal.backends.cuda.backend import NO_TRITON, gpu_path_installed
@@ -152,7 +134,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
     except ImportError:
         lines.append("Metal: MLX is not installed")
     lines.append(cuda_line())
-    lines += gpu_engine_tables()
+    lines += gpu_gemm_tables()
     if torch_installed():
         from basal.backends.cuda.cpu import cpu_kernels
 
@@ -170,6 +152,6 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
                 if "attention_gemm_rows" in facts:
                     lines.append(f"    attention tile GEMMs: {facts['attention_gemm_rows']}")
                 if "gemm_engines" in facts:  # the GPU path
-                    engines = ", ".join(f"{shape} {name}" for shape, name in facts["gemm_engines"].items())
-                    lines.append(f"    GEMM engines: {engines}; attention {facts['attention']}; {facts['cuda_graphs']}")
+                    gemms = ", ".join(f"{shape} {name}" for shape, name in facts["gemm_engines"].items())
+                    lines.append(f"    GEMMs: {gemms}; attention {facts['attention']}; {facts['cuda_graphs']}")
     return "\n".join(lines)

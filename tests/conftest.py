@@ -16,6 +16,7 @@ from basal.core.model.synth import synth_model
 os.environ.setdefault("BASAL_GEMM_CACHE", "off")
 
 DATA = Path(__file__).parent / "data"
+pytest_plugins = ("tests.postgres",)  # `postgres` (a real server of the session's own) and `database` fixtures
 
 
 def pytest_collection_finish(session) -> None:

@@ -28,13 +28,31 @@ OUTSIDE_CORE = (
     "basal.batch",
     "basal.serve",
     "basal.export",
-    "basal.deploy",
+    "basal.ray_serve",
     "basal.benchsuite",
     "basal.cli",
     "basal.doctor",
     "basal.progress",
     "basal.observability",
+    "basal.ownership",
 )
+
+# The whole package: what a package must never import (its own folder's rules above aside). The HTTP front never
+# touches a backend (it asks the engines); a backend computes and knows nothing of HTTP, serving or the Batch API;
+# the Batch API runs lines through a `Decide` function and imports nothing of the engine, so it runs the same bytes
+# online and offline.
+NEVER: dict[str, tuple[str, ...]] = {
+    "basal.api": ("basal.backends",),
+    "basal.backends": ("basal.api", "basal.serve", "basal.batch", "basal.ray_serve"),
+    "basal.batch": ("basal.core", "basal.backends", "basal.api", "basal.serve", "basal.ray_serve", "basal.export"),
+}
+NEVER_EXCEPT: dict[str, tuple[str, ...]] = {  # plain base modules a rule above lets through
+    "basal.batch": ("basal.core.errors", "basal.core.home"),
+}
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def imports(path: Path) -> Iterator[tuple[int, str]]:
@@ -64,6 +82,10 @@ def violations(root: Path) -> list[str]:
         for line, imported in imports(path):
             graph[mod].add(imported)
             where = f"{path.relative_to(root)}:{line}"
+            for package, never in NEVER.items():
+                exempt = any(within(imported, ok) for ok in NEVER_EXCEPT.get(package, ()))
+                if within(mod, package) and any(within(imported, n) for n in never) and not exempt:
+                    out.append(f"{where}: {package.removeprefix('basal.')} imports {imported}")
             if mod.startswith("basal.core."):
                 if imported.startswith(OUTSIDE_CORE):
                     out.append(f"{where}: core imports {imported}")

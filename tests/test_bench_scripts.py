@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import mac_check
+from bench.checks import mac_check
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["basal-1.5", "basal-1.0 biases"])
@@ -60,7 +60,7 @@ def test_bench_suite_writes_json_markdown_and_a_plot(demo_model, tmp_path):
 
 @pytest.mark.slow
 def test_multi_speed_smoke(demo_dir, tmp_path):
-    from bench import multi_speed
+    from bench.lab import multi_speed
 
     rows = multi_speed.main(
         [
@@ -83,7 +83,7 @@ def test_multi_speed_smoke(demo_dir, tmp_path):
 
 @pytest.mark.slow
 def test_evidence_speed_smoke(demo_dir, tmp_path):
-    from bench import evidence_speed
+    from bench.lab import evidence_speed
 
     args = ["--model", str(demo_dir), "--state-tokens", "64", "--questions", "1", "--reps", "1"]
     (row,) = evidence_speed.main([*args, "--out", str(tmp_path / "e.json")])
@@ -92,7 +92,7 @@ def test_evidence_speed_smoke(demo_dir, tmp_path):
 
 def test_cpu_speed_pairs_each_forward_with_the_rates_around_it():
     """100 GFLOP in 1 s between rates of 80 and 120 GFLOP/s: 100 / mean(80, 120) = 1.0, not 100 / 80 or / 120."""
-    from bench import cpu_speed
+    from bench.lab import cpu_speed
 
     assert cpu_speed.paired_fraction(100e9, 1.0, 80.0, 120.0) == 1.0
     assert cpu_speed.paired_fraction(100e9, 2.0, 100.0, 100.0) == 0.5
@@ -100,12 +100,12 @@ def test_cpu_speed_pairs_each_forward_with_the_rates_around_it():
 
 
 def test_gemm_columns_smoke(demo_model):
-    """bench.gemm_columns on the demo model: a rate per shape, the three plan sets swapped in and back, the same
+    """bench.lab.gemm_columns on the demo model: a rate per shape, the three plan sets swapped in and back, the same
     bits under each."""
     from basal.backends.cuda.backend import TorchBackend
     from basal.core.engine.pipeline import Pipeline
     from basal.core.request.dialects import parse_systemone
-    from bench import gemm_columns
+    from bench.lab import gemm_columns
 
     assert set(gemm_columns.fresh_vs_reused(demo_model.config, 1030, 1)) == {"fresh", "reused"}
     rates = gemm_columns.shape_rates(demo_model.config, 16, 1)
@@ -120,8 +120,8 @@ def test_gemm_columns_smoke(demo_model):
 
 
 def test_cpu_speed_plot_from_saved_results(tmp_path):
-    """`bench.cpu_speed --replot`: fractions recomputed against the median measured rate, then drawn."""
-    from bench import cpu_speed
+    """`bench.lab.cpu_speed --replot`: fractions recomputed against the median measured rate, then drawn."""
+    from bench.lab import cpu_speed
 
     row = {"workload": "25 questions, one ~700-token state", "gflop": 100.0, "before_s": [2.0], "after_s": [1.0]}
     model = {"layers": 2, "gemm_limit": {"combined_gflops": 999.0}, "gemm_rates_measured": [50.0, 100.0, 200.0]}
@@ -148,8 +148,8 @@ def test_basal_bench_records_how_it_computed(demo_dir, tmp_path):
 
 
 def test_lane_overlap_bench_smoke(demo_model, capsys):
-    """bench/lane_overlap.py runs both ways on its simulated device and prints a row per setting."""
-    from bench import lane_overlap
+    """bench/lab/lane_overlap.py runs both ways on its simulated device and prints a row per setting."""
+    from bench.lab import lane_overlap
 
     argv = ["--floor-ms", "1", "--token-us", "7.5", "--clients", "2", "--requests", "20", "--rounds", "1"]
     argv += ["--rates", "100", "--open-shapes", "1:7.5"]
@@ -161,7 +161,7 @@ def test_lane_overlap_bench_smoke(demo_model, capsys):
 
 def test_sm90_usage_prints_every_case_of_a_kernel(capsys):
     pytest.importorskip("triton")
-    from bench import sm90_usage
+    from bench.lab import sm90_usage
 
     assert sm90_usage.main(["--kernel", "swiglu"]) == 0
     out = capsys.readouterr()
@@ -196,7 +196,7 @@ def test_host_ceiling_bench_serves_over_http_and_reports_a_row_per_request_and_l
     requests, HTTP against the in-process engine."""
     import gc
 
-    from bench import host_ceiling
+    from bench.lab import host_ceiling
 
     try:
         host_ceiling.main(["--requests", "4", "--clients", "1", "2", "--gc-baseline"])
@@ -220,8 +220,8 @@ def test_cpu_profile_shares_cover_the_forward_and_restore_the_ops(demo_model):
     from basal.backends.cuda.backend import TorchBackend
     from basal.core.engine.pipeline import Pipeline
     from basal.core.request.dialects import parse_systemone
-    from bench import cpu_profile
-    from bench.cpu_http import REQUEST_SET
+    from bench.compare.cpu_http import REQUEST_SET
+    from bench.lab import cpu_profile
 
     before = {name: getattr(K, name) for name in cpu_profile.WRAPPED}
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model, dtype="f32"))
@@ -241,7 +241,7 @@ def test_llama_cpp_gguf_has_llamas_names_and_rope_layout(demo_dir, tmp_path):
     import numpy as np
     from safetensors.torch import load_file
 
-    from bench.llama_cpp import _permute, to_gguf
+    from bench.compare.llama_cpp import _permute, to_gguf
 
     out = to_gguf(demo_dir, tmp_path / "demo.gguf", "f16")
     tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}

@@ -97,7 +97,7 @@ def test_doctor_says_which_torch_path_serves_on_cuda(monkeypatch):
     assert cuda_line().startswith("CUDA: available: NVIDIA H200; the GPU path serves")
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find_spec(name, *a))
-    assert "portable torch path serves" in cuda_line() and "pip install 'basal-engine[cuda]'" in cuda_line()
+    assert "portable torch path serves" in cuda_line() and "pip install 'basal-bitwise[cuda]'" in cuda_line()
 
 
 def test_a_missing_request_file_is_a_message_not_a_traceback(tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 
 from basal.cli import main
 from basal.core.facts import inject
-from tests.facts.vectors import vectors
+from tests.core.facts.vectors import vectors
 
 
 def test_jsonl_reproduces_the_vectors(tmp_path, capsys):

@@ -43,3 +43,14 @@ def test_serve_help_shows_the_schema_defaults():
     assert set(LIMIT_HELP) == set(fields(Limits))  # a new limit gets a flag with help
     choices = {a.dest: a.choices for a in serve._actions}
     assert choices["dtype"] == ["bf16", "f16", "f32"] and choices["schedule"] == ["fifo", "hrrn"]
+
+
+def test_every_subcommand_describes_itself_and_is_documented():
+    """`basal CMD --help` opens with a description, and docs/operations.md's command table lists every CMD."""
+    from pathlib import Path
+
+    table = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    undescribed = [name for name, parser in _subcommands().items() if len((parser.description or "").split()) < 8]
+    assert undescribed == []
+    undocumented = [name for name in _subcommands() if f"| `basal {name}" not in table]
+    assert undocumented == []

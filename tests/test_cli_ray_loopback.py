@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("ray")
 
 import basal.backends.cuda.cpu.threads as threads
-import basal.deploy.app as deploy_app
+import basal.ray_serve.app as ray_app
 from basal.cli import RAY_LOCAL_ONLY, main
 
 
@@ -19,9 +19,7 @@ def seen(monkeypatch):
     monkeypatch.delenv(RAY_LOCAL_ONLY, raising=False)
     monkeypatch.setattr(threads, "prepare_server_environment", lambda: None)
     calls = []
-    monkeypatch.setattr(
-        deploy_app, "serve_ray", lambda config: calls.append((config.ray, os.environ.get(RAY_LOCAL_ONLY)))
-    )
+    monkeypatch.setattr(ray_app, "serve_ray", lambda config: calls.append((config.ray, os.environ.get(RAY_LOCAL_ONLY))))
     return calls
 
 

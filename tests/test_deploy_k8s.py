@@ -145,7 +145,7 @@ def ray_problems(objects: list[dict]) -> list[str]:
     return problems
 
 
-RENDERS = {"base": True, "cpu": False, "ray": True}  # name: has a GPU
+RENDERS = {"base": True, "cpu": False, "ray": True, "shared-batches": False}  # name: has a GPU
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +161,7 @@ def test_the_manifests_render_and_are_valid(rendered, name):
         "base": ["ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Service"],
         "cpu": ["ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Service"],
         "ray": ["ConfigMap", "Deployment", "PodDisruptionBudget", "RayService", "Service"],
+        "shared-batches": ["ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Service"],
     }[name]
     assert kinds == expected
     assert schema_problems(objects) == []
@@ -223,3 +224,31 @@ def test_the_ray_checks_fail_on_a_broken_render(rendered):
     template = ray["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]
     template["spec"]["containers"][0]["imagePolicy"] = "Always"  # a misspelt field in a custom resource's pod
     assert ray_problems(objects) and schema_problems(objects)
+
+
+def shared_batches_problems(objects: list[dict]) -> list[str]:
+    """Several replicas on one batch store: the database URL from a Secret, the files on the shared volume."""
+    from basal.serve.config import parse_config
+
+    problems = []
+    deployment = find(objects, "Deployment")
+    if deployment["spec"].get("replicas", 1) < 2:
+        problems.append("fewer than two replicas")
+    env = {e["name"]: e for e in container(objects).get("env", [])}
+    if "secretKeyRef" not in env.get("BASAL_BATCHES__DATABASE", {}).get("valueFrom", {}):
+        problems.append("BASAL_BATCHES__DATABASE does not come from a Secret")
+    config = parse_config(yaml.safe_load(find(objects, "ConfigMap")["data"]["basal.yml"]))
+    if not config.batches.enabled or not (config.batches.dir or "").startswith("/data/"):
+        problems.append("batches must be on, their dir on the shared /data volume")
+    claim = find(objects, "PersistentVolumeClaim")["spec"]["accessModes"]
+    if "ReadWriteMany" not in claim:
+        problems.append("the files' volume must be ReadWriteMany (every replica mounts it)")
+    return problems
+
+
+def test_the_shared_batches_variant_runs_replicas_on_one_store(rendered):
+    assert shared_batches_problems(rendered["shared-batches"]) == []
+    broken = copy.deepcopy(rendered["shared-batches"])
+    find(broken, "Deployment")["spec"]["replicas"] = 1
+    container(broken)["env"] = [e for e in container(broken)["env"] if e["name"] != "BASAL_BATCHES__DATABASE"]
+    assert len(shared_batches_problems(broken)) == 2

@@ -155,3 +155,164 @@ def test_citations_name_the_projects_own_docs():
             if RESEARCH_NOTE.search(line.replace("](extensions.md)", "]()")):  # docs/README links its sibling
                 offenders.append(f"{name}: {line.strip()[:80]}")
     assert offenders == []
+
+
+# "the README's "On a Mac"", "the README's set-up section": a pointer to a README section by its name
+README_SECTION = re.compile(r"README'?s? +(?:\"([^\"]+)\"|([\w -]+?) +section)", re.IGNORECASE)
+
+
+def readme_section_problems(text: str, headings: list[str]) -> list[str]:
+    """The README sections `text` names that no README heading has: a quoted name is a heading's whole text, an
+    unquoted one ("its NVIDIA section") words of one."""
+    lowered = [h.lower() for h in headings]
+    out = []
+    for m in README_SECTION.finditer(text.replace("\n", " ")):
+        quoted, words = m.group(1), m.group(2)
+        if quoted is not None and quoted.lower() not in lowered:
+            out.append(f'"{quoted}"')
+        elif words is not None and not any(words.lower().removeprefix("the ") in h for h in lowered):
+            out.append(f"{words} section")
+    return out
+
+
+def test_pointers_to_readme_sections_name_real_ones():
+    headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:2] == "##"]
+    assert readme_section_problems('see the README\'s "On a Mac"', headings)  # negative controls
+    assert readme_section_problems("see the README's set-up section", headings)
+    real = "the README's \"Install and run\" and the README's one request section"
+    assert not readme_section_problems(real, headings)
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    offenders = []
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if not (path.suffix in (".py", ".md", ".yml", ".yaml") or path.name in ("Makefile", "Dockerfile")):
+            continue
+        if path.name == "test_docs.py" or not path.is_file():
+            continue
+        offenders += [f"{name}: {p}" for p in readme_section_problems(path.read_text(errors="ignore"), headings)]
+    assert offenders == []
+
+
+# Module paths the docs name: `basal/api/app.py`, `core/engine/pipeline.py` (relative to basal/ or a folder in it),
+# `bench/lab/cpu_speed.py`, and dotted ones (`basal.core.engine.pipeline.Pipeline`, `basal.ray_serve.app:replicas`).
+FILE_PATH = re.compile(r"(?<![\w./-])((?:[a-z_][\w-]*/)+[a-z_]\w*\.(?:py|sh|c|metal))\b")
+BARE_FILE = re.compile(r"`([a-z_]\w*\.py)`")  # `render.py` in a list beside its folder's full path
+FOLDER_PATH = re.compile(r"(?<![\w./-])(basal/(?:[a-z_]\w*/)+)(?![\w.])")
+DOTTED = re.compile(r"(?<![\w./-])(basal(?:\.[A-Za-z_]\w*)+)(?::(\w+))?")
+FILE_NAMES = ("json", "jsonl", "yml", "yaml", "md", "txt", "toml", "py")  # basal.json is a file, not a module
+
+
+def defined_names(module: Path) -> set[str]:
+    """Top-level names a module defines or imports (what `module.Name` or `module:name` may point at)."""
+    import ast
+
+    names = set()
+    for node in ast.parse(module.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def dotted_exists(root: Path, dotted: str, attr: str | None) -> bool:
+    """`basal.a.b.Name`: the longest prefix that is a module or package, and the rest names defined in it."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        base = root.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            rest = parts[cut:] + ([attr] if attr else [])
+            return not rest or rest[0] in defined_names(module)
+    return False
+
+
+def file_exists(root: Path, path: str, tracked: list[str]) -> bool:
+    if (root / path).exists() or (root / "basal" / path).exists():
+        return True
+    return any(name.endswith("/" + path) for name in tracked)  # relative to a folder the text is about
+
+
+def missing_module_paths(root: Path, pages: list[Path]) -> list[str]:
+    """Every module, script or package path a page names that does not exist, as "page:line: path"."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked += [p.relative_to(root).as_posix() for p in (root / "basal").rglob("*.py")]  # moved, not yet committed
+    quoted = {
+        m for p in (root / "basal").rglob("*.py") for m in re.findall(r"[\"'](basal\.[\w.]+)[\"']", p.read_text())
+    }
+    out = []
+    for page in pages:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{page.relative_to(root)}:{number}"
+            for path in FILE_PATH.findall(line):
+                if not file_exists(root, path, tracked) and not path.startswith(("http", "tmp/", "path/", "your/")):
+                    out.append(f"{where}: {path} does not exist")
+            for name in BARE_FILE.findall(line):
+                if not file_exists(root, name, tracked):
+                    out.append(f"{where}: {name} does not exist")
+            out += [f"{where}: {p} does not exist" for p in FOLDER_PATH.findall(line) if not (root / p).is_dir()]
+            for dotted, attr in DOTTED.findall(line):
+                if dotted.rpartition(".")[2] in FILE_NAMES or dotted in quoted:
+                    continue  # a file name; a logger or span name the code spells out
+                if not dotted_exists(root, dotted.rstrip("."), attr or None):
+                    out.append(f"{where}: {dotted}{':' + attr if attr else ''} does not exist")
+    return out
+
+
+def test_every_module_path_the_docs_name_exists():
+    assert missing_module_paths(ROOT, PAGES) == []
+
+
+def test_a_wrong_module_path_is_named_with_its_page(tmp_path):
+    """Negative control: a page naming a moved module, a stale package and a missing name fails, saying where."""
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text(
+        "See `basal/api/app.py` and `basal.core.engine.pipeline.Pipeline`.\n"
+        "Old: `basal/deploy/ingress.py`, `basal.deploy.app:replicas`, `basal.core.engine.pipeline.NoSuchThing`,\n"
+        "`core/engine/no_such_module.py` and `basal/no_such_folder/`.\n"
+    )
+    (tmp_path / "basal").symlink_to(ROOT / "basal")
+    found = missing_module_paths(tmp_path, [page])
+    assert found == [
+        "docs/page.md:2: basal/deploy/ingress.py does not exist",
+        "docs/page.md:2: basal.deploy.app:replicas does not exist",
+        "docs/page.md:2: basal.core.engine.pipeline.NoSuchThing does not exist",
+        "docs/page.md:3: core/engine/no_such_module.py does not exist",
+        "docs/page.md:3: basal/no_such_folder/ does not exist",
+    ], found
+
+
+def unmapped(root: Path, map_text: str) -> list[str]:
+    """What the package has that docs/architecture.md's map does not name: a top-level module or folder of basal/,
+    a module of api/ or batch/ (the folders whose modules the map lists one by one)."""
+    basal = root / "basal"
+    names = [p.name for p in basal.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    names += [f"{p.name}/" for p in basal.iterdir() if (p / "__init__.py").is_file()]
+    for folder in ("api", "batch"):
+        names += [p.name for p in (basal / folder).rglob("*.py") if p.name != "__init__.py"]
+    folder_line = re.compile(r"^  (\w+/)", re.M)  # a folder of basal/ opens its own line of the map
+    folders = set(folder_line.findall(map_text))
+    named = [
+        n for n in names if (n in folders if n.endswith("/") else re.search(rf"(?<![\w/]){re.escape(n)}", map_text))
+    ]
+    return sorted(set(names) - set(named))
+
+
+def architecture_map() -> str:
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return text.split("## Where the code lives", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_architecture_map_names_every_folder_and_api_module():
+    assert unmapped(ROOT, architecture_map()) == [], "add them to docs/architecture.md's map"
+
+
+def test_a_module_missing_from_the_map_is_named(tmp_path):
+    """Negative control: a map that lost a line is told which module it lost."""
+    text = architecture_map()
+    assert unmapped(ROOT, text.replace("otlp.py", "")) == ["otlp.py"]
+    assert unmapped(ROOT, text.replace("  batch/ ", "  ")) == ["batch/"]

@@ -1,4 +1,4 @@
-"""The GEMM limit `basal bench` and bench/cpu_speed.py measure: per shape, the fastest call over a window of calls,
+"""The GEMM limit `basal bench` and bench/lab/cpu_speed.py measure: per shape, the fastest call over a window of calls,
 and across a run the median measurement (one slow or fast moment must not skew every fraction)."""
 
 from __future__ import annotations

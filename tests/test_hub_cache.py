@@ -118,7 +118,7 @@ def test_a_revision_not_in_the_cache_says_how_to_fetch_it(hf_home, no_network, m
     assert main(["serve", "--addr", f"127.0.0.1:{free_port()}", "--model", f"{REPO}@v2"]) == 2
     err = capsys.readouterr().err
     assert f"{REPO}@v2 is not in the Hugging Face cache" in err and f"basal download {REPO}@v2" in err
-    assert "basal-engine[hub]" in err and no_network == []
+    assert "basal-bitwise[hub]" in err and no_network == []
 
 
 def test_download_prints_the_snapshot_and_needs_the_hub_extra(hf_home, no_network, monkeypatch, capsys):
@@ -131,5 +131,5 @@ def test_download_prints_the_snapshot_and_needs_the_hub_extra(hf_home, no_networ
     assert "owner/name" in capsys.readouterr().err
     without_huggingface_hub(monkeypatch)
     assert main(["download", REPO]) == 2
-    assert "pip install 'basal-engine[hub]'" in capsys.readouterr().err
+    assert "pip install 'basal-bitwise[hub]'" in capsys.readouterr().err
     assert no_network == []

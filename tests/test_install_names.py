@@ -1,11 +1,13 @@
-"""Every install command in the repository names basal's distribution, `basal-engine`: the PyPI name `basal`
-belongs to an unrelated project, so `pip install basal` installs someone else's package (issue 27)."""
+"""Every install command in the repository names basal's distribution, `basal-bitwise`: the PyPI name `basal`
+belongs to an unrelated project and `basal-engine` to upstream's server, so installing either installs someone else's
+package."""
 
 from __future__ import annotations
 
 import re
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALL = re.compile(
     r"\b(?:pip3?|pipx|uv\s+pip|uv\s+tool)\s+install\b(?P<args>[^`\n;|&)]*)|\buv\s+add\b(?P<add>[^`\n;|&)]*)"
 )
-WRONG = re.compile(r"basal(?:\[[^\]]*\])?(?:\s*[<>=!~].*)?", re.IGNORECASE)  # `basal`, with extras or a version
+# `basal`, upstream's `basal-engine` or `basal-serve`, with extras or a version
+WRONG = re.compile(r"basal(?:-engine|-serve)?(?:\[[^\]]*\])?(?:\s*[<>=!~].*)?", re.IGNORECASE)
 
 # Lines of files this branch may not edit (basal/*.py is being moved, README.md rewritten): the lead changes them to
-# `basal-engine[ray]` on merge and then empties this set. Each must still be an offender, so it cannot go stale.
+# `basal-bitwise[ray]` on merge and then empties this set. Each must still be an offender, so it cannot go stale.
 PENDING: set[tuple[str, str]] = set()
 
 
@@ -60,7 +63,7 @@ def offenders() -> set[tuple[str, str]]:
 def test_every_install_command_names_the_distribution():
     found = offenders()
     new = sorted(found - PENDING)
-    assert not new, "install basal-engine, not basal (the PyPI name basal is another project):\n" + "\n".join(
+    assert not new, "install basal-bitwise, not basal or basal-engine (other projects' names):\n" + "\n".join(
         f"  {path}: {line}" for path, line in new
     )
     stale = sorted(PENDING - found)
@@ -78,6 +81,8 @@ def test_every_install_command_names_the_distribution():
         "pipx install basal",
         "uv add basal",
         "RUN pip install --no-cache-dir \\\n basal",
+        "pip install 'basal-engine[cuda]'",
+        "uv pip install basal-serve==1.5.0",
     ],
 )
 def test_the_scan_finds_the_wrong_name(line):
@@ -88,8 +93,8 @@ def test_the_scan_finds_the_wrong_name(line):
 @pytest.mark.parametrize(
     "line",
     [
-        "python -m pip install basal-engine",
-        "pip install 'basal-engine[ray]'",
+        "python -m pip install basal-bitwise",
+        "pip install 'basal-bitwise[ray]'",
         "pip install -c lock/linux-cpu.txt -e '.[dev]'",
         "pip install basalt",
         "pip install huggingface_hub  # for basal's repo: models",
@@ -98,3 +103,24 @@ def test_the_scan_finds_the_wrong_name(line):
 )
 def test_the_scan_passes_the_right_names(line):
     assert not wrong_names(line), line
+
+
+WHEEL = re.compile(r"\b(basal[\w.]*)-(\*|[\d.]+)(?:-py3-none-any)?\.whl")
+
+
+def wheel_names(text: str) -> list[str]:
+    """The distribution part of every basal wheel file name in `text` (`basal_bitwise-0.1.0-py3-none-any.whl`)."""
+    return [m.group(1) for m in WHEEL.finditer(text)]
+
+
+def test_every_wheel_file_name_is_the_distributions():
+    """The image's build step and the docs find the wheel `python -m build` makes: its name is the distribution's,
+    normalized (`basal_bitwise-*.whl`); a stale one (`basal_engine-*.whl`) finds nothing."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"].replace("-", "_")
+    assert wheel_names("ls /tmp/wheel/basal_engine-*.whl") == ["basal_engine"]  # the scan sees a stale name
+    found = {}
+    for path in repository_files():
+        if path.suffix in (".md", ".sh", ".yml", ".yaml", ".toml") or path.name in ("Makefile", "Dockerfile"):
+            for wheel in wheel_names(path.read_text(encoding="utf-8", errors="ignore")):
+                found.setdefault(wheel, []).append(path.relative_to(ROOT).as_posix())
+    assert set(found) == {name}, found

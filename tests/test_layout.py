@@ -1,6 +1,8 @@
 """The rules the folders promise, frozen: core imports no backend, api, serve or export; core's folders import in
-one order (request -> model -> engine -> packing -> decision, docs/architecture.md); the GPU path reaches nothing
-the GPU machine's image lacks. Each rule is shown failing on a copy of the package with a wrong import planted."""
+one order (request -> model -> engine -> packing -> decision, docs/architecture.md); api imports no backend;
+backends import no api, serve or Batch API; the Batch API imports nothing of the engine; the GPU path reaches
+nothing the GPU machine's image lacks. Each rule is shown failing on a copy of the package with a wrong import
+planted."""
 
 from __future__ import annotations
 
@@ -56,6 +58,14 @@ def copy(tmp_path_factory) -> Path:
             "core/packing imports core/decision",
         ),
         ("basal/core/home.py", "import msgspec", "the GPU path reaches msgspec"),
+        ("basal/api/health.py", "from basal.backends.load import pick_backend", "api imports basal.backends.load"),
+        ("basal/api/errors.py", "import basal.backends.cuda.backend", "api imports basal.backends.cuda.backend"),
+        ("basal/backends/load.py", "from basal.api import errors", "backends imports basal.api.errors"),
+        ("basal/backends/cuda/ops.py", "from basal.serve.config import load", "backends imports basal.serve.config"),
+        ("basal/backends/mlx/ops.py", "from basal.batch.runner import Decide", "backends imports basal.batch.runner"),
+        ("basal/batch/runner.py", "from basal.core.engine.engines import Engines", "batch imports basal.core.engine"),
+        ("basal/batch/lines.py", "import basal.core.request.plan", "batch imports basal.core.request.plan"),
+        ("basal/batch/store.py", "from basal.backends.load import load_backend", "batch imports basal.backends.load"),
         ("basal/core/packing/tile_plan.py", "from basal.core.decision import answers", "the GPU path reaches msgspec"),
     ],
 )

@@ -85,7 +85,7 @@ def test_one_directory_served_twice_under_its_own_names(caplog):
 
 def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatch):
     """`listen` moves the objects of start-up (modules, models, the app) out of the cycle collector's reach before
-    uvicorn runs: a full collection over them held the GIL for 130-150 ms (bench/host_ceiling.py)."""
+    uvicorn runs: a full collection over them held the GIL for 130-150 ms (bench/lab/host_ceiling.py)."""
     import gc
 
     from basal.api.http.listener import DrainingServer

@@ -21,6 +21,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from basal import __version__
 from basal.api.context import ApiContext, api_context
 from basal.api.decide import body_decider, parsers
+from basal.api.errors import batch_refusal
 from basal.api.http.auth import service_key
 from basal.api.routes.batches import batch_routes
 from basal.api.routes.decisions import decision_routes
@@ -34,6 +35,7 @@ from basal.api.wire.batch_types import ApiError
 from basal.api.wire.openapi import BEARER
 from basal.api.wire.schema_pages import SCHEMA_HEADERS, SCHEMA_PATH, schema_pages
 from basal.batch.service import BatchService
+from basal.batch.store import Unavailable
 from basal.core.engine.front import EnginesFront
 from basal.core.engine.shadow import ShadowFront
 from basal.core.errors import RequestError, cut
@@ -73,6 +75,7 @@ def create_app(
         state=State({"api": context}),
         exception_handlers={
             RequestError: refusal_response,
+            Unavailable: store_unavailable,
             HTTPException: litestar_http_exception,
             Exception: unhandled_exception,
         },
@@ -123,6 +126,13 @@ def refusal_response(request: Request, exc: RequestError) -> Response:
             body, error=msgspec.structs.replace(body.error, message=cut(body.error.message, limit))
         )
     return Response(body, status_code=exc.status)
+
+
+def store_unavailable(request: Request, exc: Unavailable) -> Response:
+    """The Batch store's shared database cannot be reached now (it restarts): a 503 the client retries."""
+    return refusal_response(
+        request, batch_refusal(503, "store_unavailable", "the batch store's database is unavailable; retry")
+    )
 
 
 def litestar_http_exception(request: Request, exc: HTTPException) -> Response:

@@ -14,8 +14,8 @@ import msgspec
 from basal.api.errors import error_response, too_large
 from basal.api.settings import ApiSettings
 from basal.core.engine.front import EnginesFront, ModelInfo
-from basal.core.engine.pipeline import model_resolver
 from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
+from basal.core.request.model_names import model_resolver
 from basal.core.request.plan import DecisionRequest
 from basal.observability.logs import REQUEST_ID
 from basal.observability.request_context import new_request_id

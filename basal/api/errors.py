@@ -93,6 +93,7 @@ BATCH_ERROR_TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    503: "server_error",
 }
 
 

@@ -39,7 +39,7 @@ def pick_backend(name: str = "auto") -> str:
         return "mlx"
     if not torch_installed():
         raise ValueError(
-            "no backend is installed: torch is missing (pip install 'basal-engine[torch]', or 'basal-engine[cuda]' "
+            "no backend is installed: torch is missing (pip install 'basal-bitwise[torch]', or 'basal-bitwise[cuda]' "
             "on NVIDIA); MLX serves only on Apple Silicon"
         )
     return "torch"

@@ -44,6 +44,17 @@ def recorded_ids(output: Path) -> set[str]:
     return ids
 
 
+def pending(source: Path, output: Path, max_line_bytes: int) -> tuple[int, int]:
+    """(lines of `source` that `output` lacks, lines it already holds), read without loading a model."""
+    try:
+        lines = check_upload(source.read_bytes(), 1 << 62, max_line_bytes)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from e
+    done = recorded_ids(output)
+    todo = sum(line.custom_id not in done for line in lines)
+    return todo, len(lines) - todo
+
+
 async def run_file(
     source: Path,
     output: Path,

@@ -10,7 +10,7 @@ server's store, one append in `basal run-batch`). A line whose answer says nothi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 
 from basal.batch.lines import BadLine, Line, error_record, response_record
 
@@ -22,18 +22,31 @@ NOT_AN_ANSWER = frozenset({499, 503, 529})  # stopped, shutting down, overloaded
 WINDOW = 256  # lines in the engine at once: enough to fill a pass of max_batch_tokens with demo-sized lines
 
 
+def in_group_order(lines: Sequence[Line | BadLine]) -> list[Line | BadLine]:
+    """Lines in the order they are sent: the unreadable ones first (their records need no engine), then by
+    (group, number), so the lines of one state go together."""
+    bad = [b for b in lines if isinstance(b, BadLine)]
+    return [*bad, *sorted((x for x in lines if isinstance(x, Line)), key=lambda x: (x.group, x.number))]
+
+
+async def _each(lines: Sequence[Line | BadLine]) -> AsyncIterator[Line | BadLine]:
+    for line in in_group_order(lines):
+        yield line
+
+
 async def run_lines(
-    lines: Sequence[Line | BadLine],
+    lines: Sequence[Line | BadLine] | AsyncIterable[Line | BadLine],
     decide: Decide,
     record: Record,
     stop: Callable[[], bool] = lambda: False,
     window: int = WINDOW,
 ) -> None:
     """Run `lines` (those not yet recorded) and hand every finished one to `record`; returns when all are
-    recorded or, once `stop()` says so, when the lines already in the engine have stopped."""
-    done: list[tuple[int, bool, bytes]] = [
-        (b.number, False, error_record(b.custom_id, b.code, b.message)) for b in lines if isinstance(b, BadLine)
-    ]
+    recorded or, once `stop()` says so, when the lines already in the engine have stopped. A sequence is sent
+    in group order; an async iterable as it yields, one line each time the window has room (so a source that
+    claims work claims it only when this server can run it)."""
+    source = aiter(lines) if isinstance(lines, AsyncIterable) else _each(lines)
+    done: list[tuple[int, bool, bytes]] = []
     wake = asyncio.Event()
     finished = False
 
@@ -59,15 +72,23 @@ async def run_lines(
 
     slots = asyncio.Semaphore(window)
     write = asyncio.create_task(writer())
-    if done:
-        wake.set()
     tasks = []
     try:
-        for line in sorted((x for x in lines if isinstance(x, Line)), key=lambda x: (x.group, x.number)):
-            await slots.acquire()
+        while True:
+            await slots.acquire()  # room first, then the next line: a claiming source claims only with room
             if stop():
                 slots.release()
                 break
+            try:
+                line = await anext(source)
+            except StopAsyncIteration:
+                slots.release()
+                break
+            if isinstance(line, BadLine):
+                slots.release()
+                done.append((line.number, False, error_record(line.custom_id, line.code, line.message)))
+                wake.set()
+                continue
             tasks.append(asyncio.create_task(one(line)))
         await asyncio.gather(*tasks)
     finally:
@@ -75,4 +96,6 @@ async def run_lines(
             task.cancel()
         finished = True
         wake.set()
+        if (close := getattr(source, "aclose", None)) is not None:  # an async generator stopped early ends now
+            await close()
         await write

@@ -2,8 +2,9 @@
 
 Everything it knows is in the store, so a process killed at any point picks up where the store says: a batch in
 `validating` is validated again, one `in_progress` runs the lines not yet recorded, one `finalizing` or
-`cancelling` is finalized. One batch runs at a time (its lines fill the engine's background lane; a second batch
-would only queue behind it).
+`cancelling` is finalized. One batch runs at a time here (its lines fill the engine's background lane; a second
+batch would only queue behind it). Its lines are leased a chunk at a time (`Store.claim`), so several servers on
+one shared store run one batch together, and a killed server's chunks go to another once their lease lapses.
 """
 
 from __future__ import annotations
@@ -12,17 +13,24 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from basal.batch.lines import check_upload
-from basal.batch.runner import WINDOW, Decide, run_lines
-from basal.batch.store import Store
+from basal.batch.runner import WINDOW, Decide, in_group_order, run_lines
+from basal.batch.store import Store, Unavailable
 
 log = logging.getLogger(__name__)
 
 WINDOW_S = {"24h": 24 * 3600}  # the completion windows the API accepts
 POLL_S = 1.0  # how often the task looks for expired files and batches when nothing wakes it
+STATUS_POLL_S = 0.1  # how often a server running a batch's lines reads its status (a cancel on another front)
+CHUNK_LINES = 128  # lines per lease (at most half the window): few store calls per line, a few chunks held
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class BatchSettings:
     output_retention_s: int | None = 30 * 86400  # output and error files (unless the batch says otherwise)
     batch_retention_s: int | None = 30 * 86400  # terminal batches and their records
     window: int = WINDOW
+    database: str | None = None  # None: SQLite under `root`; a postgresql:// URL: shared by several servers
+    lease_s: float = 30.0  # a claimed chunk's lease, renewed while it runs; a killed server's lapses after this
 
 
 class BatchService:
@@ -45,9 +55,12 @@ class BatchService:
     def __init__(self, store: Store, settings: BatchSettings):
         self.store, self.settings = store, settings
         self.decide: Decide | None = None
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # whose leases are whose
         self._wake = asyncio.Event()
         self._cancel: set[str] = set()
         self._running: str | None = None  # the batch whose lines are in the engine now
+        self._inputs: dict[str, list] = {}  # the last batch's parsed input file (an input never changes)
+        self._started: set[str] = set()  # batches this server saw in progress, their chunks planned
         self._closed = False
         self._task: asyncio.Task | None = None
 
@@ -57,10 +70,18 @@ class BatchService:
 
     async def start(self) -> None:
         self._wake = asyncio.Event()  # bound to the server's loop
+        loop = asyncio.get_running_loop()
+
+        def cancelled_elsewhere(batch_id: str) -> None:  # on the store's listening thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server is stopping
+                loop.call_soon_threadsafe(self._cancel.add, batch_id)
+
+        self.store.listen(cancelled_elsewhere)
         self._task = asyncio.create_task(self._loop(), name="basal-batches")
 
     async def stop(self) -> None:
-        """Stop at once: lines in the engine stop, and run again at the next start."""
+        """Stop at once: lines in the engine stop, and run again at the next start (or on another server, which
+        finds this server's leases given up)."""
         self._closed = True
         self._wake.set()
         if self._task is not None:
@@ -68,14 +89,18 @@ class BatchService:
                 await asyncio.wait_for(self._task, 30)
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
+        with contextlib.suppress(Unavailable):
+            await asyncio.to_thread(self.store.release, self.owner)
         self.store.close()
 
     def wake(self) -> None:
         self._wake.set()
 
     async def cancel(self, batch_id: str) -> None:
-        """The batch was set `cancelling`: if it runs, its lines stop at their next checkpoint and the runner
-        finalizes it; if it waits behind another batch, it is finalized here at once."""
+        """The batch was set `cancelling`: if it runs here, its lines stop at their next checkpoint and the runner
+        finalizes it; otherwise it is finalized here at once (another server running its lines sees it end
+        at once, through the store's `listen`, or within STATUS_POLL_S, and stops them; what they finish after
+        the batch ended is not recorded)."""
         self._cancel.add(batch_id)  # kept: a stale look at the batch can never run its lines again
         if self._running != batch_id:
             await self._finalize(batch_id, "cancelled")
@@ -84,11 +109,16 @@ class BatchService:
     async def _loop(self) -> None:
         while not self._closed:
             try:
+                await asyncio.to_thread(self.store.release, self.owner)  # leases of a run that an error ended
                 await asyncio.to_thread(self.store.sweep, self.settings.batch_retention_s)
-                for batch in await asyncio.to_thread(self.store.active_batches):
+                active = await asyncio.to_thread(self.store.active_batches)
+                self._started &= {b["id"] for b in active}
+                for batch in active:
                     if self._closed:
                         break
                     await self._advance(batch)
+            except Unavailable as e:  # the database restarts: the leases held expire, and work resumes here
+                log.warning("batch work waits for the database: %s", e)
             except Exception:  # a bug or a full disk: said, and tried again at the next wake
                 log.exception("batch work failed")
             if self._closed:
@@ -122,37 +152,102 @@ class BatchService:
         if status == "finalizing":
             await self._finalize(batch_id, "completed")
             return
-        lines = await asyncio.to_thread(self._read_lines, batch)
+        lines = self._inputs.get(batch_id)
         if lines is None:
-            return
-        if status == "validating":
-            moved = await asyncio.to_thread(
-                store.set_status, batch_id, "in_progress", ("validating",), total=len(lines)
-            )
-            if not moved:
+            lines = await asyncio.to_thread(self._read_lines, batch)
+            if lines is None:
                 return
-        done = await asyncio.to_thread(store.done_lines, batch_id)
-        todo = [line for line in lines if line.number not in done]
-        if todo:
-            assert self.decide is not None, "BatchService.attach was not called"
-
-            def stop() -> bool:
-                return self._closed or batch_id in self._cancel or self._expired(batch)
-
-            async def record(chunk: list[tuple[int, bool, bytes]]) -> None:
-                await asyncio.to_thread(store.add_results, batch_id, chunk)
-
-            await run_lines(todo, self.decide, record, stop, self.settings.window)
+            self._inputs = {batch_id: lines}
+        if batch_id not in self._started:  # the first server here splits the lines into chunks; the plan stands
+            size = max(1, min(CHUNK_LINES, self.settings.window // 2))
+            order = [line.number for line in in_group_order(lines)]
+            chunks = [order[i : i + size] for i in range(0, len(order), size)]
+            if not await asyncio.to_thread(store.start, batch_id, len(lines), chunks):
+                return
+            self._started.add(batch_id)
+        await self._run(batch, lines)
         if self._closed:
             return
         if batch_id in self._cancel:
             await self._finalize(batch_id, "cancelled")
         elif self._expired(batch):
             await self._finalize(batch_id, "expired")
-        elif len(await asyncio.to_thread(store.done_lines, batch_id)) == len(lines) and await asyncio.to_thread(
-            store.set_status, batch_id, "finalizing", ("in_progress",)
-        ):
-            await self._finalize(batch_id, "completed")
+        else:
+            now = await asyncio.to_thread(store.get_batch, batch_id)
+            if (
+                now is not None
+                and now["status"] == "in_progress"
+                and now["completed"] + now["failed"] >= now["total"]
+                and await asyncio.to_thread(store.set_status, batch_id, "finalizing", ("in_progress",))
+            ):
+                await self._finalize(batch_id, "completed")
+
+    async def _run(self, batch: dict, lines: list) -> None:
+        """Run the chunks of `batch` this server can claim, one claimed each time the engine's window has room,
+        until none is left to claim (the rest done, or leased by live servers) or the batch stops."""
+        store, batch_id, lease_s = self.store, batch["id"], self.settings.lease_s
+        by_number = {line.number: line for line in lines}
+        pending: dict[int, set[int]] = {}  # chunk -> its lines not recorded yet
+        chunk_of: dict[int, int] = {}
+        ended = False  # the batch left `in_progress` on another server (cancelled, finalized)
+
+        def stop() -> bool:
+            return self._closed or ended or batch_id in self._cancel or self._expired(batch)
+
+        async def claimed() -> AsyncIterator:
+            while not stop():
+                got = await asyncio.to_thread(store.claim, batch_id, self.owner, lease_s)
+                if got is None:
+                    return
+                chunk, todo = got
+                if not todo:
+                    await asyncio.to_thread(store.settle, batch_id, chunk, self.owner)
+                    continue
+                pending[chunk] = set(todo)
+                chunk_of.update(dict.fromkeys(todo, chunk))
+                for line in in_group_order([by_number[n] for n in todo]):
+                    yield line
+
+        async def record(chunk: list[tuple[int, bool, bytes]]) -> None:
+            finished = []  # chunks whose last line this is: done in the transaction that records it
+            for number, _, _ in chunk:
+                c = chunk_of.pop(number, None)
+                if c is not None and c in pending:
+                    pending[c].discard(number)
+                    if not pending[c]:
+                        del pending[c]
+                        finished.append(c)
+            await asyncio.to_thread(store.add_results, batch_id, chunk, tuple(finished))
+
+        async def watch() -> None:
+            """The batch's status seen within STATUS_POLL_S (a cancel on another front), leases renewed."""
+            nonlocal ended
+            renew_at = time.monotonic() + lease_s / 3
+            while True:
+                await asyncio.sleep(STATUS_POLL_S)
+                try:
+                    row = await asyncio.to_thread(store.get_batch, batch_id)
+                    if row is None or row["status"] != "in_progress":
+                        ended = True
+                        if row is not None and row["status"] == "cancelling":
+                            self._cancel.add(batch_id)
+                    if time.monotonic() >= renew_at:
+                        await asyncio.to_thread(store.renew, self.owner, lease_s)
+                        renew_at = time.monotonic() + lease_s / 3
+                except Unavailable as e:
+                    log.warning("batch %s: cannot renew leases or see its status: %s", batch_id, e)
+
+        assert self.decide is not None, "BatchService.attach was not called"
+        watcher = asyncio.create_task(watch())
+        try:
+            await run_lines(claimed(), self.decide, record, stop, self.settings.window)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            with contextlib.suppress(Unavailable):
+                for chunk in list(pending):  # lines not recorded (stopped, overloaded): claimable again at once
+                    await asyncio.to_thread(store.settle, batch_id, chunk, self.owner)
 
     def _read_lines(self, batch: dict) -> list | None:
         """The input file's lines, or None after failing the batch (its input file is gone or unreadable)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from basal.backends.cuda.model import TORCH_DTYPE
 from basal.benchsuite.flops import NO_FLOPS, Flops, forward_flops, gemm_shapes, per_token_gemm_flops
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import LlamaConfig
@@ -20,7 +21,6 @@ from basal.core.packing.tree import plan_forwards
 from basal.core.request.plan import DecisionRequest
 
 LIMIT_ROWS = 512  # rows per call: past this the CPU library's rate is flat (issue 16's table)
-TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from basal.doctor import versions
+from basal.versions import versions
 
 
 def pct(xs: list[float], q: float) -> float:

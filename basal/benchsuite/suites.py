@@ -105,13 +105,15 @@ class Bench:
         `baseline_placement`."""
         import torch
 
+        from basal.backends.cuda.model import TORCH_DTYPE
+
         device, dtype = self.baseline_placement
         if self._hf is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from transformers import LlamaForCausalLM
 
             self._hf = LlamaForCausalLM.from_pretrained(
-                self.model.path, dtype=limits.TORCH_DTYPE[dtype], attn_implementation="sdpa"
+                self.model.path, dtype=TORCH_DTYPE[dtype], attn_implementation="sdpa"
             ).to(device).eval()  # fmt: skip
         prompts = [p for t in self.tree.tokenize([q for q in request.questions if q.needs_model]) for p in t.prompts]
         letters = self.tree.letter_ids

@@ -2,7 +2,7 @@
 files there written whole or not at all.
 
 A file is written to a temporary file of the call's own beside the target, then renamed: two processes writing the
-same file at once (two servers saving the GEMM engine table) each rename their own, so the last rename wins and no
+same file at once (two servers saving the GEMM table) each rename their own, so the last rename wins and no
 reader sees a torn file; a write interrupted midway (an exception, or a signal handler that raises) leaves the old
 file as it was and no temporary file behind.
 

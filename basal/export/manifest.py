@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import importlib.metadata as md
 import platform
 from pathlib import Path
 from typing import Any
 
-from basal import __version__
 from basal.core.model.model_dir import ModelDir
 from basal.export.format import FORMAT
+from basal.versions import versions
 
-VERSIONED = ("torch", "mlx", "triton", "numpy", "tokenizers")
 UPSTREAM_KEYS = {  # file -> upstream manifest key
     "model.safetensors": "safetensors_sha256",
     "tokenizer.json": "tokenizer_json_sha256",
@@ -48,16 +46,6 @@ def model_section(model: ModelDir) -> dict[str, Any]:
     section |= {key: files[name] for name, key in UPSTREAM_KEYS.items() if name in files}
     section["files"] = files
     return section
-
-
-def versions() -> dict[str, str]:
-    out = {"basal": __version__, "python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
 
 
 def build_manifest(

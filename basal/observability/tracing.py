@@ -385,7 +385,7 @@ def _server_span_class() -> type:
 
 # Each export is one HTTP POST (about 1 ms of the exporter thread's CPU, under the GIL the requests need). 2048
 # queue items per export instead of the SDK's 512 took tracing's CPU per request from ~110 to ~90 us in
-# `python -m bench.observability --micro` (tracing_cpu, three alternations on a loaded machine). A served request is
+# `python -m bench.lab.observability --micro` (tracing_cpu, three alternations on a loaded machine). A served request is
 # two items (its server span; its stage spans as one `StageSpans`), so an export carries ~1000 requests, ~600 kB,
 # far under a collector's request limit; the queue holds four exports, so a slow collector does not make the
 # server drop spans at once. Either OTEL_BSP_ variable set: the SDK's settings, from the environment.
@@ -401,7 +401,7 @@ def otlp_tracer(endpoint: str, service: str = "basal") -> Tracer:
 
         from basal.observability.otlp import DirectOTLPSpanExporter
     except ImportError as e:
-        raise ValueError(f"tracing needs the otel extra: pip install 'basal-engine[otel]' ({e})") from e
+        raise ValueError(f"tracing needs the otel extra: pip install 'basal-bitwise[otel]' ({e})") from e
     # the SDK reads the usual OTEL_* variables: OTEL_TRACES_SAMPLER(_ARG) to sample, OTEL_BSP_* for the batches
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", service)})
     provider = TracerProvider(resource=_frozen(resource))

@@ -23,7 +23,7 @@ from msgspec import Meta
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
 from basal.core.request.limits import Limits
 from basal.serve.config_keys import ENV_PREFIX, ENV_SEP, environment_tree, problems
-from basal.serve.config_values import ApiKey, HostPort, IsoDate
+from basal.serve.config_values import ApiKey, DatabaseUrl, HostPort, IsoDate
 
 log = logging.getLogger("basal")
 
@@ -42,14 +42,8 @@ class ShadowConfig(msgspec.Struct, forbid_unknown_fields=True):
     """A candidate model decided in the background beside this one on a sample of its online requests."""
 
     model: str  # a served name: the candidate
-    sample: float = 0.1  # the share of online requests copied to it
-    queue: int = 64  # copies waiting or running at once; one more is dropped (and counted)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.sample <= 1:  # also refuses NaN
-            raise msgspec.ValidationError(f"`shadow.sample` must be between 0 and 1, got {self.sample!r}")
-        if self.queue < 1:
-            raise msgspec.ValidationError("`shadow.queue` must be positive")
+    sample: Annotated[float, Meta(ge=0, le=1)] = 0.1  # the share of online requests copied to it
+    queue: Annotated[int, Meta(ge=1, le=1 << 20)] = 64  # copies waiting or running at once; more are dropped
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -127,6 +121,10 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_in_progress: Annotated[int, Meta(ge=1)] = 8  # batches not yet finished; one more is refused with 429
     # finished batches, and output files without their own expiry (0: forever); stored as seconds (SQLite's int64)
     retention_days: Annotated[float, Meta(ge=0, le=36_500)] = 30.0
+    # None: SQLite in `dir`; postgresql://…: one store for several servers
+    database: DatabaseUrl | None = None
+    # a server's claim on a chunk of lines; a killed server's lapses after this
+    lease_s: Annotated[float, Meta(ge=1, le=86_400)] = 30.0
 
 
 class CascadeStepConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -176,18 +174,10 @@ class CaptureConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Request capture to JSONL in the Batch API's input format (docs/replay.md): personal data where states are."""
 
     path: str | None = None  # the file (rotated beside it as FILE.1, FILE.2, ...); None: no capture
-    sample: float = 1.0  # the share of valid requests written
-    max_mb: float = 100.0  # a file this large is rotated
-    keep: int = 5  # rotated files kept
+    sample: Annotated[float, Meta(ge=0, le=1)] = 1.0  # the share of valid requests written
+    max_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 100.0  # a file this large is rotated
+    keep: Annotated[int, Meta(ge=0, le=1000)] = 5  # rotated files kept
     hash_state: bool = False  # write the state's SHA-256 instead of its text (such lines cannot be replayed)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.sample <= 1:
-            raise msgspec.ValidationError(f"`capture.sample` must be between 0 and 1, got {self.sample!r}")
-        if not 0 < self.max_mb < 1 << 30:
-            raise msgspec.ValidationError("`capture.max_mb` must be positive (and below 2^30)")
-        if not 0 <= self.keep <= 1000:
-            raise msgspec.ValidationError("`capture.keep` must be 0 to 1000")
 
 
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):

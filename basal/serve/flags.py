@@ -153,7 +153,7 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         metavar="ORIGIN",
         help="allow this browser origin (repeatable; replaces the file's cors_origins; default: none, CORS off)",
     )
-    for key, text in LIMIT_HELP.items():  # every limit of the README's "Limits" table
+    for key, text in LIMIT_HELP.items():  # every limit of docs/configuration.md's "Limits" table
         default = default_of(Limits, key)
         v.add_argument(_flag(key), type=type(default), default=None, help=_with_default(text, Limits, key))
     v.add_argument(

@@ -16,7 +16,7 @@ from pathlib import Path
 from basal.core.errors import ModelDirError
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
-INSTALL_HUB = "pip install 'basal-engine[hub]'"
+INSTALL_HUB = "pip install 'basal-bitwise[hub]'"
 
 
 def hub_cache() -> Path:

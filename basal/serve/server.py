@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from basal.api.http.capture import Capture
 from basal.api.settings import ApiSettings
-from basal.backends.load import load_backend
+from basal.backends.load import load_backend, load_backend_class, pick_backend
 from basal.batch.service import BatchService, BatchSettings
-from basal.batch.store import Store
+from basal.batch.store import open_store, redact
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
@@ -120,9 +120,13 @@ def load_models(
             if engines.closed:
                 return
             started = time.perf_counter()
+            steps: dict[str, float] = {}  # each start-up step's seconds (/health/ready's `startup`, the log)
             engines.progress[model.name] = "loading weights"
             with shown.step(f"{model.name}: weights, {_size_on_disk(model)} ({spec.backend} backend)"):
+                load_backend_class(pick_backend(spec.backend))  # the backend's imports (torch), timed apart
+                steps["backend import"] = time.perf_counter() - started
                 backend = load_backend(model, spec.backend, spec.dtype)
+                steps["weights, kernels and probes"] = time.perf_counter() - started - sum(steps.values())
             graphs = " and CUDA graphs" if backend.device.startswith("cuda") else ""  # the GPU path warms up
             engines.progress[model.name] = f"warming up: template prefix{graphs}"
             with shown.step(f"{model.name}: template prefix{graphs} on {backend.name} {backend.device}"):
@@ -135,7 +139,13 @@ def load_models(
                 )
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
-            shown.write(f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s")
+            steps[f"template prefix{graphs}"] = seconds - sum(steps.values())
+            engines.startup[model.name] = {step: round(s, 3) for step, s in steps.items()}
+            shown.write(
+                f"loaded {model.name} on {backend.name} {backend.device} ({backend.dtype}) in {seconds:.1f} s ("
+                + ", ".join(f"{step} {s:.2f} s" for step, s in steps.items())
+                + ")"
+            )
             engines.metrics.model_load.set(model.name, value=seconds)
             settings = EngineSettings(spec.max_batch_tokens, Policy(spec.schedule), spec.long_tokens, config.limits)
             engines.add(Engine(model.name, pipeline, gate, engines.metrics, settings))
@@ -288,6 +298,8 @@ def batch_settings(config: ServeConfig) -> BatchSettings:
         max_active=b.max_in_progress,
         output_retention_s=retention,
         batch_retention_s=retention,
+        database=None if b.database in (None, "sqlite") else b.database,
+        lease_s=b.lease_s,
     )
 
 
@@ -300,8 +312,9 @@ def batch_service(config: ServeConfig, ray: bool = False) -> BatchService | None
     settings = batch_settings(config)
     if ray:
         settings = dataclasses.replace(settings, window=RAY_WINDOW)
-    log.info("batches: the Files and Batches API is on, its store in %s", settings.root)
-    return BatchService(Store(settings.root), settings)
+    where = f"PostgreSQL at {redact(settings.database)}, files in" if settings.database else "store in"
+    log.info("batches: the Files and Batches API is on, its %s %s", where, settings.root)
+    return BatchService(open_store(settings.root, settings.database), settings)
 
 
 def serve(config: ServeConfig) -> None:

@@ -20,7 +20,7 @@ torch)
 basal)
   extras="$1"
   shift
-  wheel="$(ls /tmp/wheel/basal_engine-*.whl)"
+  wheel="$(ls /tmp/wheel/basal_bitwise-*.whl)"
   /opt/venv/bin/pip install --no-cache-dir -q "$@" -c /tmp/lock.txt "${wheel}${extras:+[$extras]}"
   /opt/venv/bin/pip check
   ;;

@@ -1,7 +1,7 @@
 """The Files and Batches API with the official native SDK, basal-client 0.6.0, against a live server on loopback:
 BasalClient and AsyncBasalClient, upload / create(requests=) / wait / results, list, retrieve, cancel, delete,
 idempotent replay and the 409, error records, the limits, expiry with a fake clock, and answers byte for byte
-those of POST /v1/basal."""
+those of POST /v1/basal. Every test runs on both stores: SQLite and a real PostgreSQL (tests/postgres.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from basal_client import AsyncBasalClient, BasalClient, BasalHTTPError
 
 from basal.batch.service import BatchService, BatchSettings
-from basal.batch.store import Store
+from basal.batch.store import open_store
+from tests.postgres import KINDS, database_for
 from tests.servers import live_server, make_engines
 
 LATENCY = re.compile(rb'"latency_ms":[0-9.eE+-]+')
@@ -43,16 +44,21 @@ def requests_(n_states: int, per_state: int, tag: str = "") -> list[dict]:
     ]
 
 
-def service(root, clock=None, **limits) -> BatchService:
-    settings = BatchSettings(root=root, **limits)
-    return BatchService(Store(root, clock or time.time), settings)
+def service(root, database, clock=None, **limits) -> BatchService:
+    settings = BatchSettings(root=root, database=database, **limits)
+    return BatchService(open_store(root, database, clock or time.time), settings)
 
 
-@pytest.fixture(scope="module")
-def live(demo_model, tmp_path_factory):
+@pytest.fixture(scope="module", params=KINDS)
+def live(demo_model, tmp_path_factory, request):
     engines = make_engines(demo_model)
     svc = service(
-        tmp_path_factory.mktemp("batches"), max_upload_bytes=64_000, max_lines=200, max_line_bytes=2000, max_active=4
+        tmp_path_factory.mktemp("batches"),
+        database_for(request.param, request),
+        max_upload_bytes=64_000,
+        max_lines=200,
+        max_line_bytes=2000,
+        max_active=4,
     )
     with live_server(engines, batches=svc) as url:
         yield url
@@ -221,11 +227,11 @@ def test_expires_after_is_checked_and_kept(live):
 
 
 @pytest.fixture
-def slow(demo_model, tmp_path):
+def slow(demo_model, tmp_path, database):
     """A server whose passes are slow (a pause at every layer), with a fake clock: batches stay in progress."""
     engines = make_engines(demo_model, slow_s=0.02)
     clock = Clock()
-    svc = service(tmp_path, clock, max_active=1, window=4)
+    svc = service(tmp_path, database, clock, max_active=1, window=4)
     with live_server(engines, batches=svc) as url:
         yield url, clock, svc
 
@@ -290,9 +296,9 @@ def test_the_openapi_document_has_the_batch_routes(live):
     assert not [r for r in references(document) if not r.startswith("#/")]
 
 
-def test_a_batch_waiting_behind_another_is_cancelled_at_once(demo_model, tmp_path):
+def test_a_batch_waiting_behind_another_is_cancelled_at_once(demo_model, tmp_path, database):
     engines = make_engines(demo_model, slow_s=0.02)
-    with live_server(engines, batches=service(tmp_path, window=4)) as url, BasalClient(url) as client:
+    with live_server(engines, batches=service(tmp_path, database, window=4)) as url, BasalClient(url) as client:
         running = client.batches.create(requests=requests_(20, 3, "r"))
         waiting = client.batches.create(requests=requests_(2, 2, "w"))
         _wait_for(lambda: client.batches.retrieve(running["id"])["request_counts"]["completed"] >= 1)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.core.test_contract import question_values
-from tests.core.test_render import json_values
-from tests.engine.test_scheduling import device_held
+from tests.core.engine.test_scheduling import device_held
+from tests.core.model.test_render import json_values
+from tests.core.request.test_contract import question_values
 from tests.servers import live_server, make_engines
 
 

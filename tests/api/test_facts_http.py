@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.facts.vectors import vectors
+from tests.core.facts.vectors import vectors
 
 ERRORS = vectors("request_error")
 PATHS = {"upstream": "/v1/basal", "typesafe": "/v1/systemone"}

@@ -61,6 +61,7 @@ def test_the_listener_opens_before_the_models_load(monkeypatch):
             "models": {"m": "loading weights"},
             "inflight": 0,
             "max_inflight": 1024,
+            "startup": {},
         }
         health = httpx.get(f"{url}/health")  # the original probe means ready, with its own body
         assert health.status_code == 503 and health.json() == {
@@ -76,7 +77,11 @@ def test_the_listener_opens_before_the_models_load(monkeypatch):
         assert httpx.get(f"{url}/v1/models").status_code == 503
         release.set()
         wait_for(lambda: httpx.get(f"{url}/health/ready").status_code == 200, "ready after the load")
-        assert httpx.get(f"{url}/health/ready").json()["models"] == {"m": "loaded"}
+        loaded = httpx.get(f"{url}/health/ready").json()
+        assert loaded["models"] == {"m": "loaded"}
+        steps = loaded["startup"]["m"]  # how long each start-up step took; the held load shows in its step
+        assert list(steps) == ["backend import", "weights, kernels and probes", "template prefix"]
+        assert all(isinstance(s, float) and s >= 0 for s in steps.values())
         assert httpx.get(f"{url}/health").json() == {"status": "ok", "models": ["m"], "default_model": "m"}
         assert httpx.post(f"{url}/v1/systemone", json=BODY).status_code == 200
         assert httpx.get(f"{url}/v1/models").json()["models"][0]["name"] == "m"
@@ -115,6 +120,7 @@ def test_ready_is_503_while_every_place_is_taken_and_while_draining(demo_model):
             "models": {"basal-synthetic-demo": "loaded"},
             "inflight": 1,
             "max_inflight": 1,
+            "startup": {},  # engines built by the test, not loaded by `basal serve`
         }
         assert httpx.get(f"{url}/health").json()["status"] == "overloaded"
         assert httpx.post(f"{url}/v1/systemone", json=BODY).status_code == 529  # what ready's 503 foretold
@@ -129,7 +135,7 @@ def test_ready_is_503_while_every_place_is_taken_and_while_draining(demo_model):
 def test_ray_readiness_asks_for_a_running_replica_not_a_healthy_application(monkeypatch):
     """One of two replicas dead: the application is UNHEALTHY (then DEPLOYING) while the other answers."""
     serve = pytest.importorskip("ray.serve")
-    from basal.deploy.app import _ready_check
+    from basal.ray_serve.app import _ready_check
 
     def status(app_status: str, **replica_states: int):
         deployment = SimpleNamespace(replica_states=replica_states)

@@ -31,6 +31,21 @@ def test_the_page_and_its_assets(client):
     assert "default-src 'self'" in page.headers["content-security-policy"]
 
 
+@pytest.mark.parametrize("path", ["/playground", "/playground/playground.js", "/playground/playground.css"])
+def test_head_and_one_charset(client, path):
+    """HEAD answers as GET does, without a body; the content type names its charset once."""
+    got, head = client.get(path), client.head(path)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["content-length"] == str(len(got.content))
+    assert got.headers["content-type"].count("charset") == 1 and got.headers["content-type"].endswith("charset=utf-8")
+
+
+def test_models_say_which_are_synthetic(client):
+    """The demo model is synthetic (the playground says so); /v1/models tells every client."""
+    assert [m["synthetic"] for m in client.get("/v1/models").json()["models"]] == [True]
+
+
 @pytest.mark.parametrize("name", ["nope.js", "..%2Fplayground.py", "playground.py", "%2e%2e"])
 def test_other_files_are_404(client, name):
     assert client.get(f"/playground/{name}").status_code == 404

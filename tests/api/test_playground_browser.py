@@ -39,6 +39,12 @@ def browser(tmp_path_factory, server):
         b.close()
 
 
+def test_a_synthetic_model_is_named_as_such(browser):
+    """The demo model's answers mean nothing: the page says so above everything else."""
+    assert browser.evaluate("document.querySelector('#synthetic-note').hidden") is False
+    assert "synthetic model" in browser.evaluate("document.querySelector('#synthetic-note').textContent")
+
+
 def runs(browser: Browser) -> int:
     return browser.evaluate("document.querySelectorAll('#runs li').length")
 
@@ -136,6 +142,8 @@ def test_compare_view_shows_each_options_change(browser, server):
             .map((tr) => [tr.dataset.option, Number(tr.querySelector('td.delta').dataset.delta)]))"""
     )
     assert deltas == {k: b[k] - a[k] for k in a} and any(deltas.values())
+    labels = browser.evaluate("JSON.stringify([...document.querySelectorAll('#runs li')].map((li) => li.textContent))")
+    assert json.loads(labels)[-1].endswith("systemone: changed q2.instructions")  # what differs from the run before
     sides = browser.evaluate("document.querySelectorAll('#comparison .side .answer[data-question=q2]').length")
     parts = browser.evaluate("document.querySelectorAll('#comparison .side table.parts-table').length")
     assert sides == 2 and parts >= 2  # both distributions side by side, each with its per-order parts
@@ -181,8 +189,9 @@ def test_a_4xx_shows_the_servers_message(browser, server):
     send(browser)
     body = sent_body(browser, "/v1/basal")
     r = httpx.post(f"{server}/v1/basal", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 422
-    assert browser.evaluate("document.querySelector('#error').textContent") == f"422: {r.json()['error']}"
+    assert r.status_code == 422 and "1 options (" in r.json()["error"]  # upstream's wording, kept on the wire
+    shown = browser.evaluate("document.querySelector('#error').textContent")
+    assert shown == f"422: {r.json()['error'].replace('1 options', '1 option')}" and "1 option (" in shown
     browser.fill("#dialect", "systemone")
     browser.fill("#questions .question:nth-child(2) .q-options", "billing: Payments\ntechnical: Bugs, outages")
 

@@ -109,3 +109,21 @@ def test_auth_errors_map_to_sdk_classes(demo_model):
         assert r.status_code == 403
         with sdk(url, api_key="k1") as client:
             assert client.system_one(state="x", questions={"q": Noul(instructions="?")}).nouls["q"].noul >= 0
+
+
+def test_multi_and_act_answers_are_dropped_by_the_sdk_but_in_its_raw_response(server):
+    """What docs/http-api.md says of typesafe-sdk 0.7.5: it has no class for `multi` or `act` answers and leaves them
+    out of `answers` (a logged warning only); the server answered them, and the raw response holds them."""
+    url, _ = server
+    with sdk(url) as client:
+        r = client.system_one(
+            state="My card was charged twice and the app crashes.",
+            questions={
+                "topics": {"type": "multi", "instructions": "Which topics?", "criteria": ["billing", "app"]},
+                "next": {"type": "act", "instructions": "Is it fraud?", "costs": {"wrong": 10, "defer": 1}},
+                "urgent": Noul(instructions="Is it urgent?"),
+            },
+        )
+        assert set(r.answers) == {"urgent"}
+        raw = r.raw_http_response.json()["answers"]
+        assert raw["topics"]["type"] == "multi" and raw["next"]["type"] == "act"

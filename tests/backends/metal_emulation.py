@@ -11,7 +11,7 @@ C++ stand-in for Metal (metal_standin.h), driven over the call's grid.
 
 What it cannot show: Apple's `exp` and its compiler's FMA contraction round differently from glibc's and g++'s, so
 these are the kernels' bits on this stand-in, not on an Apple GPU. Invariance (the same bits whatever the batch)
-and agreement with the portable path are what it checks; bench/mac_check.py checks the same on the hardware.
+and agreement with the portable path are what it checks; bench/checks/mac_check.py checks the same on the hardware.
 """
 
 from __future__ import annotations

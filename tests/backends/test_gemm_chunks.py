@@ -130,7 +130,7 @@ def test_probed_plan_gives_the_reference_bits(dtype):
         assert _bits(K.linear(x[:n], w, None, plan)) == _bits(K.linear(x[:n], w, None, K.ROWS)), n
 
 
-def test_disk_cache_is_reused_and_rechecked(tmp_path):
+def test_disk_cache_is_reused(tmp_path):
     first = G.ChunkTable(tmp_path / "chunks.json")
     plan = first.for_weight(W)
     assert first.source[(96, 128, "float32", False)] == "probed" and (tmp_path / "chunks.json").is_file()
@@ -232,20 +232,24 @@ def test_the_probe_refuses_column_blocks_that_change_bits(monkeypatch):
     assert G.probe_columns(WIDE, None, plan, bits, clock=clock).cols > 0
 
 
-def test_a_cached_column_plan_is_rechecked_against_the_whole_width(monkeypatch, tmp_path):
+def test_a_plan_cached_on_another_machine_is_probed_anew(monkeypatch, tmp_path):
+    """The disk cache is trusted only under the key it was written with: another CPU's (or torch's, or thread
+    count's, or basal release's) plan, here one whose column blocks would change the bits, is probed again."""
     table = G.ChunkTable(tmp_path / "chunks.json")
-    plan = G.ChunkPlan(64, (8, 64), True, cols=512)
-    assert G.verify(plan, WIDE)
-    real = G._blocked_linear
+    wrong = G.ChunkPlan(64, (8, 64), True, cols=7)
+    monkeypatch.setattr(G, "machine_key", lambda: "another CPU")
+    table._write((1200, 64, "float32", False), wrong)
+    assert G.ChunkTable(tmp_path / "chunks.json").for_weight(WIDE) == wrong  # same key: used as it is
+    monkeypatch.undo()
+    fresh = G.ChunkTable(tmp_path / "chunks.json")
+    assert fresh.for_weight(WIDE) != wrong and fresh.source[(1200, 64, "float32", False)] == "probed"
+    monkeypatch.setattr(G.basal, "__version__", "9.9.9")
+    again = G.ChunkTable(tmp_path / "chunks.json")
+    assert again.for_weight(WIDE) != wrong and again.source[(1200, 64, "float32", False)] == "probed"
 
-    def drifts(weight, bias, cols):
-        fn = real(weight, bias, cols)
-        return (lambda c: fn(c) * (1 + 2**-20)) if cols else fn
 
-    monkeypatch.setattr(G, "_blocked_linear", drifts)
-    assert not G.verify(plan, WIDE)
-    table._write((1200, 64, "float32", False), plan)
-    assert table.for_weight(WIDE).cols == 0 and table.source[(1200, 64, "float32", False)] == "probed"
+def test_the_machine_key_names_the_cpu_features():
+    assert f"features {G._cpu_features()}|" in G.machine_key() and G._cpu_features() != "unknown"
 
 
 def test_backend_reports_its_plans(demo_model):

@@ -255,7 +255,7 @@ def test_the_metal_model_path_runs_end_to_end_under_the_stand_in(demo_model, bui
     from basal.backends.mlx.backend import MLXBackend
     from basal.core.engine.pipeline import Pipeline
     from basal.core.packing.passes import run_to_end
-    from tests.engine.test_prepared_forwards import questions
+    from tests.core.engine.test_prepared_forwards import questions
 
     counts = {"launch": 0, "tree_attention": 0, "letter_readout": 0}
 

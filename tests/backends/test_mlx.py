@@ -124,7 +124,7 @@ def test_kernel_sources_are_there():
         assert "_position_in_grid" in source and "params" in source  # MLX makes the attributes from these names
 
 
-@pytest.mark.skipif(mx.metal.is_available(), reason="on a Mac the kernels run (bench/mac_check.py)")
+@pytest.mark.skipif(mx.metal.is_available(), reason="on a Mac the kernels run (bench/checks/mac_check.py)")
 def test_metal_kernels_refuse_to_run_without_metal():
     with pytest.raises(RuntimeError, match="Metal"):
         metal.letter_readout(mx.zeros((2, 8)), mx.zeros((10, 8)))
@@ -163,7 +163,7 @@ def test_mlx_backend_serves_over_http(demo_model):
 
 def test_metal_native_ops_agree_with_the_portable_ones(demo_model):
     """The Metal path's norms and SwiGLU (`native.py`), run here on the CPU: same model, logits within f32 noise.
-    (Their invariance is a Metal property; bench/mac_check.py checks it there.)"""
+    (Their invariance is a Metal property; bench/checks/mac_check.py checks it there.)"""
     from basal.backends.mlx.model import MLXLlama
     from basal.core.packing.tree import single_prompt_batch
 

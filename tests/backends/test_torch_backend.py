@@ -8,8 +8,9 @@ import torch
 
 from basal.backends.cuda.backend import TorchBackend
 from basal.backends.load import load_backend, pick_backend
-from basal.core.engine.pipeline import Pipeline, Stats, model_resolver
+from basal.core.engine.pipeline import Pipeline, Stats
 from basal.core.request.dialects import parse_systemone
+from basal.core.request.model_names import model_resolver
 
 
 def test_defaults_and_selection(demo_model):
@@ -106,4 +107,4 @@ def test_on_cuda_load_hands_over_to_the_gpu_path_and_says_when_it_cannot(demo_mo
     with pytest.raises((AssertionError, RuntimeError)):  # this CPU build of torch has no CUDA to load onto
         TorchBackend.load(demo_model, device="cuda")
     assert handed == ["cuda"] and "CUDA without Triton" in caplog.text
-    assert "pip install 'basal-engine[cuda]'" in caplog.text
+    assert "pip install 'basal-bitwise[cuda]'" in caplog.text

@@ -42,7 +42,8 @@ def test_auto_picks_mlx_and_serves_a_decision_without_torch():
     out = run_without_torch(
         """
 from basal.backends.load import load_backend, pick_backend
-from basal.core.engine.pipeline import Pipeline, model_resolver
+from basal.core.engine.pipeline import Pipeline
+from basal.core.request.model_names import model_resolver
 from basal.core.model.synth import demo_model
 from basal.core.request.dialects import parse_systemone
 

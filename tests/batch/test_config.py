@@ -38,3 +38,26 @@ def test_limits_and_the_store_directory(tmp_path, monkeypatch):
         parse_config({"batches": {"max_lines": 0}})
     with pytest.raises(ConfigError, match="did you mean `max_lines`"):
         parse_config({"batches": {"max_line": 10}})
+
+
+def test_the_database_key_and_its_environment_variable(tmp_path, monkeypatch):
+    from basal.serve.config import with_environment
+
+    assert batch_settings(parse_config({"batches": {"database": "sqlite"}})).database is None
+    monkeypatch.setenv("BASAL_BATCHES__DATABASE", "postgresql://basal@db:5432/basal")
+    monkeypatch.setenv("BASAL_BATCHES__LEASE_S", "5")
+    settings = batch_settings(parse_config(with_environment({})))
+    assert (settings.database, settings.lease_s) == ("postgresql://basal@db:5432/basal", 5.0)
+    with pytest.raises(ConfigError, match="postgresql:// URL"):
+        parse_config({"batches": {"database": "mysql://x"}})
+
+
+def test_an_unreachable_database_is_a_clear_error_without_its_password(tmp_path):
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'basal-engine[postgres]'")
+    from basal.batch.store import StoreError
+    from tests.servers import free_port
+
+    url = f"postgresql://basal:s3cret@127.0.0.1:{free_port()}/basal"
+    with pytest.raises(StoreError, match="cannot use the batch database at postgresql://basal:\\*\\*\\*@") as e:
+        batch_service(parse_config({"batches": {"dir": str(tmp_path), "database": url}}))
+    assert "s3cret" not in str(e.value)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +96,20 @@ def test_the_command_loads_no_http_layer(demo_dir, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(recorded_ids(output)) == 2
+
+
+def test_nothing_left_to_do_loads_nothing(tmp_path):
+    """A finished OUTPUT: the command answers from the two files, without importing torch or building engines."""
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 1, 2)
+    records = [{"id": f"batch_req_{i}", "custom_id": f"s0-q{i}", "response": None, "error": None} for i in range(2)]
+    output.write_text("".join(json.dumps(r) + "\n" for r in records))  # what a finished run left
+    argv = ["run-batch", str(source), "-o", str(output), "--model", str(tmp_path / "no-model")]
+    check = (
+        f"import sys; from basal.cli import main; code = main({argv!r}); "
+        "assert code == 0, code; assert 'torch' not in sys.modules and 'basal.serve.server' not in sys.modules"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "nothing left to do: all 2 line(s) already in" in run.stderr

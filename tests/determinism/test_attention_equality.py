@@ -1,5 +1,6 @@
 """The current tree attention gives the same bits as main's batched tile-span attention before issue 16's second
-round (bench/main_path.py) and as the first version's tile loop (bench/tiled_attention.py): op level on the prefix
+round (bench/lab/baselines/main_path.py) and as the first version's tile loop
+(bench/lab/baselines/tiled_attention.py): op level on the prefix
 lengths and tree edges of test_ops, and model level on the invariance suite's cases for every dtype, where
 alone = batch = tree must hold with each implementation. The negative control: the same comparison sees a
 library exp."""
@@ -15,8 +16,8 @@ import torch
 from basal.backends.cuda import ops as K
 from basal.core.packing.attention_plan import plan_attention
 from basal.core.packing.passes import run_to_end
-from bench import main_path
-from bench.tiled_attention import tiled_tree_attention
+from bench.lab.baselines import main_path
+from bench.lab.baselines.tiled_attention import tiled_tree_attention
 from tests.determinism.harness import Harness, same_bits
 
 

@@ -88,9 +88,10 @@ def _exp_inputs() -> torch.Tensor:
 
 
 def test_det_exp_keeps_main_bits_in_blocks_and_nonpositive(monkeypatch):
-    """The blocked, fewer-pass det_exp gives main's whole-tensor formulation's bits (bench/main_path.py) at any
+    """The blocked, fewer-pass det_exp gives main's whole-tensor formulation's bits (bench/lab/baselines/main_path.py)
+    at any
     block size, and det_exp_nonpositive gives det_exp's bits on x <= 0; torch.exp does not (control)."""
-    from bench import main_path
+    from bench.lab.baselines import main_path
 
     x = _exp_inputs()
     reference = _bits(main_path.det_exp(x))
@@ -107,7 +108,7 @@ def test_chunk_outputs_keep_main_bits(dtype):
     """GEMM, norm and swiglu chunks written into one output give the bits of main's chunks joined by cat."""
     from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
     from basal.core.packing.passes import run_to_end
-    from bench import main_path
+    from bench.lab.baselines import main_path
 
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(333, 2 * 176, generator=g) * 4).to(dtype)

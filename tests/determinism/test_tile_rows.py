@@ -57,3 +57,27 @@ def test_the_probe_refuses_a_shape_dependent_gemm():
 def test_describe_says_what_runs(demo_model):
     line = tile_rows.describe(demo_model.config, "cpu")
     assert line.startswith(("used rows", "full 64-row"))
+
+
+def test_the_probe_is_kept_on_disk_per_machine(monkeypatch, tmp_path):
+    """A second process reads the probe's result instead of probing; another machine key, or "off", probes."""
+    monkeypatch.setenv("BASAL_GEMM_CACHE", str(tmp_path / "chunks.json"))
+    monkeypatch.setenv("BASAL_HOME", str(tmp_path))
+    calls = []
+    probed = {1, 2, 5, K.QUERY_ROWS}  # what the probe found (its own checks are the tests above)
+    monkeypatch.setattr(tile_rows, "_probe", lambda *a: calls.append(a[:3]) or set(probed))
+    args = (2, 16, 2, K.QUERY_ROWS, K.KEY_TILE, "cpu", 1)
+
+    def fresh():  # a new process: the in-memory cache is empty
+        tile_rows.invariant_rows.cache_clear()
+        return tile_rows.invariant_rows(*args)
+
+    first = fresh()
+    assert first == probed and len(calls) == 1 and (tmp_path / "tile_rows.json").is_file()
+    assert fresh() == first and len(calls) == 1  # read from disk
+    monkeypatch.setattr(tile_rows, "machine_key", lambda: "another CPU")
+    assert fresh() == first and len(calls) == 2  # another machine: probed
+    monkeypatch.setenv("BASAL_GEMM_CACHE", "off")
+    fresh()
+    assert len(calls) == 3
+    tile_rows.invariant_rows.cache_clear()

@@ -193,7 +193,7 @@ def _upstream_form(record: dict, demo_model) -> dict:
 def upstream_form_records(demo_model):
     from basal.backends.cuda.backend import TorchBackend
     from basal.core.engine.pipeline import Pipeline
-    from tests.core.test_reference import _export_record
+    from tests.export.test_reference import _export_record
 
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     cases = {c["id"]: c for c in golden_records("systemone_cases_1.5.jsonl")}

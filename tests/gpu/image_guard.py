@@ -1,7 +1,7 @@
 """Run a script as the GPU machine's image would import it: `python tests/gpu/image_guard.py SCRIPT ARGS...`.
 
 The image has its own torch and Triton and installs nothing (docs/gpu-path.md §8.2), and it lacks some of basal's
-dependencies (msgspec, Litestar, ...). bench/gpu_check.py and the GPU path must import none of those, or the
+dependencies (msgspec, Litestar, ...). bench/checks/gpu_check.py and the GPU path must import none of those, or the
 first GPU window is spent on an ImportError. This runs SCRIPT with those imports refused.
 """
 

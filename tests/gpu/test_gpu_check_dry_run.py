@@ -1,4 +1,5 @@
-"""bench/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are never
+"""bench/checks/gpu_check.py --cpu-dry-run: every phase at toy sizes under the Triton interpreter, so GPU minutes are
+never
 spent on a script bug. It runs under image_guard.py (only the imports the GPU machine's image can satisfy); the toy
 model must be bitwise eager = graph = bigger bucket = in a batch, a checkpoint on disk must load and agree with the
 CPU, and `basal serve` must answer over HTTP. The script starts in the background when collection finishes
@@ -23,7 +24,7 @@ GUARD = ROOT / "tests" / "gpu" / "image_guard.py"  # imports only what the GPU m
 
 def dry_run() -> background.Command:
     out = tempfile.mkdtemp(prefix="gpu_check_dry_run.")
-    argv = (sys.executable, str(GUARD), str(ROOT / "bench" / "gpu_check.py"), "--cpu-dry-run", "--out", out)
+    argv = (sys.executable, str(GUARD), str(ROOT / "bench" / "checks" / "gpu_check.py"), "--cpu-dry-run", "--out", out)
     # the script sets TRITON_INTERPRET itself, before importing triton
     return background.Command(argv, background.environment(PYTHONPATH=str(ROOT), TRITON_INTERPRET=None), str(ROOT), 900)
 
@@ -60,6 +61,6 @@ def _check(done, tmp_path: Path) -> None:
     assert p1["bias"] and all(all(b["invariant"].values()) for b in p1["bias"].values())
     assert "error" not in p1["lt_library_defaults"] and "library's defaults" in done.stdout  # the child ran
     assert p1["swiglu_warps"]["toy"]["same_bits"] and "fused SwiGLU GEMM" in done.stdout
-    assert json.loads((tmp_path / "gemm_engines.json").read_text())["shapes"]
+    assert json.loads((tmp_path / "gemm_table.json").read_text())["shapes"]
     assert all(p1["tri_configs_equal"].values()) and len(p1["tri_configs"]) == 2, p1["tri_configs"]
-    assert all("engine" in g for g in p1["shapes"].values())  # every toy shape probed, none failed or skipped
+    assert all("gemm" in g for g in p1["shapes"].values())  # every toy shape probed, none failed or skipped

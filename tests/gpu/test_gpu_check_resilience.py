@@ -1,4 +1,5 @@
-"""bench/gpu_check.py in a short GPU window: one failing GEMM shape or attention case costs the phase nothing else,
+"""bench/checks/gpu_check.py in a short GPU window: one failing GEMM shape or attention case costs the phase nothing
+else,
 P1 and P2 stop at their share of the budget, and a SIGTERM (the device tool's timeout) or a Ctrl-C still leaves the
 report and prints the table of what was measured. Fakes stand in for the kernels, except in the one dry run that is
 sent a SIGTERM."""
@@ -17,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu import gemm_table as gt
 from basal.core import home
-from bench import gpu_check
+from bench.checks import gpu_check
 
 CPU = torch.device("cpu")
 
@@ -38,19 +39,19 @@ def p1_extras(monkeypatch):
     """P1's extra evidence (a child process, the bias probe, the fused SwiGLU): stand-ins that record their calls."""
     ran = []
     monkeypatch.setattr(gpu_check, "library_defaults", lambda dry: ran.append("lt") or {})
-    monkeypatch.setattr(gpu_check, "bias_probe", lambda device, dry, counts, engines: ran.append("bias") or {})
+    monkeypatch.setattr(gpu_check, "bias_probe", lambda device, dry, counts, gemms: ran.append("bias") or {})
     monkeypatch.setattr(gpu_check, "swiglu_warps", lambda device, dry: ran.append("swiglu") or {})
     return ran
 
 
-def probed_shape(n, k, device, dry, counts, any_counts, engines, key, g):
+def probed_shape(n, k, device, dry, counts, any_counts, gemms, key, g):
     """gemm_shape's stand-in: `tri` invariant, the M regime's tiles differing from the first configuration's."""
-    entry = et.ShapeEntry(n, k, "tri", {"tri": et.Candidate(True, None, "ok")})
-    result = {"engine": "tri", "candidates": {"tri": vars(entry.candidates["tri"])}, "any_row_count": {}, "timings": {}}
+    entry = gt.ShapeEntry(n, k, "tri", {"tri": gt.Candidate(True, None, "ok")})
+    result = {"gemm": "tri", "candidates": {"tri": vars(entry.candidates["tri"])}, "any_row_count": {}, "timings": {}}
     return entry, result, {"S 64x64x64-w4-s4": gpu_check.SAME, "M 128x64x64-w4-s4": "differs"}
 
 
-def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_engine_table_survive(report, p1_extras, monkeypatch):
+def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_gemm_table_survive(report, p1_extras, monkeypatch):
     def shape(n, k, *args):
         if (n, k) == (32, 64):
             raise RuntimeError("out of resources: shared memory")
@@ -61,9 +62,9 @@ def test_a_failing_gemm_shape_is_recorded_and_the_others_and_the_engine_table_su
     failed = res["shapes"]["32x64"]
     assert failed["error"] == "RuntimeError: out of resources: shared memory"
     assert "Traceback" in failed["traceback"] and "shape" in failed["traceback"] and len(failed["traceback"]) <= 2000
-    assert res["shapes"]["64x128"]["engine"] == "tri" and p1_extras == ["lt", "bias", "swiglu"]
-    table = et.EngineTable.from_json((report.path.parent / "gemm_engines.json").read_text())
-    assert [(s.n, s.k, s.engine) for s in table.shapes] == [(64, 128, "tri")]  # from the shape that was probed
+    assert res["shapes"]["64x128"]["gemm"] == "tri" and p1_extras == ["lt", "bias", "swiglu"]
+    table = gt.GemmTable.from_json((report.path.parent / "gemm_table.json").read_text())
+    assert [(s.n, s.k, s.gemm) for s in table.shapes] == [(64, 128, "tri")]  # from the shape that was probed
     assert on_disk(report)["phases"]["P1"]["partial"]  # written after every entry
     assert res["tri_configs_equal"] == {"64x128": False}  # which configuration differed is kept:
     text = gpu_check.summary({"P1": res})
@@ -204,7 +205,7 @@ def test_the_sigterm_handler_writes_the_report_and_its_table_before_it_unwinds(r
 def dry_main(monkeypatch, tmp_path, capsys):
     """gpu_check.main() in this process, as `--cpu-dry-run --out DIR` without the interpreter patch (no kernel runs
     here), its SIGTERM handler put back after it. -> (exit code, the report, stdout)."""
-    from basal.backends.cuda.gpu import interpreter_patches
+    from bench.checks import interpreter_patches
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # main sets it; monkeypatch removes it again
     monkeypatch.setattr(interpreter_patches, "patch_interpreter", lambda: None)
@@ -271,7 +272,7 @@ def test_a_failing_kernel_listing_costs_the_table_nothing(dry_main, monkeypatch)
 
 def test_a_dry_run_sent_sigterm_leaves_its_report_and_table_and_exits_124(tmp_path):
     """The device tool's timeout, for real: SIGTERM to the running script once P1 has written its first shape."""
-    script = gpu_check.ROOT / "bench" / "gpu_check.py"
+    script = gpu_check.ROOT / "bench" / "checks" / "gpu_check.py"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it itself
     argv = [sys.executable, str(script), "--cpu-dry-run", "--out", str(tmp_path), "--phases", "0,1,2,3"]
     with (tmp_path / "log.txt").open("w+") as log:
@@ -293,4 +294,4 @@ def test_a_dry_run_sent_sigterm_leaves_its_report_and_table_and_exits_124(tmp_pa
     assert data["interrupted"]["by"] == "SIGTERM" and data["interrupted"]["phase"] in {"P1", "P2", "P3"}
     assert data["phases"]["P0"]["versions"] and data["phases"]["P1"]["shapes"]  # what was measured is kept
     assert "size   single ms" in data["phases"]["P4"]["table"] and "INTERRUPTED by SIGTERM" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemm_engines.json", "gpu_check.json", "log.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemm_table.json", "gpu_check.json", "log.txt"]

@@ -1,4 +1,5 @@
-"""bench/gpu_check.py's bookkeeping, without running a model: a GPU window is short, so a failing or slow model size
+"""bench/checks/gpu_check.py's bookkeeping, without running a model: a GPU window is short, so a failing or slow model
+size
 must not cost the others their results, and the table must say what happened to each."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import math
 import pytest
 import torch
 
-from bench import gpu_check
+from bench.checks import gpu_check
 
 CPU = torch.device("cpu")
 GOOD = {
@@ -109,7 +110,7 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     phases = {
         "P0": {"copy_TBps": 4.0, "mm_TFLOPs": 800.0},
         "P2": {"f16/mini": {"bitwise_equal": True, "timing": {"tokens": 4096, "ms": 1.5, "TFLOPs": 200.0}}},
-        "P1": {"shapes": {"2048x1536": {"engine": "lt", "timings": {
+        "P1": {"shapes": {"2048x1536": {"gemm": "lt", "timings": {
             "lt@16": {"TBps": 2.0, "TFLOPs": 1.0}, "lt@8192": {"TBps": 0.5, "TFLOPs": 400.0},
             "tri@16": {"TBps": 9.0, "TFLOPs": 9.0},
         }}}},
@@ -122,7 +123,7 @@ def test_the_table_names_failures_skips_rates_and_gemm_fractions():
     assert "NO =in_batch" in text
     assert "2.500           2.000     1.25x" in text  # single decisions one by one vs two in flight
     assert "f16/mini" in text and "200.0   (0.25)" in text
-    assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen engine's rows, not tri's
+    assert "2.00 (0.50)" in text and "400.0 (0.50)" in text  # the chosen GEMM's rows, not tri's
 
 
 def test_a_saved_report_prints_its_table(tmp_path, capsys, monkeypatch):
@@ -134,7 +135,7 @@ def test_a_saved_report_prints_its_table(tmp_path, capsys, monkeypatch):
 
 
 def test_host_work_bench_prints_a_row_per_batch(capsys, monkeypatch):
-    from bench import gpu_host_work
+    from bench.lab import gpu_host_work
 
     monkeypatch.setattr("sys.argv", ["gpu_host_work.py", "--questions", "1,3", "--reps", "2"])
     gpu_host_work.main()
@@ -148,7 +149,7 @@ def test_launched_kernels_reads_the_jit_caches_and_the_table_lists_them(monkeypa
     table; nothing launched (this process, or the interpreter) gives no rows."""
     from types import SimpleNamespace
 
-    from basal.backends.cuda.gpu import sm90_compile
+    from bench.checks import sm90_compile
 
     assert not any(gpu_check.launched_kernels().values())  # the real kernels, never launched here
     assert gpu_check.kernel_lines(gpu_check.launched_kernels()) == []
@@ -238,7 +239,7 @@ def test_basal_serve_over_http_is_in_the_table_and_the_verdict(monkeypatch):
 
 
 def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
-    """bench/gpu_run.sh, the one command a GPU window runs: the check's report and log land in $OUT and its exit
+    """bench/checks/gpu_run.sh, the one command a GPU window runs: the check's report and log land in $OUT and its exit
     code comes back (here a dry run of P0; without CUDA and without --cpu-dry-run, gpu_check's 2)."""
     import os
     import subprocess
@@ -247,13 +248,13 @@ def test_the_device_command_runs_the_check_and_keeps_its_log(tmp_path):
 
     root = Path(gpu_check.ROOT)
     env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", "bench/gpu_run.sh", "--cpu-dry-run", "--phases", "0"], cwd=root, env=env,
+    done = subprocess.run(["bash", "bench/checks/gpu_run.sh", "--cpu-dry-run", "--phases", "0"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "gpu_check.json").read_text())["phases"]["P0"]["versions"]["triton"]
     assert "[P0]" in (tmp_path / "log.txt").read_text()
     if not torch.cuda.is_available():
-        plain = subprocess.run(["bash", "bench/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
+        plain = subprocess.run(["bash", "bench/checks/gpu_run.sh"], cwd=root, env=env, capture_output=True, timeout=300)
         assert plain.returncode == 2
 
 
@@ -265,7 +266,7 @@ def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
 
     class Cyclic:
         def __init__(self):
-            self.engine_for = self.method
+            self.gemm_for = self.method
 
         def method(self):
             pass
@@ -283,9 +284,9 @@ def test_between_p3_items_a_backend_that_refers_to_itself_is_freed():
 
 
 def test_p1_reports_the_row_counts_serving_never_passes_beside_its_verdict():
-    """The engine verdict is taken on serving's buckets (as the backend's probe); M = 1, 2, 3, 17, ... are reported
-    per engine, with the shapes that differ there."""
-    shape = {"engine": "lt", "timings": {}}
+    """The gemm verdict is taken on serving's buckets (as the backend's probe); M = 1, 2, 3, 17, ... are reported
+    per GEMM, with the shapes that differ there."""
+    shape = {"gemm": "lt", "timings": {}}
     gemms = {
         "2048x1536": {**shape, "any_row_count": {"lt": [False, "row 0 differs at M=2"], "tri": [True, "ok"]}},
         "1536x1536": {**shape, "any_row_count": {"lt": [True, "ok"], "tri": [True, "ok"]}},

@@ -1,5 +1,5 @@
 """The GPU path's host side, in plain Python (runs everywhere, no Triton): buckets, the tile plan and its blob,
-staging slots, the graph policy and the GEMM engine table (docs/gpu-path.md §8.1 c)."""
+staging slots, the graph policy and the GEMM table (docs/gpu-path.md §8.1 c)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu import gemm_table as gt
 from basal.backends.cuda.gpu.buckets import (
     READOUT_BUCKETS,
     TOKEN_BUCKETS,
@@ -373,32 +373,32 @@ def test_graphs_are_captured_on_the_second_use_and_evicted_lru():
     assert "a" not in cache.graphs and cache.step("a") == "eager"  # evicted, starts over
 
 
-def _table(engine_ms):
-    cands = {n: et.Candidate(ok, ms) for n, (ok, ms) in engine_ms.items()}
-    return et.EngineTable({"gpu": "H200", "dtype": "f16"}, [32, 64], [et.ShapeEntry(64, 128, et.choose(cands), cands)])
+def _table(gemm_ms):
+    cands = {n: gt.Candidate(ok, ms) for n, (ok, ms) in gemm_ms.items()}
+    return gt.GemmTable({"gpu": "H200", "dtype": "f16"}, [32, 64], [gt.ShapeEntry(64, 128, gt.choose(cands), cands)])
 
 
-def test_engine_choice():
-    assert et.choose({"lt": et.Candidate(True, 0.02), "tri": et.Candidate(True, 0.03)}) == "lt"
-    assert et.choose({"lt": et.Candidate(True, 0.05), "tri": et.Candidate(True, 0.03)}) == "tri"
-    assert et.choose({"lt": et.Candidate(False, None), "tri": et.Candidate(True, None)}) == "tri"
-    with pytest.raises(RuntimeError, match="no GEMM engine"):
-        et.choose({"lt": et.Candidate(False), "tri": et.Candidate(False)})
+def test_gemm_choice():
+    assert gt.choose({"lt": gt.Candidate(True, 0.02), "tri": gt.Candidate(True, 0.03)}) == "lt"
+    assert gt.choose({"lt": gt.Candidate(True, 0.05), "tri": gt.Candidate(True, 0.03)}) == "tri"
+    assert gt.choose({"lt": gt.Candidate(False, None), "tri": gt.Candidate(True, None)}) == "tri"
+    with pytest.raises(RuntimeError, match="no GEMM"):
+        gt.choose({"lt": gt.Candidate(False), "tri": gt.Candidate(False)})
 
 
-def test_engine_table_round_trip_and_staleness(tmp_path):
+def test_gemm_table_round_trip_and_staleness(tmp_path):
     table = _table({"lt": (True, 0.02), "tri": (True, 0.03)})
-    path = tmp_path / "gemm_engines-f16.json"
+    path = tmp_path / "gemm_table-f16.json"
     table.save(path)
-    loaded, why = et.load_table(path, {"gpu": "H200", "dtype": "f16"})
-    assert why == "current" and loaded.engine(64, 128) == "lt" and loaded.to_json() == table.to_json()
-    stale, why = et.load_table(path, {"gpu": "H200", "dtype": "f16", "driver": "590.1"})
+    loaded, why = gt.load_table(path, {"gpu": "H200", "dtype": "f16"})
+    assert why == "current" and loaded.gemm(64, 128) == "lt" and loaded.to_json() == table.to_json()
+    stale, why = gt.load_table(path, {"gpu": "H200", "dtype": "f16", "driver": "590.1"})
     assert stale is None and why.startswith("stale: driver")
-    assert et.load_table(tmp_path / "none.json", {})[0] is None
+    assert gt.load_table(tmp_path / "none.json", {})[0] is None
     with pytest.raises(KeyError, match="not probed"):
-        loaded.engine(1, 2)
-    assert "-> lt" in "\n".join(et.describe(loaded, why))
-    assert et.table_key({"gpu": "x"}, "bf16") == {"gpu": "x", "dtype": "bf16"}
+        loaded.gemm(1, 2)
+    assert "-> lt" in "\n".join(gt.describe(loaded, why))
+    assert gt.table_key({"gpu": "x"}, "bf16") == {"gpu": "x", "dtype": "bf16"}
 
 
 def test_warm_up_buckets_are_real_buckets_and_fit_the_graph_cache():
@@ -411,30 +411,30 @@ def test_warm_up_buckets_are_real_buckets_and_fit_the_graph_cache():
     assert (32, 4) in pairs and (2048, 64) in pairs and (64, 16) not in pairs
 
 
-def test_engine_table_keeps_the_fused_epilogues():
+def test_gemm_table_keeps_the_fused_epilogues():
     table = _table({"tri": (True, 0.03)})
     table.shapes[0].fused, table.shapes[0].fused_detail = "swiglu", "4 row counts x 3 anchors equal"
-    loaded = et.EngineTable.from_json(table.to_json())
+    loaded = gt.GemmTable.from_json(table.to_json())
     assert loaded.fused(64, 128) == "swiglu" and loaded.fused(1, 2) == ""
-    assert "fused swiglu" in "\n".join(et.describe(loaded, "current"))
+    assert "fused swiglu" in "\n".join(gt.describe(loaded, "current"))
     old = json.loads(table.to_json())
     for s in old["shapes"]:
         del s["fused"], s["fused_detail"]
-    assert et.EngineTable.from_json(json.dumps(old)).fused(64, 128) == ""  # a table from before: nothing fused
+    assert gt.GemmTable.from_json(json.dumps(old)).fused(64, 128) == ""  # a table from before: nothing fused
 
 
-def test_the_library_engine_adds_a_bias():
+def test_the_library_gemm_adds_a_bias():
     """`lt` with a bias is `addmm`: cuBLASLt's bias epilogue on a GPU, the CPU's GEMM here."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(8, 32, generator=g), torch.randn(16, 32, generator=g), torch.randn(16, generator=g)
-    out = et.lt_linear(x, w, torch.empty(8, 16), b)
+    out = gt.lt_linear(x, w, torch.empty(8, 16), b)
     assert torch.allclose(out, torch.nn.functional.linear(x, w, b), atol=1e-5)
-    assert not torch.allclose(out, et.lt_linear(x, w, torch.empty(8, 16)), atol=1e-3)
+    assert not torch.allclose(out, gt.lt_linear(x, w, torch.empty(8, 16)), atol=1e-3)
 
 
-def test_the_probe_passes_the_bias_and_times_engines_only_where_it_has_a_choice(monkeypatch):
+def test_the_probe_passes_the_bias_and_times_gemms_only_where_it_has_a_choice(monkeypatch):
     import torch
 
     seen = []
@@ -445,12 +445,12 @@ def test_the_probe_passes_the_bias_and_times_engines_only_where_it_has_a_choice(
             out[i] = x[i] @ w.T + (0 if bias is None else bias)
         return out
 
-    monkeypatch.setitem(et.ENGINES, "lt", by_rows)
-    monkeypatch.setitem(et.ENGINES, "tri", by_rows)
+    monkeypatch.setitem(gt.GEMMS, "lt", by_rows)
+    monkeypatch.setitem(gt.GEMMS, "tri", by_rows)
     cpu = torch.device("cpu")
-    one = et.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("tri",), timing_rows=8, bias=True)
+    one = gt.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("tri",), timing_rows=8, bias=True)
     assert one.shapes[0].bias and all(seen) and one.shapes[0].candidates["tri"].ms is None
-    two = et.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("lt", "tri"), timing_rows=8)
+    two = gt.probe([(16, 32)], torch.float32, cpu, [4, 16], {}, ("lt", "tri"), timing_rows=8)
     assert all(c.ms is not None for c in two.shapes[0].candidates.values()) and not two.shapes[0].bias
 
 
@@ -466,32 +466,32 @@ def test_the_probe_catches_bits_that_depend_on_a_rows_place_in_its_tile(monkeypa
 
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(32, 16, generator=g), torch.randn(8, 16, generator=g)
-    assert et.probe_engine(lambda x, w, out, bias=None: torch.mm(x, w.T, out=out), x, w, [4, 16, 32])[0]
-    ok, detail = et.probe_engine(by_place, x, w, [4, 16, 32])
+    assert gt.probe_gemm(lambda x, w, out, bias=None: torch.mm(x, w.T, out=out), x, w, [4, 16, 32])[0]
+    ok, detail = gt.probe_gemm(by_place, x, w, [4, 16, 32])
     assert not ok and "moved" in detail
 
 
-def test_an_engine_that_raises_is_ruled_out_not_fatal(monkeypatch, caplog):
+def test_an_gemm_that_raises_is_ruled_out_not_fatal(monkeypatch, caplog):
     """Under the R7 settings a library may refuse a shape (torch raises where cuBLASLt has no split-K-free kernel):
-    the shape takes the other engine, and the start goes on."""
+    the shape takes the other GEMM, and the start goes on."""
     import torch
 
     def refuses(x, w, out, bias=None):
         raise RuntimeError("allow_splitk=False requires the cuBLASLt backend")
 
-    monkeypatch.setitem(et.ENGINES, "lt", refuses)
-    monkeypatch.setitem(et.ENGINES, "tri", lambda x, w, out, bias=None: torch.mm(x, w.T, out=out))
-    table = et.probe([(16, 32)], torch.float32, torch.device("cpu"), [4, 16], {}, ("lt", "tri"), timing_rows=8)
+    monkeypatch.setitem(gt.GEMMS, "lt", refuses)
+    monkeypatch.setitem(gt.GEMMS, "tri", lambda x, w, out, bias=None: torch.mm(x, w.T, out=out))
+    table = gt.probe([(16, 32)], torch.float32, torch.device("cpu"), [4, 16], {}, ("lt", "tri"), timing_rows=8)
     (entry,) = table.shapes
-    assert entry.engine == "tri" and not entry.candidates["lt"].invariant
+    assert entry.gemm == "tri" and not entry.candidates["lt"].invariant
     assert "raised RuntimeError: allow_splitk=False" in entry.candidates["lt"].detail and "probe failed" in caplog.text
 
 
-def test_an_engine_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, caplog):
+def test_an_gemm_table_that_cannot_be_saved_does_not_stop_a_start(tmp_path, caplog):
     pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
     from basal.backends.cuda.gpu.backend import keep_table
 
-    table = et.EngineTable({"gpu": "H200"}, [4], [et.ShapeEntry(16, 32, "tri")])
+    table = gt.GemmTable({"gpu": "H200"}, [4], [gt.ShapeEntry(16, 32, "tri")])
     assert keep_table(table, tmp_path / "gpu" / "t.json") and (tmp_path / "gpu" / "t.json").is_file()
     (tmp_path / "file").write_text("")
     assert not keep_table(table, tmp_path / "file" / "gpu" / "t.json")  # its parent is a file: OSError
@@ -625,7 +625,7 @@ def test_row_ranges_keep_every_range_inside_32_bit_offsets():
         row_ranges(1000, OFFSET_LIMIT // 100)  # not even ROW_ALIGN rows fit
 
 
-def test_the_engine_table_key_names_the_nvidia_driver(tmp_path):
+def test_the_gemm_table_key_names_the_nvidia_driver(tmp_path):
     """The driver a table was probed under is the kernel module's version (what a driver update changes), read
     from /proc; both the proprietary and the open module print it after "Kernel Module"."""
     from basal.backends.cuda.gpu.environment import nvidia_driver
@@ -655,14 +655,14 @@ def test_a_weight_past_f16s_range_is_refused_with_what_to_do():
     assert torch.equal(fit("w", small, torch.float16), small.half())
 
 
-def test_engine_tables_saved_at_once_never_share_a_temporary_file(tmp_path, monkeypatch):
+def test_gemm_tables_saved_at_once_never_share_a_temporary_file(tmp_path, monkeypatch):
     """Two servers probing at once: each writes a temporary file of its own and renames it; a fixed temporary name
     let one rename the other's half-written file."""
     paths = []
     real = home.tempfile.mkstemp
     monkeypatch.setattr(home.tempfile, "mkstemp", lambda **kw: paths.append(real(**kw)) or paths[-1])
-    target = tmp_path / "gpu" / "gemm_engines-f16.json"
+    target = tmp_path / "gpu" / "gemm_table-f16.json"
     for gpu in ("H200", "H100"):
-        et.EngineTable({"gpu": gpu}, [4], [et.ShapeEntry(16, 32, "tri")]).save(target)
-    assert len({p for _, p in paths}) == 2 and et.EngineTable.from_json(target.read_text()).key == {"gpu": "H100"}
+        gt.GemmTable({"gpu": gpu}, [4], [gt.ShapeEntry(16, 32, "tri")]).save(target)
+    assert len({p for _, p in paths}) == 2 and gt.GemmTable.from_json(target.read_text()).key == {"gpu": "H100"}
     assert sorted(f.name for f in target.parent.iterdir()) == [target.name]  # no temporary file left

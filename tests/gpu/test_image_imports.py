@@ -1,5 +1,5 @@
 """The GPU path imports only what the GPU machine's image has (tests/gpu/image_guard.py): that image installs
-nothing, so one import of msgspec would cost a whole GPU window. The dry run of bench/gpu_check.py runs under the
+nothing, so one import of msgspec would cost a whole GPU window. The dry run of bench/checks/gpu_check.py runs under the
 same guard (test_gpu_check_dry_run.py); this checks the module imports quickly, and that the guard can fail."""
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def test_the_gpu_path_and_gpu_check_import_only_what_the_image_has(tmp_path):
     done = run_guarded(
         tmp_path,
         "import runpy\n"
-        "import basal.backends.cuda.gpu.backend, basal.backends.cuda.gpu.attention_cases\n"
+        "import basal.backends.cuda.gpu.backend, bench.checks.attention_cases\n"
         "import basal.core.packing.backend, basal.core.packing.tree, basal.core.model.model_dir\n"
         "import basal.backends.load, basal.core.model.synth  # gpu_check's checkpoint, loaded as basal serve does\n"
-        f"runpy.run_path({str(ROOT / 'bench' / 'gpu_check.py')!r}, run_name='gpu_check')\n"
+        f"runpy.run_path({str(ROOT / 'bench' / 'checks' / 'gpu_check.py')!r}, run_name='gpu_check')\n"
         "print('imported')\n",
     )
     assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-3000:]

@@ -1,11 +1,12 @@
-"""bench/serve_check.py, `basal serve` checked over HTTP (gpu_check's P3 on the GPU machine): it runs here against a
+"""bench/checks/serve_check.py, `basal serve` checked over HTTP (gpu_check's P3 on the GPU machine): it runs here
+against a
 real server on the CPU, and its failure paths say what happened."""
 
 from __future__ import annotations
 
 import math
 
-from bench import serve_check
+from bench.checks import serve_check
 
 
 def test_a_real_server_on_the_cpu_passes_every_check():
@@ -33,7 +34,7 @@ def test_a_server_that_cannot_start_is_an_error_with_its_log(monkeypatch, tmp_pa
 
 def test_each_expected_path_is_judged_from_what_v1_models_reports():
     torch_cpu = {"backend": "torch", "device": "cpu", "dtype": "f32"}
-    gpu = {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels, probed GEMM engines)"}
+    gpu = {"backend": "torch", "device": "cuda:0", "dtype": "f16", "path": "gpu (Triton kernels, probed GEMMs)"}
     portable_cuda = {"backend": "torch", "device": "cuda:0", "dtype": "f16"}  # CUDA without Triton
     metal = {"backend": "mlx", "device": "metal", "dtype": "f16"}
     judge = serve_check.PATHS

@@ -19,13 +19,13 @@ pytestmark = [
 
 
 def _shipped_gemms():
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     return sc.shipped_gemms()
 
 
 def _check(case):
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     usage = sc.compile_case(case)
     assert not sc.problems(case, usage), (case.label, usage)
@@ -35,13 +35,13 @@ def _check(case):
 
 
 def _fused_gemms():
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     return sc.fused_gemms()
 
 
 def test_shipped_gemm_configs_compile_for_sm90_without_spills():
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     for tiles in _shipped_gemms():
         usage = _check(sc.gemm_case(tiles))
@@ -52,7 +52,7 @@ def test_shipped_gemm_configs_compile_for_sm90_without_spills():
 
 def test_gemm_configs_with_a_bias_compile_for_sm90_without_spills():
     """basal-1.0 checkpoints: every shipped config, plain and fused, with the bias in its epilogue."""
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     for tiles, epilogue in [(t, "none") for t in _shipped_gemms()] + _fused_gemms():
         assert _check(sc.gemm_case(tiles, epilogue=epilogue, bias=True)).wgmma
@@ -61,7 +61,7 @@ def test_gemm_configs_with_a_bias_compile_for_sm90_without_spills():
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_the_other_dtypes_gemms_compile_for_sm90_without_spills(dtype):
     """`basal serve --dtype bf16 | f32` runs these: bf16 the f16 tiles, f32 tf32x3 dots with gate_up at 64×32."""
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     for case in sc.dtype_gemm_cases(dtype):
         assert _check(case).wgmma, case.label
@@ -69,8 +69,8 @@ def test_the_other_dtypes_gemms_compile_for_sm90_without_spills(dtype):
 
 def test_negative_control_the_f16_gate_up_tile_in_f32_spills():
     """Why f32 takes another gate_up tile: its fused SwiGLU at f16's 64×64 spills, and the check catches it."""
-    from basal.backends.cuda.gpu import sm90_compile as sc
     from basal.backends.cuda.gpu.kernel_configs import gemm_tiles
+    from bench.checks import sm90_compile as sc
 
     case = sc.gemm_case(gemm_tiles(17920, 1536, "f16"), "f32", epilogue="swiglu")
     assert any("spills" in p for p in sc.problems(case, sc.compile_case(case)))
@@ -81,7 +81,7 @@ def test_negative_control_a_gemm_compiled_without_the_launch_specialisation_is_c
     it spills: the check must say so, which is why cases are compiled as the JIT specialises them."""
     from dataclasses import replace
 
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     case = sc.gemm_case(_shipped_gemms()[-1])
     unspecialised = replace(case, unaligned=tuple(name for name, _ in case.signature))
@@ -90,8 +90,8 @@ def test_negative_control_a_gemm_compiled_without_the_launch_specialisation_is_c
 
 
 def test_each_other_kernel_compiles_for_sm90():
-    from basal.backends.cuda.gpu import sm90_compile as sc
     from basal.backends.cuda.gpu.kernel_configs import ATTENTION, MODEL_SHAPES
+    from bench.checks import sm90_compile as sc
 
     h, f, _, q, kv = MODEL_SHAPES["4.5B"]
     usage = _check(sc.attention_case(ATTENTION["f32"], q, kv))
@@ -102,7 +102,7 @@ def test_each_other_kernel_compiles_for_sm90():
 
 @pytest.mark.slow
 def test_every_kernel_and_config_compiles_for_sm90():
-    from basal.backends.cuda.gpu import sm90_compile as sc
+    from bench.checks import sm90_compile as sc
 
     for case in sc.all_cases():
         _check(case)

@@ -33,6 +33,7 @@ class ReadyResponse(msgspec.Struct):
     models: dict[str, str]  # each served model: "loaded", or its load step ("waiting", "loading weights", ...)
     inflight: int
     max_inflight: int
+    startup: dict[str, dict[str, float]]  # each loaded model's start-up steps, in seconds (this process's own)
 
 
 def readiness(engines: EnginesFront) -> Readiness:
@@ -78,7 +79,13 @@ async def ready(request: Request) -> Response:
     status = readiness(engines)
     loading = dict(engines.progress)
     models = {name: loading.get(name, "loaded") for name in engines.names}
-    body = {"status": status, "models": models, "inflight": engines.inflight, "max_inflight": engines.max_inflight}
+    body = {
+        "status": status,
+        "models": models,
+        "inflight": engines.inflight,
+        "max_inflight": engines.max_inflight,
+        "startup": engines.startup,
+    }
     return _answer(body, status)
 
 

@@ -32,6 +32,7 @@ async def models(request: Request) -> Response:
                     "description": settings.descriptions.get(info.name, DESCRIPTION),
                     "mode": "basal",
                     "early_exit": [],
+                    "synthetic": info.synthetic,
                     **capabilities(info),
                     "compute": info.compute,
                 }

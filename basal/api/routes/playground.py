@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from litestar import Response, get
+from litestar import Response, get, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.response import Redirect
@@ -19,7 +19,7 @@ from basal.api.errors import not_found
 
 STATIC = Path(__file__).parents[1] / "static"  # basal/api/static: the page's files
 PLAYGROUND_PATH = "/playground"
-MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8", ".js": "text/javascript"}
+MEDIA_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}  # Litestar adds the charset
 HEADERS = {  # no other site may frame the page either (clickjacking): frame-ancestors, and X-Frame-Options for old
     "content-security-policy": (
         "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -58,7 +58,7 @@ async def root() -> Redirect:
 def playground_routes() -> list[HTTPRouteHandler]:
     """The page, its assets, and the redirect from ``/`` (relative, so it holds behind a proxy's path prefix)."""
     return [
-        get(PLAYGROUND_PATH, include_in_schema=False)(page),
-        get(f"{PLAYGROUND_PATH}/{{name:str}}", include_in_schema=False)(playground_file),
+        route(PLAYGROUND_PATH, http_method=["GET", "HEAD"], include_in_schema=False)(page),
+        route(f"{PLAYGROUND_PATH}/{{name:str}}", http_method=["GET", "HEAD"], include_in_schema=False)(playground_file),
         get("/", include_in_schema=False)(root),
     ]

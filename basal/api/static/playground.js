@@ -154,7 +154,8 @@ function serverMessage(status, body) {
   // The message of an error body of either dialect: {"error": ...}, {"detail": "..."}, {"detail": {"message"}},
   // {"detail": [{"msg", "loc"}]}.
   if (body && typeof body === "object") {
-    if (typeof body.error === "string" && !body.detail) return body.error;
+    // `/v1/basal` keeps upstream's wording on the wire ("1 options"); the page shows it in plain English
+    if (typeof body.error === "string" && !body.detail) return body.error.replace(/\b1 options\b/g, "1 option");
     const d = body.detail;
     if (typeof d === "string") return d;
     if (d && typeof d === "object" && !Array.isArray(d) && d.message) return d.message;
@@ -181,6 +182,7 @@ function showModelInfo() {
   if (!m) return;
   $("#model-info").textContent =
     `types ${m.types.join(", ")} · evidence ${m.evidence ? "yes" : "no"} · calibrated ${m.calibrated ? "yes" : "no"}`;
+  $("#synthetic-note").hidden = !m.synthetic;
   for (const el of $$(".q-evidence-label")) el.hidden = !m.evidence;
   for (const option of $$("#new-type option, .q-type option")) option.disabled = !m.types.includes(option.value);
 }
@@ -362,10 +364,38 @@ function renderRun(run, into) {
   into.append(kv);
 }
 
+function changes(before, after) {
+  // What differs between two requests: the model, the state, each question added, removed or changed (by field).
+  const out = [];
+  const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+  for (const key of new Set([...Object.keys(before), ...Object.keys(after)])) {
+    if (key === "questions" || same(before[key], after[key])) continue;
+    out.push(key);
+  }
+  const qa = before.questions || {}, qb = after.questions || {};
+  for (const name of Object.keys(qa)) if (!(name in qb)) out.push(`−${name}`);
+  for (const [name, q] of Object.entries(qb)) {
+    if (!(name in qa)) out.push(`+${name}`);
+    else if (!same(qa[name], q)) {
+      const fields = [...new Set([...Object.keys(qa[name]), ...Object.keys(q)])].filter((f) => !same(qa[name][f], q[f]));
+      out.push(`${name}.${fields.join("/")}`);
+    }
+  }
+  return out;
+}
+
 function runLabel(run) {
+  // The first run names its questions; every later one says what changed since the run before it.
   const names = Object.keys(run.request.questions);
-  const first = run.request.questions[names[0]];
-  return `#${run.id} ${run.dialect}: ${names.join(", ")} — ${(first && first.instructions) || ""}`.slice(0, 90);
+  const previous = state.runs[run.id - 2];
+  if (!previous) {
+    const first = run.request.questions[names[0]];
+    return `#${run.id} ${run.dialect}: ${names.join(", ")} — ${(first && first.instructions) || ""}`.slice(0, 120);
+  }
+  const diff = changes(previous.request, run.request);
+  const dialect = previous.dialect === run.dialect ? run.dialect : `${previous.dialect} → ${run.dialect}`;
+  const what = diff.length ? `changed ${diff.join(", ")}` : "the same request again";
+  return `#${run.id} ${dialect}: ${what}`.slice(0, 120);
 }
 
 function renderRuns() {

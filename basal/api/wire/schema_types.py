@@ -96,6 +96,7 @@ class ServedModel(msgspec.Struct):  # the front's own facts about a model are `c
     description: str
     mode: str
     early_exit: list[str]
+    synthetic: bool = False  # random weights: the answers have the right shapes and carry no meaning
 
 
 class ModelsResponse(msgspec.Struct):

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # said where CUDA is there but Triton is not (the load's warning, `basal doctor`)
 NO_TRITON = (
     "the portable torch path serves (bitwise invariant, but many times slower than the GPU path): "
-    "pip install 'basal-engine[cuda]' (Linux; the Triton that fits the installed torch) for the GPU path"
+    "pip install 'basal-bitwise[cuda]' (Linux; the Triton that fits the installed torch) for the GPU path"
 )
 
 

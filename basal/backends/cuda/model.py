@@ -12,6 +12,7 @@ import torch
 
 from basal.backends.cuda import ops as K
 from basal.backends.cuda.cpu.gemm_chunks import ChunkTable
+from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_layer
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.safetensors_io import bf16_bits_to_f32
 from basal.core.packing.attention_plan import plan_batch
@@ -46,29 +47,11 @@ class LlamaWeights:
         def get(name: str) -> torch.Tensor:
             return self._tensor(name).to(device=device, dtype=dtype)
 
-        def bias(*names: str) -> torch.Tensor | None:  # basal-1.0 has biases, basal-1.5 none
-            return torch.cat([get(n) for n in names]) if self.cfg.bias else None
-
-        self.embed = get("model.embed_tokens.weight")
-        self.layers = []
-        for i in range(self.cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
-            self.layers.append(
-                Layer(
-                    input_norm=get(p + "input_layernorm.weight"),
-                    qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
-                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                    o_proj=get(a + "o_proj.weight"),
-                    o_bias=bias(a + "o_proj.bias"),
-                    post_norm=get(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
-                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
-                    down=get(m + "down_proj.weight"),
-                    down_bias=bias(m + "down_proj.bias"),
-                )
-            )
-        self.norm = get("model.norm.weight")
+        self.embed = get(EMBED)
+        self.layers = [
+            Layer(**fused_layer(i, get, torch.cat, self.cfg.bias)) for i in range(self.cfg.num_hidden_layers)
+        ]
+        self.norm = get(FINAL_NORM)
         self._letter_rows: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _tensor(self, name: str) -> torch.Tensor:
@@ -80,7 +63,7 @@ class LlamaWeights:
 
     def head_rows(self, start: int, stop: int) -> torch.Tensor:
         """lm_head rows start..stop-1 as the model dtype holds them, f32 on the device (as `letter_rows`)."""
-        f, key = self._index["lm_head.weight"]
+        f, key = self._index[LM_HEAD]
         dtype, array = f.tensor(key)
         rows = np.asarray(array[start:stop])
         rows = bf16_bits_to_f32(rows) if dtype == "BF16" else rows.astype(np.float32)
@@ -88,13 +71,13 @@ class LlamaWeights:
 
     @property
     def vocab_size(self) -> int:
-        f, key = self._index["lm_head.weight"]
+        f, key = self._index[LM_HEAD]
         return int(f.tensor(key)[1].shape[0])
 
     def letter_rows(self, letter_ids: tuple[int, ...]) -> torch.Tensor:
         """The lm_head rows of the option letters, f32: logits are computed for these rows only."""
         if letter_ids not in self._letter_rows:
-            f, key = self._index["lm_head.weight"]
+            f, key = self._index[LM_HEAD]
             dtype, array = f.tensor(key)
             rows = np.asarray(array[list(letter_ids)])
             rows = bf16_bits_to_f32(rows) if dtype == "BF16" else rows.astype(np.float32)

@@ -358,7 +358,8 @@ def tree_attention_steps(
 ) -> Generator[None, None, torch.Tensor]:
     """`tree_attention`, yielding after every span of key tiles (a pause point).
 
-    The arithmetic is the tile-by-tile online softmax of the first version (bench/tiled_attention.py), op for op,
+    The arithmetic is the tile-by-tile online softmax of the first version (bench/lab/baselines/tiled_attention.py),
+    op for op,
     so the bits are the same: per 64-key tile the scores are one [G*R, D] x [D, 64] GEMM, the running max, the
     exps and the row sums are elementwise or per row. A span of tiles runs as one batched call of each op — the
     tile GEMMs keep their shape, only the batch grows — and only the f32 recurrence l = l * alpha + sum(p),

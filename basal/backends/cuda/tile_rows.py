@@ -7,27 +7,61 @@ depend on how many rows the call has. On torch's CPU GEMMs they do not, from a f
 and batched as `kernels.tree_attention_steps` calls them, with every used-row count U = 1..R, and keeps the counts
 whose rows have the bits of the full R-row call. A chunk with such a U computes U rows only; any other U keeps the
 full shape. Same bits either way; the result is fixed for the process (cached per shape, device and thread
-count), and `describe()` reports it.
+count), and `describe()` reports it. On the CPU it is also kept on disk (`tile_rows.json` in the basal cache folder,
+keyed like the GEMM plans by CPU model and features, torch build and threads; none when $BASAL_GEMM_CACHE is "off"):
+the probe is a few hundred GEMMs, seconds at every start otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
+import os
+from pathlib import Path
 
 import torch
 
+from basal.backends.cuda.cpu.gemm_chunks import machine_key
+from basal.core.home import cache_dir, write_text_atomic
 from basal.core.model.model_dir import LlamaConfig
 from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS
 
 PROBE_BATCHES = ((1, 1), (2, 3), (4, 2))  # (chunks, tiles per span) of the probe's calls
+PROBE_VERSION = 1  # in the disk cache key: results of an older probe are probed again
 
 
 @functools.cache
 def invariant_rows(group: int, dim: int, kv_heads: int, rows: int, tile: int, device: str, threads: int) -> frozenset:
     """The used-row counts U in 1..rows at which both tile GEMMs give each row the bits of the full `rows` call.
     `threads`: torch's intra-op thread count (part of the key: a GEMM may split its work by it)."""
-    del threads
-    return frozenset(_probe(group, dim, kv_heads, rows, tile, torch.device(device), torch.matmul))
+    args = (group, dim, kv_heads, rows, tile, device, threads)
+    cache, key = _disk(args) if torch.device(device).type == "cpu" else (None, "")
+    known = _read(cache).get(key)
+    if known is not None:
+        return frozenset(known)
+    ok = frozenset(_probe(group, dim, kv_heads, rows, tile, torch.device(device), torch.matmul))
+    if cache is not None:
+        with contextlib.suppress(OSError):  # a read-only cache folder: probed again at the next start
+            write_text_atomic(cache, json.dumps({**_read(cache), key: sorted(ok)}, indent=1))
+    return ok
+
+
+def _disk(args: tuple) -> tuple[Path | None, str]:
+    """The cache file (None: no disk cache) and the entry's key: the machine, torch's build, the probe's shape."""
+    path = None if os.environ.get("BASAL_GEMM_CACHE") == "off" else cache_dir() / "tile_rows.json"
+    return path, hashlib.sha256(f"{machine_key()}|{args}|tile probe {PROBE_VERSION}".encode()).hexdigest()[:24]
+
+
+def _read(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _probe(group: int, dim: int, kv_heads: int, rows: int, tile: int, device: torch.device, matmul) -> set[int]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
+from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_layer
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.attention_plan import AttentionPlan, plan_batch
 from basal.core.packing.passes import run_to_end
@@ -93,32 +94,26 @@ class MLXLlama:
         def get(name: str) -> mx.array:
             return weights[name].astype(self.dtype)
 
-        def fused_t(*names: str) -> mx.array:
-            return mx.concatenate([get(n) for n in names]).T
-
-        def bias(*names: str) -> mx.array | None:
-            return mx.concatenate([get(n) for n in names]) if cfg.bias else None
-
-        self.embed = get("model.embed_tokens.weight")
+        self.embed = get(EMBED)
         self.layers = []
         for i in range(cfg.num_hidden_layers):
-            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            t = fused_layer(i, get, mx.concatenate, cfg.bias)
             self.layers.append(
                 Layer(
-                    input_norm=get(f"model.layers.{i}.input_layernorm.weight"),
-                    qkv_t=fused_t(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                    o_t=get(a + "o_proj.weight").T,
-                    o_bias=bias(a + "o_proj.bias"),
-                    post_norm=get(f"model.layers.{i}.post_attention_layernorm.weight"),
-                    gate_up_t=fused_t(m + "gate_proj.weight", m + "up_proj.weight"),
-                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
-                    down_t=get(m + "down_proj.weight").T,
-                    down_bias=bias(m + "down_proj.bias"),
+                    input_norm=t["input_norm"],
+                    qkv_t=t["qkv"].T,
+                    qkv_bias=t["qkv_bias"],
+                    o_t=t["o_proj"].T,
+                    o_bias=t["o_bias"],
+                    post_norm=t["post_norm"],
+                    gate_up_t=t["gate_up"].T,
+                    gate_up_bias=t["gate_up_bias"],
+                    down_t=t["down"].T,
+                    down_bias=t["down_bias"],
                 )
             )
-        self.norm = get("model.norm.weight")
-        self._lm_head = weights["lm_head.weight"]
+        self.norm = get(FINAL_NORM)
+        self._lm_head = weights[LM_HEAD]
         self._letter_rows: dict[tuple[int, ...], mx.array] = {}
         self.cos, self.sin = O.rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
         self.prefix_kv: dict[str, list[tuple[mx.array, mx.array]]] = {}

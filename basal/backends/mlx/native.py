@@ -7,7 +7,7 @@
   64-row chunk. The CPU's vectorised `exp` has a scalar tail whose position depends on the array size, which is
   why `ops.py` keeps its workarounds there.
 Matmuls stay in fixed 64-row chunks on Metal (`ops.linear`): MLX's Metal GEMM picks its kernel by the row count.
-bench/mac_check.py checks both claims on the hardware (op-level invariance at many row counts).
+bench/checks/mac_check.py checks both claims on the hardware (op-level invariance at many row counts).
 """
 
 from __future__ import annotations

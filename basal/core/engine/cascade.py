@@ -387,6 +387,7 @@ class CascadeFront:
             {"cascade": {s.model: i.compute for s, i in zip(cascade.steps, infos, strict=True)}},
             min((i.prompt_char_limit for i in bounds), default=0),  # a prompt must fit every step's model
             min((i.context for i in bounds), default=0),
+            synthetic=any(i.synthetic for i in infos),
             cascade=tuple(cascade.describe()),
         )
 

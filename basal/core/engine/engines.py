@@ -1,6 +1,6 @@
 """The engines of a process behind one front: served models, the in-flight limit, planning off the event loop, answers.
 
-`Engines` implements `basal.core.engine.front.EnginesFront` in one process (`basal.deploy.ingress.RayEngines` does
+`Engines` implements `basal.core.engine.front.EnginesFront` in one process (`basal.ray_serve.ingress.RayEngines` does
 on Ray Serve); the HTTP layer depends on that protocol only."""
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class Engines(InflightLimit):
             pipeline.backend.describe(),
             engine.prompt_char_limit,
             engine.context,
+            pipeline.model.synthetic,
         )
 
     def start(self) -> None:

@@ -2,7 +2,7 @@
 
 `EnginesFront` is the protocol; `ModelInfo` and `Result` are its plain data (a Ray replica sends them to the front),
 and `InflightLimit` the in-flight places and shutdown state both fronts share. `Engines` (`engines.py`) implements
-the protocol in one process, `basal.deploy.ingress.RayEngines` on Ray Serve. This module imports no engine, so the
+the protocol in one process, `basal.ray_serve.ingress.RayEngines` on Ray Serve. This module imports no engine, so the
 Ray front and the HTTP layer do not load one to name what they talk to.
 """
 
@@ -31,7 +31,7 @@ class Result:
     queue_ms: float
     compute_ms: float
     batch_requests: int
-    replica: str = ""  # the replica that answered, when scaled out (basal.deploy); "" in one process
+    replica: str = ""  # the replica that answered, when scaled out (basal.ray_serve); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
     cascade: CascadeReport | None = None  # a cascade's request: who answered what (basal.core.engine.cascade)
 
@@ -47,6 +47,7 @@ class ModelInfo:
     compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
     prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
+    synthetic: bool = False  # random weights (the demo model, `basal synth-model`): its answers carry no meaning
     cascade: tuple[dict[str, Any], ...] = ()  # a cascade's name: its steps and their rules; () for a model
 
     @property
@@ -57,7 +58,7 @@ class ModelInfo:
 
 class EnginesFront(Protocol):
     """What the HTTP layer needs of the engines behind it: served names, model facts, admission, answers, and the
-    process's state. `Engines` (one process) and `basal.deploy.ingress.RayEngines` (Ray Serve) implement it; the
+    process's state. `Engines` (one process) and `basal.ray_serve.ingress.RayEngines` (Ray Serve) implement it; the
     HTTP layer never reaches past it."""
 
     default: str
@@ -66,6 +67,7 @@ class EnginesFront(Protocol):
     closed: bool
     draining: bool
     progress: dict[str, str]  # models still loading -> their step; empty once every model serves
+    startup: dict[str, dict[str, float]]  # loaded models -> seconds of each start-up step (/health/ready)
 
     @property
     def names(self) -> list[str]:
@@ -116,7 +118,7 @@ class EnginesFront(Protocol):
 
 class InflightLimit:
     """The process's `max_inflight` places and its shutdown state; the HTTP layer takes a place per request.
-    Shared by `Engines` and the Ray front (`basal.deploy.ingress.RayEngines`)."""
+    Shared by `Engines` and the Ray front (`basal.ray_serve.ingress.RayEngines`)."""
 
     def __init__(self, max_inflight: int):
         self.max_inflight = max_inflight
@@ -125,6 +127,7 @@ class InflightLimit:
         self.closed = False
         self.draining = False  # shutdown has begun: new requests get 503, /health says so, the listener is open
         self.progress: dict[str, str] = {}  # model still loading -> its step (/health/ready); empty once all serve
+        self.startup: dict[str, dict[str, float]] = {}  # loaded model -> seconds of each start-up step
 
     @property
     def inflight(self) -> int:

@@ -7,7 +7,7 @@ Elsewhere (macOS, musl) this does nothing: their allocators return large blocks 
 
 Python's cycle collector walks every tracked object in its oldest generation now and then: after start-up some
 200 000 of them (the modules of torch, numpy, Litestar and the rest, the models, the app), which are never garbage.
-Measured on the 2-core machine (`bench/host_ceiling.py`), such a collection held the GIL, and with it the event
+Measured on the 2-core machine (`bench/lab/host_ceiling.py`), such a collection held the GIL, and with it the event
 loop and every lane, for 130-150 ms every few thousand requests. `gc.freeze()` after start-up moves them into a
 permanent generation that collections skip; what requests allocate is still collected as before.
 """

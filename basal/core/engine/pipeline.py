@@ -33,13 +33,7 @@ from basal.core.packing.tree import (
     packed_tokens,
     plan_forwards,
 )
-from basal.core.request.model_names import ServedModels
 from basal.core.request.plan import DecisionRequest, Question
-
-
-def model_resolver(served: Sequence[str], default: str) -> ServedModels:
-    """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
-    return ServedModels(tuple(served), default)
 
 
 @dataclass

@@ -7,6 +7,7 @@ so the user can fix the request without a second round trip.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 JEV_ALIASES = ("jev-latest", "jev-preview")  # the TypeSafe SDK's default model names
@@ -32,3 +33,8 @@ class ServedModels:
         if len(self.names) > MAX_NAMES_LISTED:
             shown += f" and {len(self.names) - MAX_NAMES_LISTED} more"
         return f"served: {shown}; aliases {', '.join(self.aliases)} -> {self.default}; GET /v1/models lists them"
+
+
+def model_resolver(served: Sequence[str], default: str) -> ServedModels:
+    """Requested model name -> served name: a served name, a Jev alias (-> default model), None -> default."""
+    return ServedModels(tuple(served), default)

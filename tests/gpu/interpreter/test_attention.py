@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from basal.backends.cuda.gpu.attention_cases import layout, plan_tensors, random_chain, reference
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, AttentionConfig
 from basal.backends.cuda.gpu.triton_attention import tree_attention
+from bench.checks.attention_cases import layout, plan_tensors, random_chain, reference
 
 F32 = ATTENTION["f32"]
 BN = F32.bn

@@ -1,5 +1,5 @@
 """basal-1.0 checkpoints on the GPU path, under the interpreter: the `tri` GEMM adds a bias before its one rounding,
-in every epilogue, with the bits of the separate kernels and invariant over M; the engine probe runs with the bias;
+in every epilogue, with the bits of the separate kernels and invariant over M; the GEMM probe runs with the bias;
 and a biased checkpoint loads straight to the device and gives a question the same bits alone and in a batch,
 close to the torch CPU f32 backend."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from basal.backends.cuda.backend import TorchBackend
-from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu import gemm_table as gt
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.backends.cuda.gpu.triton_gemm import linear
@@ -64,15 +64,15 @@ def test_a_bias_of_the_wrong_shape_is_refused():
         linear(x, w, bias=b[:-1])
 
 
-def test_the_probe_runs_the_engines_with_the_bias():
-    table = et.probe(
+def test_the_probe_runs_the_gemms_with_the_bias():
+    table = gt.probe(
         [(48, 96)], torch.float32, torch.device("cpu"), [1, 3, 17], {"gpu": "cpu"}, ("tri",), timing_rows=None,
         epilogues={(48, 96): "swiglu"}, bias=True,
     )  # fmt: skip
     (entry,) = table.shapes
-    assert entry.bias and entry.engine == "tri" and entry.fused == "swiglu"
-    assert et.EngineTable.from_json(table.to_json()).shapes[0].bias
-    assert "48 x 96     +bias -> tri" in "\n".join(et.describe(table, "current"))
+    assert entry.bias and entry.gemm == "tri" and entry.fused == "swiglu"
+    assert gt.GemmTable.from_json(table.to_json()).shapes[0].bias
+    assert "48 x 96     +bias -> tri" in "\n".join(gt.describe(table, "current"))
 
 
 @pytest.fixture(scope="module")

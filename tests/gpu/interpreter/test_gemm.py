@@ -97,10 +97,10 @@ def test_fused_epilogue_arguments_are_checked():
 
 
 def test_the_probe_fuses_a_shape_only_when_its_fused_kernel_is_invariant(monkeypatch):
-    from basal.backends.cuda.gpu import engine_table as et
+    from basal.backends.cuda.gpu import gemm_table as gt
 
     def table():
-        return et.probe(
+        return gt.probe(
             [(48, 256), (24, 256)], torch.float32, torch.device("cpu"), [1, 3, 17, 40], {"gpu": "cpu"}, ("tri",),
             timing_rows=None, epilogues={(48, 256): "swiglu", (24, 256): "residual"},
         )  # fmt: skip
@@ -111,7 +111,7 @@ def test_the_probe_fuses_a_shape_only_when_its_fused_kernel_is_invariant(monkeyp
     def by_m(epilogue):  # negative control: a "fused" kernel whose arithmetic depends on M
         return lambda x, w, out: linear(x, w, split_k=2 if x.shape[0] < 8 else 1)
 
-    monkeypatch.setattr(et, "fused_engine", by_m)
+    monkeypatch.setattr(gt, "fused_gemm", by_m)
     refused = table()
     assert refused.fused(48, 256) == "" and "rows differ at M=1" in refused.shapes[0].fused_detail
-    assert refused.shapes[0].engine == "tri"  # the plain GEMM still serves the shape, with separate kernels
+    assert refused.shapes[0].gemm == "tri"  # the plain GEMM still serves the shape, with separate kernels

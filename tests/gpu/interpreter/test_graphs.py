@@ -81,7 +81,7 @@ def test_without_graphs_warm_up_does_nothing(plain):
     assert plain.warm_up() == 0
 
 
-def test_describe_names_the_engines_and_the_graphs(plain, graphed):
+def test_describe_names_the_gemms_and_the_graphs(plain, graphed):
     facts = plain.describe()
     assert facts["backend"] == "torch" and facts["dtype"] == "f16" and facts["cuda_graphs"] == "off"
     assert facts["gemm_engines"] == {"128x64": "tri", "64x96": "tri", "256x64": "tri", "64x128": "tri"}

@@ -16,7 +16,7 @@ from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import plan_forwards
 from tests.determinism.harness import Harness, same_bits
 
-pytestmark = pytest.mark.slow  # minutes under the interpreter; bench/gpu_check.py --cpu-dry-run covers a toy model
+pytestmark = pytest.mark.slow  # minutes under the interpreter; gpu_check.py --cpu-dry-run covers a toy model
 
 
 @pytest.fixture(scope="module")

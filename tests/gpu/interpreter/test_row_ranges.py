@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from basal.backends.cuda.gpu import row_chunks, triton_attention, triton_gemm, triton_rowwise
-from basal.backends.cuda.gpu.attention_cases import layout, plan_tensors, random_chain
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
+from bench.checks.attention_cases import layout, plan_tensors, random_chain
 
 ROWS = 70  # not a multiple of the ranges: the last one is short
 

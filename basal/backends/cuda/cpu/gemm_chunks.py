@@ -24,13 +24,15 @@ only where every size of the plan gives the whole-width call's bits with it.
 
 Which size is fastest only changes speed, never bits, when the chosen sizes share the reference's class; the
 `describe()` dict says whether they do (`reference_bits`). Results are kept once per process (one plan per shape
-and dtype) and cached on disk keyed by CPU model, torch version, thread count, dtype and shape, so a restart skips
-the timing; the bitwise checks run again at every start (cheap: one call per size).
+and dtype) and cached on disk keyed by CPU model and features, torch version, thread count, basal's version, dtype
+and shape: a restart on the same machine uses the cached plan as it is (probing or re-checking a real model's
+plans costs seconds of GEMMs at every start); another machine, torch, thread count or basal release probes anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -43,6 +45,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+
+import basal
 
 REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the reference
 CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
@@ -256,20 +260,7 @@ def probe_columns(
     return plan
 
 
-def verify(plan: ChunkPlan, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Re-check a cached plan: every size it uses is invariant and they all give the same bits, which with column
-    blocks are also the whole-width call's bits."""
-    sizes = sorted({plan.rows, *plan.tails})
-    with torch.inference_mode():
-        fn = _blocked_linear(weight, bias, plan.cols)
-        results = check_sizes(fn, sizes, weight.shape[1], weight.dtype, timing_rounds=0)
-        bits = {r.bits for r in results}
-        if plan.cols:
-            whole = check_sizes(_blocked_linear(weight, bias, 0), [plan.rows], weight.shape[1], weight.dtype, 0)
-            bits.add(whole[0].bits)
-    return all(r.invariant for r in results) and len(bits) == 1
-
-
+@functools.cache
 def _cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -278,9 +269,23 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def _cpu_features() -> str:
+    """A short hash of the CPU's feature flags: one model name can come with fewer features (a VM that hides AVX-512),
+    and the library picks its kernels by them."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return hashlib.sha256(" ".join(sorted(line.split(":", 1)[1].split())).encode()).hexdigest()[:12]
+    return "unknown"
+
+
 def machine_key() -> str:
-    """What a probe result depends on besides the shape: CPU model, torch and its BLAS, threads."""
-    return f"{_cpu_model()}|torch {torch.__version__}|threads {torch.get_num_threads()}|{platform.machine()}"
+    """What a probe result depends on besides the shape: CPU model and features, torch and its BLAS, threads."""
+    return (
+        f"{_cpu_model()}|features {_cpu_features()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+        f"|{platform.machine()}"
+    )
 
 
 class ChunkTable:
@@ -300,7 +305,8 @@ class ChunkTable:
             return self.plans[key]
 
     def _disk_key(self, key: tuple[int, int, str, bool]) -> str:
-        return hashlib.sha256(f"{machine_key()}|{key}|probe {PROBE_VERSION}".encode()).hexdigest()[:24]
+        text = f"{machine_key()}|{key}|probe {PROBE_VERSION}|basal {basal.__version__}"
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def _read(self) -> dict:
         if self.cache_file is None:
@@ -314,8 +320,7 @@ class ChunkTable:
         cached = self._read().get(self._disk_key(key))
         if cached:
             plan = ChunkPlan(cached["rows"], tuple(cached["tails"]), cached["reference_bits"], cached.get("cols", 0))
-            if verify(plan, weight, bias):
-                return plan, "cached"
+            return plan, "cached"
         plan = probe_linear(weight, bias)
         self._write(key, plan)
         return plan, "probed"

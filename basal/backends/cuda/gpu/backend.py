@@ -3,8 +3,8 @@
 Per forward: plan the tiles (numpy, in core), pack the metadata blob into a free staging slot, one H2D copy, the
 forward — a CUDA graph replay for buckets seen before, eager layers otherwise — a non-blocking D2H copy of the
 letter logits into the slot and an event; `run()` yields `QUEUED` (the pipeline queues the batch's next forward
-behind it) and then yields while the event is pending. The GEMM engine of every weight shape comes from the
-startup probe (engine_table).
+behind it) and then yields while the event is pending. The GEMM of every weight shape comes from the
+startup probe (gemm_table).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from basal.backends.cuda.gpu import engine_table as et
+from basal.backends.cuda.gpu import gemm_table as gt
 from basal.backends.cuda.gpu.buckets import (
     LT_CHUNK,
     WARM_TOKENS,
@@ -26,33 +26,32 @@ from basal.backends.cuda.gpu.buckets import (
     probed_row_counts,
     warm_buckets,
 )
-from basal.backends.cuda.gpu.environment import apply_invariant_settings, versions
+from basal.backends.cuda.gpu.environment import apply_invariant_settings, device_stack
 from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, FUSED_EPILOGUES, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
-from basal.backends.cuda.model import head_logsumexp, inference_steps
+from basal.backends.cuda.model import TORCH_DTYPE, head_logsumexp, inference_steps
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.passes import QUEUED, Queued, run_to_end
 from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
 from basal.core.packing.tree import PackedBatch, single_prompt_batch
 
 log = logging.getLogger(__name__)
-TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run as graphs, longer ones eagerly
 READOUT_CAP = 1024
 
 
-def keep_table(table: et.EngineTable, path) -> bool:
+def keep_table(table: gt.GemmTable, path) -> bool:
     """Save the probed table for `basal doctor`. Serving does not need it, so a read-only home must not stop a
     start: a failure is a warning."""
     try:
         table.save(path)
         return True
     except OSError as e:
-        log.warning("GEMM engine table not saved (%s): basal doctor will not show it; set BASAL_HOME", e)
+        log.warning("GEMM table not saved (%s): basal doctor will not show it; set BASAL_HOME", e)
         return False
 
 
@@ -90,9 +89,9 @@ class GpuBackend:
         # R7 before anything creates a cuBLAS handle (the probe's first GEMM), however the backend is made
         self.settings = apply_invariant_settings() if device.type == "cuda" else {}
         self.weights = weights or DeviceWeights(model, TORCH_DTYPE[dtype], device, progress)
-        self.table = self._probe_engines(arena_tokens, fuse_epilogues)
+        self.table = self._probe_gemms(arena_tokens, fuse_epilogues)
         att = ATTENTION["f32" if dtype == "f32" else attention]
-        self.net = GpuLlama(self.weights, self._engine_for, att, lambda n, k: bool(self.table.fused(n, k)))
+        self.net = GpuLlama(self.weights, self._gemm_for, att, lambda n, k: bool(self.table.fused(n, k)))
         self.arena_tokens = arena_tokens
         self.use_graphs = device.type == "cuda" if graphs is None else graphs
         self.arena = self.net.allocate(arena_tokens, READOUT_CAP) if self.use_graphs else None
@@ -115,15 +114,15 @@ class GpuBackend:
 
     def describe(self) -> dict[str, object]:
         """What decides this backend's bits and speed here (for `basal doctor`, /v1/models and exports): the
-        device and versions, the GEMM engine the probe chose per weight shape, the attention precision, graphs."""
-        env = versions(self.dev)
+        device and versions, the GEMM the probe chose per weight shape, the attention precision, graphs."""
+        env = device_stack(self.dev)
         return {
             "backend": self.name,
             "device": self.device,
             "dtype": self.dtype,
-            "path": "gpu (Triton kernels, probed GEMM engines)",
+            "path": "gpu (Triton kernels, probed GEMMs)",
             **{k: env[k] for k in ("gpu", "torch", "cuda", "triton", "driver")},
-            "gemm_engines": {f"{s.n}x{s.k}": s.engine for s in self.table.shapes},
+            "gemm_engines": {f"{s.n}x{s.k}": s.gemm for s in self.table.shapes},
             "fused_epilogues": {f"{s.n}x{s.k}": s.fused for s in self.table.shapes if s.fused},
             "attention": self.net.att.precision,
             "cuda_graphs": self._graphs_state(),
@@ -137,7 +136,7 @@ class GpuBackend:
         stopped = f"; capturing stopped after a failure ({failed})" if failed else ""
         return f"{len(self.graphs.graphs)} captured{stopped}"
 
-    # -- engines ----------------------------------------------------------------------------------------------
+    # -- GEMMs ----------------------------------------------------------------------------------------------
 
     def _shapes(self) -> list[tuple[int, int]]:
         lw = self.weights.layers[0]
@@ -148,29 +147,29 @@ class GpuBackend:
         lw = self.weights.layers[0]
         return {tuple(getattr(lw, name).shape): epilogue for name, epilogue in FUSED_EPILOGUES.items()}
 
-    def _probe_engines(self, arena_tokens: int, fuse_epilogues: bool) -> et.EngineTable:
+    def _probe_gemms(self, arena_tokens: int, fuse_epilogues: bool) -> gt.GemmTable:
         started = time.perf_counter()
-        engines = et.PREFERENCE if self.dev.type == "cuda" else ("tri",)  # the interpreter runs only Triton
+        gemms = gt.PREFERENCE if self.dev.type == "cuda" else ("tri",)  # the interpreter runs only Triton
         counts = probed_row_counts(max(arena_tokens, LT_CHUNK) if self.dev.type == "cuda" else arena_tokens)
-        key = et.table_key(versions(self.dev), self.dtype)
+        key = gt.table_key(device_stack(self.dev), self.dtype)
         epilogues = self._epilogues() if fuse_epilogues else {}
-        table = et.probe(
-            self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, engines, epilogues=epilogues,
+        table = gt.probe(
+            self._shapes(), TORCH_DTYPE[self.dtype], self.dev, counts, key, gemms, epilogues=epilogues,
             bias=self.weights.cfg.bias,
         )  # fmt: skip
         if self.dev.type == "cuda":
-            keep_table(table, et.table_path(self.dtype))
-        log.info("GEMM engine probe: %.1f s, %s", time.perf_counter() - started, [s.engine for s in table.shapes])
+            keep_table(table, gt.table_path(self.dtype))
+        log.info("GEMM probe: %.1f s, %s", time.perf_counter() - started, [s.gemm for s in table.shapes])
         return table
 
-    def _engine_for(self, n: int, k: int):
-        engine = et.ENGINES[self.table.engine(n, k)]
-        if engine is not et.lt_linear:
-            return engine
+    def _gemm_for(self, n: int, k: int):
+        gemm = gt.GEMMS[self.table.gemm(n, k)]
+        if gemm is not gt.lt_linear:
+            return gemm
 
         def chunked(x, w, out, bias=None):  # the long lane: library GEMMs only ever see probed row counts
             for r0 in range(0, x.shape[0], LT_CHUNK):
-                engine(x[r0 : r0 + LT_CHUNK], w, out[r0 : r0 + LT_CHUNK], bias)
+                gemm(x[r0 : r0 + LT_CHUNK], w, out[r0 : r0 + LT_CHUNK], bias)
             return out
 
         return chunked

@@ -33,7 +33,7 @@ def disallow_reduced_reductions() -> None:
     for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
         try:
             setattr(matmul, name, (False, False))
-        except Exception:  # an older torch refuses the pair; the engine probe then has the last word
+        except Exception:  # an older torch refuses the pair; the GEMM probe then has the last word
             setattr(matmul, name, False)
     with contextlib.suppress(AttributeError, RuntimeError):  # torch >= 2.7: else 16-bit GEMMs may accumulate in f16
         matmul.allow_fp16_accumulation = False
@@ -55,7 +55,7 @@ def invariant_settings() -> dict[str, object]:
 
 def apply_invariant_settings() -> dict[str, object]:
     """Small fixed cuBLAS workspaces, cuBLASLt, no reduced-precision or split-K reductions, no TF32. -> the settings
-    read back; one that did not take is logged (the engine probe still rules out any engine that is not invariant,
+    read back; one that did not take is logged (the GEMM probe still rules out any GEMM that is not invariant,
     so serving goes on)."""
     os.environ.update(CUBLAS_ENV)
     import torch
@@ -74,7 +74,7 @@ def apply_invariant_settings() -> dict[str, object]:
 
 def nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
     """The NVIDIA kernel module's version ("580.159.03"), which a driver update changes. CUDA's driver API version
-    (13000) does not move with most driver updates, so it cannot tell a stale engine table on its own."""
+    (13000) does not move with most driver updates, so it cannot tell a stale GEMM table on its own."""
     try:
         text = Path(path).read_text(errors="replace")
     except OSError:
@@ -83,8 +83,8 @@ def nvidia_driver(path: str = "/proc/driver/nvidia/version") -> str | None:
     return found.group(1) if found else None
 
 
-def versions(device) -> dict[str, str]:
-    """What the engine table is keyed by (R10): GPU, SMs, driver, CUDA, torch, Triton."""
+def device_stack(device) -> dict[str, str]:
+    """What the GEMM table is keyed by (R10): GPU, SMs, driver, CUDA, torch, Triton."""
     import torch
 
     out = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}

@@ -77,7 +77,7 @@ class Buffers:
 
 
 class GpuLlama:
-    """The forward pass over device buffers. `linear_for(n, k)` gives the probed GEMM engine of a weight shape."""
+    """The forward pass over device buffers. `linear_for(n, k)` gives the probed GEMM of a weight shape."""
 
     def __init__(
         self,
@@ -86,7 +86,7 @@ class GpuLlama:
         attention: AttentionConfig,
         fuses: Callable[[int, int], bool] = lambda n, k: False,
     ):
-        """`fuses(n, k)`: whether the GEMM of weight shape [n, k] carries its epilogue (the `tri` engine does:
+        """`fuses(n, k)`: whether the GEMM of weight shape [n, k] carries its epilogue (the `tri` GEMM does:
         the residual add of o and down, SwiGLU for gate_up), with the bits of the separate kernels."""
         self.w, self.cfg, self.att = weights, weights.cfg, attention
         self._fuses_shape = fuses
@@ -103,7 +103,7 @@ class GpuLlama:
         self.prefix_rows: dict[str, tuple[int, int]] = {}  # key -> (first row, length)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x · wᵀ (+ bias: basal-1.0 checkpoints, added in the GEMM's epilogue) on the shape's probed engine."""
+        """x · wᵀ (+ bias: basal-1.0 checkpoints, added in the GEMM's epilogue) on the shape's probed GEMM."""
         return self._linear_for(w.shape[0], w.shape[1])(x, w, out, bias)
 
     def fuses(self, w: torch.Tensor) -> bool:

@@ -1,4 +1,4 @@
-"""The `tri` GEMM engine: y = x · Wᵀ with a fixed-order K loop (docs/gpu-path.md §3.1, rule R1).
+"""The `tri` GEMM: y = x · Wᵀ with a fixed-order K loop (docs/gpu-path.md §3.1, rule R1).
 
 One program owns a BM×BN output tile and walks K in ascending steps of BK into one f32 accumulator, rounded once
 to the output dtype: an element's value depends only on its row of x and on W — not on M, on the row's offset or

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS
+from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_layer
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.safetensors_io import bf16_bits_to_f32
 
@@ -61,29 +62,11 @@ class DeviceWeights:
             bar.update()
             return fit(name, handles[files[name]].get_tensor(self._index[name][1]), dtype)
 
-        def bias(*names: str) -> torch.Tensor | None:
-            return torch.cat([get(n) for n in names]) if self.cfg.bias else None
-
-        self.embed = get("model.embed_tokens.weight")
-        self.layers = []
-        for i in range(self.cfg.num_hidden_layers):
-            p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
-            self.layers.append(
-                DeviceLayer(
-                    input_norm=get(p + "input_layernorm.weight"),
-                    qkv=torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]),
-                    o_proj=get(a + "o_proj.weight"),
-                    post_norm=get(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
-                    down=get(m + "down_proj.weight"),
-                    qkv_bias=bias(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"),
-                    o_bias=bias(a + "o_proj.bias"),
-                    gate_up_bias=bias(m + "gate_proj.bias", m + "up_proj.bias"),
-                    down_bias=bias(m + "down_proj.bias"),
-                )
-            )
-        self.norm = get("model.norm.weight")
+        self.embed = get(EMBED)
+        self.layers = [
+            DeviceLayer(**fused_layer(i, get, torch.cat, self.cfg.bias)) for i in range(self.cfg.num_hidden_layers)
+        ]
+        self.norm = get(FINAL_NORM)
         bar.close()
         self._letters: dict[tuple[int, ...], torch.Tensor] = {}
         self._lm_head: torch.Tensor | None = None  # synthetic weights only; a checkpoint's head stays on disk
@@ -91,7 +74,8 @@ class DeviceWeights:
 
     @classmethod
     def random(cls, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> DeviceWeights:
-        """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk): bench/gpu_check.py
+        """Distinct random weights of `cfg`'s shapes, made on the device (no checkpoint on disk):
+        bench/checks/gpu_check.py
         on the model shapes, the interpreter tests on toy ones. Norm weights are 1, projections ~ 1/sqrt(k),
         biases (where `cfg.bias`) ~ 0.1."""
         g = torch.Generator(device=device).manual_seed(seed)
@@ -126,14 +110,14 @@ class DeviceWeights:
     def vocab_size(self) -> int:
         if self._lm_head is not None:
             return int(self._lm_head.shape[0])
-        f, key = self._index["lm_head.weight"]
+        f, key = self._index[LM_HEAD]
         return int(f.tensor(key)[1].shape[0])
 
     def head_rows(self, start: int, stop: int) -> torch.Tensor:
         """lm_head rows start..stop-1 as the compute dtype holds them, f32 on the device (as `letter_rows`)."""
         if self._lm_head is not None:
             return self._lm_head[start:stop].float()
-        f, key = self._index["lm_head.weight"]
+        f, key = self._index[LM_HEAD]
         kind, array = f.tensor(key)
         rows = np.asarray(array[start:stop])
         rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
@@ -149,7 +133,7 @@ class DeviceWeights:
             if self._lm_head is not None:
                 head[: len(letter_ids)] = self._lm_head[list(letter_ids)].float()
             else:
-                f, key = self._index["lm_head.weight"]
+                f, key = self._index[LM_HEAD]
                 kind, array = f.tensor(key)
                 rows = np.asarray(array[list(letter_ids)])
                 rows = bf16_bits_to_f32(rows) if kind == "BF16" else rows.astype(np.float32)
