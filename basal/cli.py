@@ -105,6 +105,8 @@ def _open_model(path: str | None):
 
 
 def _decide(a: argparse.Namespace) -> int:
+    if a.config:
+        return _decide_served(a)
     import time
 
     import msgspec
@@ -150,6 +152,44 @@ def _decide(a: argparse.Namespace) -> int:
             f"forward {stats.forward_ms:.1f} ms",
             file=sys.stderr,
         )
+    return 0
+
+
+def _decide_served(a: argparse.Namespace) -> int:
+    """`basal decide --config FILE`: one request through the front `basal serve` would build (cascades too)."""
+    import asyncio
+
+    import msgspec
+
+    from basal.core.errors import RequestError
+    from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
+    from basal.core.request.model_names import ServedModels
+    from basal.serve.config import load_config
+    from basal.serve.server import build_engines, with_cascades
+
+    if a.model is not None:
+        raise ValueError("give either --model or --config (the file names the models)")
+    config = load_config(a.config)
+    body = sys.stdin.buffer.read() if a.request in (None, "-") else Path(a.request).read_bytes()
+    engines = build_engines(config)
+    front = with_cascades(engines, config)
+    front.start()
+    try:
+        parse = parse_systemone if a.dialect == "systemone" else parse_basal
+        evidence = lambda name: front.model_info(name).serves_evidence  # noqa: E731
+        request = parse(
+            decode_body(body, a.dialect), ServedModels(tuple(front.names), front.default), serves_evidence=evidence
+        )
+        result = asyncio.run(front.run(request))
+    except RequestError as e:
+        print(msgspec.json.encode(e.body).decode())
+        print(f"basal decide: the request was refused (HTTP {e.status})", file=sys.stderr)
+        return 1
+    finally:
+        front.close()
+    print(msgspec.json.encode(result.response).decode())
+    if result.cascade is not None:
+        print(f"answered by: {result.cascade.answered_by_header()}", file=sys.stderr)
     return 0
 
 
@@ -296,6 +336,51 @@ def _run_batch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(a: argparse.Namespace) -> int:
+    """Captured requests under two configurations, compared answer by answer."""
+    import asyncio
+    import os
+
+    from basal.progress import Progress
+    from basal.replay import report
+    from basal.replay.diff import Diff, diff, failures
+    from basal.replay.run import configuration, read_capture, run
+
+    captured = read_capture(Path(a.capture))
+    failures(Diff().summary(), a.fail_on)  # a malformed --fail-on fails before any run
+    key = a.api_key or os.environ.get("BASAL_API_KEY")
+    outcomes, names = [], []
+    for side, spec in (("A", a.a), ("B", a.b)):
+        with configuration(spec, key) as config:
+            bar = Progress(f"replay {side}", len(captured.lines), min_interval_s=5.0)
+
+            def tick(bar=bar) -> None:
+                with bar.step(""):
+                    pass
+
+            async def side_run(config=config, tick=tick):
+                try:
+                    return await run(captured, config.decide, tick)
+                finally:
+                    await config.aclose()
+
+            try:
+                outcomes.append(asyncio.run(side_run()))
+            finally:
+                bar.close()
+            names.append(config.name)
+    compared = diff(outcomes[0], outcomes[1])
+    summary = compared.summary()
+    failed = failures(summary, a.fail_on)
+    report.write(Path(a.output), compared, names[0], names[1], captured.states, failed)
+    print(f"basal replay: {report.headline(summary)}; report in {a.output}/report.html", file=sys.stderr)
+    if captured.unreadable:
+        print(f"basal replay: {len(captured.unreadable)} unreadable line(s) skipped", file=sys.stderr)
+    for reason in failed:
+        print(f"basal replay: fail-on: {reason}", file=sys.stderr)
+    return 2 if failed else 0
+
+
 def _doctor(a: argparse.Namespace) -> int:
     from basal.doctor import report
 
@@ -411,6 +496,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("request", nargs="?", default=None, help="request JSON file; - or nothing: standard input")
     d.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
     d.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="decide as `basal serve --config FILE` would: its models and cascades (the request's model names one) "
+        "(default: none, one model)",
+    )
+    d.add_argument(
         "--dialect",
         default=DEFAULT_DIALECT,
         choices=["basal", "systemone"],
@@ -472,6 +564,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", default=None, help="a basal serve configuration file: its models and limits (default: none)"
     )
     r.set_defaults(run=_run_batch)
+
+    rp = sub.add_parser(
+        "replay",
+        help="run captured requests under two configurations and report what changes",
+        description="Run every request of a capture (Batch API input JSONL) under configuration A and under B, "
+        "through the batch path, and write a report of flips, |Δp| and the largest changes to REPORT_DIR "
+        "(report.html, summary.md, report.json, a PNG per plot; docs/replay.md). A configuration is a model "
+        "directory, demo, a basal serve YAML file, or a running server's URL. Each configuration's default model "
+        "answers (the captured model names are dropped). Exit 2 when a --fail-on condition holds.",
+    )
+    rp.add_argument("capture", help="the requests: Batch API input JSONL ({custom_id, method, url, body} per line)")
+    rp.add_argument("--a", required=True, metavar="CONFIG", help="the configuration now (dir, demo, YAML or URL)")
+    rp.add_argument("--b", required=True, metavar="CONFIG", help="the candidate (dir, demo, YAML or URL)")
+    rp.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="where the report is written")
+    rp.add_argument(
+        "--fail-on",
+        default="",
+        metavar="CONDITIONS",
+        help='e.g. "flips>0.01,max_abs_dp>0.05": exit 2 if any holds (flips and changed are shares of answers) '
+        "(default: none, never fails)",
+    )
+    rp.add_argument("--api-key", default=None, help="bearer key for a URL configuration (default: $BASAL_API_KEY)")
+    rp.set_defaults(run=_replay)
 
     o = sub.add_parser("doctor", help="what this machine runs, and a quick bitwise-invariance check of each path")
     o.add_argument("--model", default=None, help="model for the check (default: the built-in demo model)")

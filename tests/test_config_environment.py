@@ -4,6 +4,8 @@ has one) beats both. The values are made from each key's type, so a key added to
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 import typing
 
@@ -25,6 +27,10 @@ CONSTRAINED = {
     "long_share": (0.1, 0.2, 0.3),
     "gemm_table": ("none", "auto", "none"),
     "release_date": ("2026-01-02", "2026-03-04", "2026-05-06"),
+    "sample": (0.2, 0.3, 0.4),  # a share (a shadow's, the capture's)
+    "escalate_below": (0.5, 0.6, 0.7),  # a confidence
+    "escalate_above_error": (0.01, 0.02, 0.1),  # an error target
+    "database": ("sqlite", "postgresql://db/a", "postgresql://db/b"),
 }
 ONLY_DEFAULT = {"state_cache_mb"}  # accepted for old configs, only its default is valid: checked to reach validation
 
@@ -38,7 +44,10 @@ def leaves(struct: type[msgspec.Struct], path: tuple = ()):
         if inner is not None:
             yield from leaves(inner.cls, (*path, name, 0) if listed else (*path, name))
         else:
-            default = f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+            if f.default is not msgspec.NODEFAULT:
+                default = f.default
+            else:  # a required key of an entry (a cascade's name): none until its entry is written
+                default = f.default_factory() if f.default_factory is not msgspec.NODEFAULT else None
             yield (*path, name), f, hints[name], default
 
 
@@ -66,13 +75,48 @@ def as_env(value) -> str:
     return ",".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def nested(path: tuple, value, model: dict) -> dict:
-    """The file's tree that sets `path` (an entry of `models` keeps the model's `path` beside the key)."""
-    if path[0] == "models":
-        return {"models": [{**model, path[2]: value}]}
-    out: dict = {path[-1]: value}
-    for part in reversed(path[:-1]):
-        out = {part: out}
+def entry_context(path: tuple) -> dict:
+    """What an entry needs beside the key at `path`, as a file's tree: a models entry its source (a repo where the
+    key is `revision`) and a shadow its model; a cascade its name and two steps, the first with a rule."""
+    if path[0] == "models" and path[2] not in ("path", "repo"):
+        entry: dict = {"repo": "owner/name"} if path[2] == "revision" else {"path": "demo"}
+        if path[2] == "shadow":
+            entry["shadow"] = {"model": "other"}
+        return {"models": [entry]}
+    if path[0] == "cascades":
+        # a step but the last needs one rule: the key under test when it is one, else a confidence
+        rule = {path[-1]: 0.05} if path[-1].startswith("escalate") else {"escalate_below": 0.5}
+        return {"cascades": [{"name": "c", "steps": [{"model": "a", **rule}, {"model": "b"}]}]}
+    if path[0] == "batches" and path[1] == "database":
+        return {}
+    return {}
+
+
+def nested(path: tuple, value, context: dict | None = None) -> dict:
+    """The file's tree that sets `path`, inside the rest of its entry (`entry_context`)."""
+    out = copy.deepcopy(context if context is not None else entry_context(path))
+    node: typing.Any = out
+    for part, after in itertools.pairwise(path):
+        empty: typing.Any = [] if isinstance(after, int) else {}
+        if isinstance(part, int):
+            while len(node) <= part:
+                node.append({})
+            node = node[part]
+        else:
+            node = node.setdefault(part, empty)
+    node[path[-1]] = value
+    return out
+
+
+def context_environment(context: dict | list, at: tuple = ()) -> dict[str, str]:
+    """The `BASAL_*` variables that give the same tree as `context` (a list of sections by index)."""
+    out: dict[str, str] = {}
+    items = enumerate(context) if isinstance(context, list) else context.items()
+    for key, value in items:
+        if isinstance(value, dict) or (isinstance(value, list) and value and isinstance(value[0], dict)):
+            out.update(context_environment(value, (*at, key)))
+        else:
+            out[env_name((*at, key))] = as_env(value)
     return out
 
 
@@ -141,20 +185,22 @@ def test_flag_beats_file_beats_environment_beats_default(path, f, hint, default,
             parse_config({})
         return
     env_value, file_value, flag_value = three_values(key, f, hint, default)
-    model: dict = {}  # what a models entry needs beside the key: a source (path or repo), from the same place
-    if path[0] == "models" and key not in ("path", "repo"):
-        source = "repo" if key == "revision" else "path"
-        model = {source: "owner/name" if source == "repo" else "demo"}
-        monkeypatch.setenv(env_name(("models", 0, source)), model[source])
+    context = entry_context(path)  # what the key's entry needs beside it, from the same place
+    needed = context_environment(context)
+    required = var in needed  # the entry cannot be without the key (a cascade's name, its first step's rule)
+    for name, value in needed.items():
+        if name != var or required:
+            monkeypatch.setenv(name, value)
 
     def configured(*argv: str) -> ServeConfig:
         return serve_config(PARSER.parse_args(["serve", *argv]))
 
-    assert read(configured(), path, default) == default  # nothing set: the schema's default
+    if not required:
+        assert read(configured(), path, default) == default  # nothing set: the schema's default
     monkeypatch.setenv(var, as_env(env_value))
     assert read(configured(), path) == env_value, var  # the environment over the default
     config_file = tmp_path / "serve.yml"
-    config_file.write_text(yaml.safe_dump(nested(path, file_value, model)))
+    config_file.write_text(yaml.safe_dump(nested(path, file_value, context)))
     assert read(configured("--config", str(config_file)), path) == file_value, "the file over the environment"
     if (argv := flag_argv(path, flag_value)) is not None:
         flagged = configured("--config", str(config_file), *argv)

@@ -23,7 +23,7 @@ from basal.core.engine.scheduler import Policy
 from basal.serve.config import NOT_KEYS, ConfigError, ServeConfig, parse_config, read_config_file
 from basal.serve.config_keys import env_name
 from basal.serve.server import api_settings, batch_settings, exposure_warnings
-from tests.test_config_environment import KEYS, as_env, nested, read
+from tests.test_config_environment import KEYS, as_env, context_environment, entry_context, nested, read
 
 BAD = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "-1": -1, "0": 0, "huge": 1e308, "huge_int": 10**30}
 
@@ -47,13 +47,6 @@ def built(config: ServeConfig) -> None:
         EngineSettings(m.max_batch_tokens, Policy(m.schedule), m.long_tokens, config.limits)
 
 
-def _source(path: tuple) -> dict:
-    """What a models entry needs beside the key under test: a source (a repo where the key is `revision`)."""
-    if path[0] != "models" or path[2] in ("path", "repo"):
-        return {}
-    return {"repo": "owner/name"} if path[2] == "revision" else {"path": "demo"}
-
-
 CASES = [(p, name, value) for p, *_ in KEYS for name, value in BAD.items()]
 
 
@@ -62,11 +55,12 @@ def test_every_key_with_nan_inf_negative_zero_and_huge(path, name, value, clean_
     key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path).replace(".[", "[")
     for source in ("file", "environment"):
         if source == "file":
-            data, var = nested(path, value, _source(path)), None
+            data, var = nested(path, value), None
         else:
             data, var = {}, env_name(path)
-            for k, v in _source(path).items():
-                clean_environment.setenv(env_name((*path[:2], k)), v)
+            for name, v in context_environment(entry_context(path)).items():
+                if name != var:
+                    clean_environment.setenv(name, v)
             clean_environment.setenv(var, as_env(value))
         try:
             config = parse_config(data, "serve.yml")

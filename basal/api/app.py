@@ -29,6 +29,7 @@ from basal.api.routes.health import health_routes
 from basal.api.routes.metrics import metrics_routes
 from basal.api.routes.models import model_routes
 from basal.api.routes.playground import playground_routes
+from basal.api.routes.shadow import shadow_routes
 from basal.api.settings import ApiSettings
 from basal.api.wire.batch_types import ApiError
 from basal.api.wire.openapi import BEARER
@@ -36,6 +37,7 @@ from basal.api.wire.schema_pages import SCHEMA_HEADERS, SCHEMA_PATH, schema_page
 from basal.batch.service import BatchService
 from basal.batch.store import Unavailable
 from basal.core.engine.front import EnginesFront
+from basal.core.engine.shadow import ShadowFront
 from basal.core.errors import RequestError, cut
 from basal.observability.request_context import RequestContext
 
@@ -49,12 +51,14 @@ def create_app(
     settings: ApiSettings | None = None,
     on_shutdown: Sequence[Callable] = (),
     batches: BatchService | None = None,
+    shadow: ShadowFront | None = None,
 ) -> Litestar:
-    """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store."""
+    """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store. `shadow`: the front
+    that shadows models (`engines` or a front inside it), whose summary `GET /v1/shadow` serves."""
     settings = settings or ApiSettings()
-    context = ApiContext(engines, settings, parsers(engines, settings), batches)
+    context = ApiContext(engines, settings, parsers(engines, settings), batches, shadow)
     routes = [*decision_routes(settings), *model_routes(settings), *health_routes(), *metrics_routes(settings)]
-    routes += playground_routes()
+    routes += playground_routes() + shadow_routes(shadow)
     starts, stops = [engines.start], [*on_shutdown]
     if batches is not None:
         batches.attach(body_decider(engines, settings, context.parsers["basal"]))

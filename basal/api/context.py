@@ -13,6 +13,7 @@ from basal.api.decide import Parse
 from basal.api.settings import ApiSettings
 from basal.batch.service import BatchService
 from basal.core.engine.front import EnginesFront
+from basal.core.engine.shadow import ShadowFront
 
 if TYPE_CHECKING:
     from litestar.connection import ASGIConnection
@@ -24,6 +25,7 @@ class ApiContext:
     settings: ApiSettings
     parsers: dict[str, Parse]  # "systemone", "basal" -> that dialect's parser (`decide.parsers`)
     batches: BatchService | None = None  # the Files and Batches API's store and runner, when served
+    shadow: ShadowFront | None = None  # the front that shadows models (GET /v1/shadow), when one does
 
     @property
     def keyed_service(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from basal.api.http.body import TransitBytes
+from basal.api.http.capture import Capture
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.observability.tracing import Tracer
 
@@ -22,3 +23,4 @@ class ApiSettings:
     access_log: bool = False  # one line per request (basal.access), in the process's log format
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
     transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
+    capture: Capture | None = None  # a sample of valid requests to JSONL (docs/replay.md); None: off

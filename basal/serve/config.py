@@ -23,7 +23,7 @@ from msgspec import Meta
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
 from basal.core.request.limits import Limits
 from basal.serve.config_keys import ENV_PREFIX, ENV_SEP, environment_tree, problems
-from basal.serve.config_values import ApiKey, HostPort, IsoDate
+from basal.serve.config_values import ApiKey, DatabaseUrl, HostPort, IsoDate
 
 log = logging.getLogger("basal")
 
@@ -36,6 +36,14 @@ HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of 
 NOT_KEYS = frozenset(
     {"BASAL_HOME", "BASAL_CPU_KERNELS", "BASAL_CONFIG", "BASAL_MODEL", "BASAL_TARGET", "BASAL_BACKGROUND_PROBE"}
 )
+
+
+class ShadowConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A candidate model decided in the background beside this one on a sample of its online requests."""
+
+    model: str  # a served name: the candidate
+    sample: Annotated[float, Meta(ge=0, le=1)] = 0.1  # the share of online requests copied to it
+    queue: Annotated[int, Meta(ge=1, le=1 << 20)] = 64  # copies waiting or running at once; more are dropped
 
 
 class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -53,6 +61,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
+    shadow: ShadowConfig | None = None  # a candidate decided beside this model on a sample of its requests
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):
@@ -112,13 +121,63 @@ class BatchesConfig(msgspec.Struct, forbid_unknown_fields=True):
     max_in_progress: Annotated[int, Meta(ge=1)] = 8  # batches not yet finished; one more is refused with 429
     # finished batches, and output files without their own expiry (0: forever); stored as seconds (SQLite's int64)
     retention_days: Annotated[float, Meta(ge=0, le=36_500)] = 30.0
-    database: str | None = None  # None: SQLite in `dir`; postgresql://…: one store for several servers
+    # None: SQLite in `dir`; postgresql://…: one store for several servers
+    database: DatabaseUrl | None = None
     # a server's claim on a chunk of lines; a killed server's lapses after this
     lease_s: Annotated[float, Meta(ge=1, le=86_400)] = 30.0
 
+
+class CascadeStepConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """One step of a cascade: a served model and when it sends a question on (every step but the last)."""
+
+    model: str  # a served name (`models[].name`, or basal.json's name)
+    escalate_below: float | dict[str, float] | None = None  # a confidence, or one per question type
+    escalate_above_error: float | dict[str, float] | None = None  # a certified max_error target (CALIBRATION.json)
+
     def __post_init__(self) -> None:
-        if self.database is not None and not self.database.startswith(("postgresql://", "postgres://", "sqlite")):
-            raise msgspec.ValidationError("`batches.database` must be sqlite or a postgresql:// URL")
+        if self.escalate_below is not None and self.escalate_above_error is not None:
+            raise msgspec.ValidationError("a cascade step takes `escalate_below` or `escalate_above_error`, not both")
+        for key in ("escalate_below", "escalate_above_error"):
+            value = getattr(self, key)
+            values = value.items() if isinstance(value, dict) else [("", value)] if value is not None else []
+            for qtype, v in values:
+                if qtype and qtype not in CASCADE_TYPES:
+                    raise msgspec.ValidationError(f"`{key}`: unknown question type {qtype!r}; types: {CASCADE_TYPES}")
+                if not 0 < v <= 1 or v != v:
+                    raise msgspec.ValidationError(f"`{key}` must be above 0 and at most 1, got {v!r}")
+
+
+class CascadeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """A served name answered by its first model, each uncertain question sent on to the next (docs/cascades.md)."""
+
+    name: str
+    steps: list[CascadeStepConfig]
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise msgspec.ValidationError("a cascade needs a `name`")
+        if len(self.steps) < 2:
+            raise msgspec.ValidationError(f"cascade {self.name!r}: needs at least two `steps`")
+        for i, step in enumerate(self.steps):
+            rule = step.escalate_below is not None or step.escalate_above_error is not None
+            if rule == (i == len(self.steps) - 1):
+                raise msgspec.ValidationError(
+                    f"cascade {self.name!r}: every step but the last needs `escalate_below` or "
+                    "`escalate_above_error`; the last answers what reaches it and has neither"
+                )
+
+
+CASCADE_TYPES = "choice, noul, score, multi, act"
+
+
+class CaptureConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Request capture to JSONL in the Batch API's input format (docs/replay.md): personal data where states are."""
+
+    path: str | None = None  # the file (rotated beside it as FILE.1, FILE.2, ...); None: no capture
+    sample: Annotated[float, Meta(ge=0, le=1)] = 1.0  # the share of valid requests written
+    max_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 100.0  # a file this large is rotated
+    keep: Annotated[int, Meta(ge=0, le=1000)] = 5  # rotated files kept
+    hash_state: bool = False  # write the state's SHA-256 instead of its text (such lines cannot be replayed)
 
 
 class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -148,6 +207,8 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
         None  # OpenTelemetry traces over OTLP/HTTP (the otel extra), e.g. http://h:4318/v1/traces
     )
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
+    cascades: list[CascadeConfig] = msgspec.field(default_factory=list)  # names answered by several models in turn
+    capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)  # request capture (off without a path)
 
     def __post_init__(self) -> None:
         if self.metrics_addr is not None and _same_listener(self.addr, self.metrics_addr):
@@ -271,6 +332,29 @@ def model_entry(text: str) -> dict[str, str]:
         return {"path": text}
     repo, _, revision = text.partition("@")
     return {"repo": repo, "revision": revision} if revision else {"repo": repo}
+
+
+def cascade_entry(text: str) -> dict[str, object]:
+    """A `cascades:` entry from `--cascade NAME=MODEL:below=0.9,MODEL:error=0.05,MODEL`."""
+    name, eq, chain = text.partition("=")
+    if not eq or not name.strip() or not chain.strip():
+        raise ConfigError(f"--cascade {text!r}: write NAME=MODEL:below=0.9,MODEL (a name, then its steps in order)")
+    steps: list[dict[str, object]] = []
+    for part in chain.split(","):
+        model, _, rule = part.strip().partition(":")
+        step: dict[str, object] = {"model": model.strip()}
+        if rule:
+            key, _, value = rule.partition("=")
+            keys = {"below": "escalate_below", "error": "escalate_above_error"}
+            try:
+                step[keys[key.strip()]] = float(value)
+            except (KeyError, ValueError):
+                raise ConfigError(
+                    f"--cascade {text!r}: step {part.strip()!r}: write MODEL:below=P (a confidence) or "
+                    "MODEL:error=E (a certified max_error target)"
+                ) from None
+        steps.append(step)
+    return {"name": name.strip(), "steps": steps}
 
 
 def environment(environ: Mapping[str, str] | None = None) -> tuple[dict, list[str], list[str]]:

@@ -22,6 +22,7 @@ CEILING = 2**53  # the largest count, size or time a key takes where it declares
 HostPort = Annotated[str, msgspec.Meta(extra={"format": "host:port"})]
 IsoDate = Annotated[str, msgspec.Meta(extra={"format": "date"})]
 ApiKey = Annotated[str, msgspec.Meta(extra={"format": "api key"})]
+DatabaseUrl = Annotated[str, msgspec.Meta(extra={"format": "database"})]
 
 
 def host_port_problem(text: str) -> str | None:
@@ -60,7 +61,19 @@ def api_key_problem(text: str) -> str | None:
     return None
 
 
-FORMATS = {"host:port": host_port_problem, "date": date_problem, "api key": api_key_problem}
+def database_problem(text: str) -> str | None:
+    """Why `text` names no Batch store: `sqlite` (the default store in `dir`) or a postgresql:// URL."""
+    if text == "sqlite" or (text.startswith(("postgresql://", "postgres://")) and len(text.split("://", 1)[1]) > 0):
+        return None
+    return "is no batch store: write sqlite, or a postgresql://USER:PASSWORD@HOST:PORT/DATABASE URL"
+
+
+FORMATS = {
+    "host:port": host_port_problem,
+    "date": date_problem,
+    "api key": api_key_problem,
+    "database": database_problem,
+}
 
 
 def words(t: mi.Type, fmt: str | None = None) -> str:

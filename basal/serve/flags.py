@@ -16,6 +16,7 @@ from basal.serve.config import (
     DEMO_PATH,
     ModelConfig,
     ServeConfig,
+    cascade_entry,
     environment,
     model_entry,
     parse_config,
@@ -156,6 +157,15 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         default = default_of(Limits, key)
         v.add_argument(_flag(key), type=type(default), default=None, help=_with_default(text, Limits, key))
     v.add_argument(
+        "--cascade",
+        action="append",
+        default=None,
+        metavar="NAME=MODEL:below=P,...,MODEL",
+        help="serve NAME as a cascade of served models: each step's questions below confidence P "
+        "(`below=0.9`) or below the certified threshold of an error target (`error=0.05`) go on to the next model, "
+        "the last answers the rest; repeatable; replaces the file's cascades (default: none)",
+    )
+    v.add_argument(
         "--ray",
         nargs="?",
         const="local",
@@ -178,6 +188,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
         server["api_keys"] = a.api_key
     if a.cors_origin is not None:
         server["cors_origins"] = a.cors_origin
+    if a.cascade is not None:
+        server["cascades"] = [cascade_entry(text) for text in a.cascade]
     if a.no_auth:
         server["no_auth"] = True
     model = {k: getattr(a, k) for k in MODEL_FLAGS if getattr(a, k) is not None}

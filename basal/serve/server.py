@@ -6,13 +6,16 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from basal.api.http.capture import Capture
 from basal.api.settings import ApiSettings
 from basal.backends.load import load_backend, load_backend_class, pick_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
+from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
@@ -21,11 +24,20 @@ from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
+from basal.core.engine.shadow import Shadow, ShadowFront
 from basal.core.home import cache_dir
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
-from basal.serve.config import DEMO_PATH, ConfigError, ModelConfig, ServeConfig, environment_api_keys, is_loopback
+from basal.serve.config import (
+    DEMO_PATH,
+    CascadeStepConfig,
+    ConfigError,
+    ModelConfig,
+    ServeConfig,
+    environment_api_keys,
+    is_loopback,
+)
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
 
@@ -227,7 +239,21 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         public_metrics_and_schema=config.public_metrics_and_schema,
         access_log=config.access_log,
         tracer=tracer,
+        capture=_capture(config),
     )
+
+
+def _capture(config: ServeConfig) -> Capture | None:
+    c = config.capture
+    if c.path is None:
+        return None
+    log.warning(
+        "capturing %.0f%% of valid requests to %s%s: personal data where states are (docs/replay.md)",
+        c.sample * 100,
+        c.path,
+        " (states hashed)" if c.hash_state else "",
+    )
+    return Capture(c.path, c.sample, int(c.max_mb * (1 << 20)), c.keep, c.hash_state)
 
 
 def exposure_warnings(config: ServeConfig, settings: ApiSettings) -> list[str]:
@@ -300,8 +326,10 @@ def serve(config: ServeConfig) -> None:
         host, _, port = config.metrics_addr.rpartition(":")
         check_port(host.strip("[]"), int(port))
     engines, sources = pending_engines(config)  # directories and names: a bad path fails before the listener opens
+    calibrations = {d.name: d.calibration.thresholds for _, d in sources}  # read before any weights load
+    front = with_cascades(engines, config, calibrations.__getitem__)
     failed: list[BaseException] = []
-    server = _server(engines, config, batches=batch_service(config), settings=settings)
+    server = _server(front, config, batches=batch_service(config), settings=settings)
 
     def load() -> None:
         try:
@@ -321,9 +349,57 @@ def serve(config: ServeConfig) -> None:
 
 def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
     """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    server = _server(engines, config, where, batches)
+    server = _server(with_cascades(engines, config), config, where, batches)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
     server.run()
+
+
+def cascades_of(config: ServeConfig) -> list[Cascade]:
+    """The configuration's cascades as the front serves them."""
+    return [Cascade(c.name, tuple(Step(s.model, _rule(s)) for s in c.steps)) for c in config.cascades]
+
+
+def _rule(step: CascadeStepConfig) -> Rule | None:
+    kind, value = (
+        ("confidence", step.escalate_below) if step.escalate_below is not None else ("error", step.escalate_above_error)
+    )
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return Rule(kind, None, dict(value))
+    return Rule(kind, float(value))
+
+
+def with_cascades(
+    engines: EnginesFront, config: ServeConfig, thresholds_of: Callable[[str], Mapping[str, Any]] | None = None
+) -> EnginesFront:
+    """The front that also serves the configuration's cascades (the engines themselves when there are none).
+    `thresholds_of`: a model's certified thresholds, when known before its weights load."""
+    if not config.cascades:
+        return engines
+    try:
+        front = CascadeFront(engines, cascades_of(config))
+        for cascade in front.cascades.values():
+            check_thresholds(cascade, thresholds_of or front.thresholds)
+    except CascadeError as e:
+        raise ConfigError(f"cascades: {e}") from e
+    return front
+
+
+def with_shadows(engines: EnginesFront, config: ServeConfig) -> ShadowFront | None:
+    """The front that copies a sample of each shadowed model's requests to its shadow (None: no model has one).
+    `models[i]` is served as `engines.names[i]` (the served names are in configuration order)."""
+    shadows = [
+        Shadow(engines.names[i], m.shadow.model, m.shadow.sample, m.shadow.queue)
+        for i, m in enumerate(config.models)
+        if m.shadow is not None
+    ]
+    if not shadows:
+        return None
+    try:
+        return ShadowFront(engines, shadows)
+    except ValueError as e:
+        raise ConfigError(f"models: {e}") from e
 
 
 def _server(
@@ -339,7 +415,9 @@ def _server(
     settings = settings or api_settings(config)
     for warning in exposure_warnings(config, settings):
         log.warning(warning)
-    app = create_app(engines, settings, batches=batches)
+    shadow = with_shadows(engines, config)
+    engines = shadow or engines
+    app = create_app(engines, settings, batches=batches, shadow=shadow)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

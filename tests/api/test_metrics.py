@@ -159,6 +159,8 @@ def test_dashboard_and_alerts_use_only_series_a_live_server_exports():
     found = list(text_string_to_metric_families(text))
     # a family without samples (device memory on the CPU) is still exported: HELP and TYPE name it
     exported = {s.name for f in found for s in f.samples} | {f.name for f in found}
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}  # ... and their sample names
+    exported |= {f.name + end for f in found for end in suffixes.get(f.type, ())}
     used = dashboard_series()
     assert len(used) >= 10, used  # the reader found the expressions
     assert sorted(used - exported) == []

@@ -87,6 +87,10 @@ def timing_headers(result: Result, rid: str) -> dict[str, str]:
     }
     if result.replica:
         headers["x-basal-replica"] = result.replica
+    if result.cascade is not None:  # who answered (the TypeSafe answer shape is fixed; /v1/basal also says per answer)
+        headers["x-basal-answered-by"] = result.cascade.answered_by_header()
+        if failed := result.cascade.failure_header():
+            headers["x-basal-escalation-failed"] = failed.encode("ascii", "backslashreplace").decode("ascii")[:1024]
     return headers
 
 
@@ -112,12 +116,19 @@ async def _plan(request: Request, body: bytes, dialect: str, settings: ApiSettin
     def decode() -> Any:
         return decode_body(decompress(body, encoding, settings.max_body_bytes, dialect), dialect)
 
+    def parsed(raw: Any) -> DecisionRequest:
+        plan = parse(raw)
+        if settings.capture is not None:  # a valid request, as its client sent it
+            settings.capture.offer(raw, rid)
+        return plan
+
+    rid = current_request_id()
     if len(body) > INLINE_BODY_BYTES or (encoding or "identity").strip().lower() != "identity":
-        return await asyncio.to_thread(lambda: parse(decode()))
+        return await asyncio.to_thread(lambda: parsed(decode()))
     raw = decode()
     if isinstance(raw, dict) and raw.get("facts") == "auto":  # linear in the state, but not free: off the loop
-        return await asyncio.to_thread(parse, raw)
-    return parse(raw)
+        return await asyncio.to_thread(parsed, raw)
+    return parsed(raw)
 
 
 async def handle_decision(request: Request, dialect: str, context: ApiContext) -> Response:

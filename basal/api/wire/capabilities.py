@@ -33,7 +33,7 @@ ORDERS = 2  # every question is asked in two option orders (the native SDK's dis
 def capabilities(info: ModelInfo) -> dict[str, Any]:
     """Question types, option counts and extensions of one model. Without `evidence` a question asking for it gets
     the dialect's "no evidence head" refusal."""
-    return {
+    served = {
         "types": list(QUESTION_TYPES),
         "options": OPTION_RANGES,
         "evidence": info.serves_evidence,
@@ -42,3 +42,6 @@ def capabilities(info: ModelInfo) -> dict[str, Any]:
         "orders": ORDERS,
         "temperature_per_prim": dict(info.calibration.temperatures),
     }
+    if info.cascade:  # a cascade's name: its models in order and when each sends a question on
+        served["cascade"] = {"steps": list(info.cascade)}
+    return served

@@ -33,6 +33,7 @@ class ActAnswer(msgspec.Struct, tag_field="type", tag="act", kw_only=True):
     refused: Any = msgspec.UNSET
     calibration: str
     evidence: Evidence = msgspec.UNSET
+    answered_by: str | msgspec.UnsetType = msgspec.UNSET  # a cascade's answer (native dialect): which model gave it
 
 
 class MultiAnswer(msgspec.Struct, tag_field="type", tag="multi"):
@@ -42,6 +43,7 @@ class MultiAnswer(msgspec.Struct, tag_field="type", tag="multi"):
     probabilities: dict[str, float]
     threshold: float
     set_confidence: float
+    answered_by: str | msgspec.UnsetType = msgspec.UNSET  # a cascade's answer (native dialect): which model gave it
 
 
 Probabilities = dict[str, float]
@@ -83,6 +85,7 @@ class BasalNoulAnswer(msgspec.Struct, tag_field="type", tag="noul"):
     probabilities: Probabilities
     confidence: float
     evidence: Evidence = msgspec.UNSET
+    answered_by: str | msgspec.UnsetType = msgspec.UNSET  # a cascade's answer (native dialect): which model gave it
 
 
 class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
@@ -90,6 +93,7 @@ class BasalChoiceAnswer(msgspec.Struct, tag_field="type", tag="choice"):
     probabilities: Probabilities
     confidence: float
     evidence: Evidence = msgspec.UNSET
+    answered_by: str | msgspec.UnsetType = msgspec.UNSET  # a cascade's answer (native dialect): which model gave it
 
 
 class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
@@ -98,6 +102,17 @@ class BasalScoreAnswer(msgspec.Struct, tag_field="type", tag="score"):
     probabilities: Probabilities
     confidence: float
     evidence: Evidence = msgspec.UNSET
+    answered_by: str | msgspec.UnsetType = msgspec.UNSET  # a cascade's answer (native dialect): which model gave it
+
+
+class StepUsage(msgspec.Struct):
+    """One step of a cascade: the questions sent to its model, those it answered (kept), what it cost."""
+
+    model: str
+    questions: int
+    answered: int
+    input_tokens: int
+    latency_ms: float
 
 
 class BasalUsage(msgspec.Struct):
@@ -106,6 +121,7 @@ class BasalUsage(msgspec.Struct):
     questions: int
     branches: int
     latency_ms: float
+    steps: list[StepUsage] | msgspec.UnsetType = msgspec.UNSET  # a cascade's steps, in order
 
 
 class BasalResponse(msgspec.Struct):

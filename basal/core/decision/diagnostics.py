@@ -44,10 +44,19 @@ class QuestionDiagnostics(msgspec.Struct):
     facts: str | None  # the facts block appended to the state (facts: "auto"), as the model read it
 
 
+class CascadeStepDiagnostics(msgspec.Struct):
+    model: str  # the step's model
+    confidence: float  # the largest calibrated probability of its answer (a multi: set_confidence)
+    rule: str  # the step's rule for this question's type, as applied
+    escalated: bool  # the question went on to the next step
+
+
 class Diagnostics(msgspec.Struct):
     prompt_tokens: int  # tokens of every option-order prompt, as if each ran alone (usage.input_tokens)
     packed_tokens: int  # tokens this request computes alone: shared prefixes once, the cached template not at all
     questions: dict[str, QuestionDiagnostics]
+    # a cascade: per question, every step it reached (its answer's diagnostics are the answering step's)
+    cascade: dict[str, list[CascadeStepDiagnostics]] | msgspec.UnsetType = msgspec.UNSET
 
 
 def _by_key(keys: Sequence[str], p: np.ndarray) -> dict[str, float]:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.decision.diagnostics import Diagnostics
@@ -20,6 +20,9 @@ from basal.core.engine.metrics import Metrics
 from basal.core.errors import EngineClosed, Loading, Overloaded
 from basal.core.model.model_dir import Calibration
 from basal.core.request.plan import DecisionRequest
+
+if TYPE_CHECKING:
+    from basal.core.engine.cascade import CascadeReport
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Result:
     batch_requests: int
     replica: str = ""  # the replica that answered, when scaled out (basal.ray_serve); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
+    cascade: CascadeReport | None = None  # a cascade's request: who answered what (basal.core.engine.cascade)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class ModelInfo:
     prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
     synthetic: bool = False  # random weights (the demo model, `basal synth-model`): its answers carry no meaning
+    cascade: tuple[dict[str, Any], ...] = ()  # a cascade's name: its steps and their rules; () for a model
 
     @property
     def prompt_bound(self) -> tuple[int, int] | None:

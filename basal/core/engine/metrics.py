@@ -27,6 +27,7 @@ TIME_BUCKETS = (
     10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
 )  # fmt: skip
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+DP_BUCKETS = (0.0, 1e-6, 1e-4, 1e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # |Δp| of a shadow's answers
 CONTENT_TYPE = prom.CONTENT_TYPE_LATEST  # text format 0.0.4
 Sample = tuple[tuple[str, ...], float]  # label values, value
 
@@ -156,6 +157,40 @@ class Metrics:
             "basal_prompt_tokens_total",
             "tokens of the option-order prompts those passes answered",
             ("model", "lane"),
+        )
+        self.cascade_escalations = Counter(
+            r,
+            "basal_cascade_escalations_total",
+            "questions a cascade's step sent on to its next model, by the step's model and question type",
+            ("cascade", "model", "type"),
+        )
+        self.cascade_step_failures = Counter(
+            r,
+            "basal_cascade_step_failures_total",
+            "later cascade steps that could not answer (their questions kept the earlier step's answers)",
+            ("cascade", "model"),
+        )
+        self.shadow_decisions = Counter(
+            r,
+            "basal_shadow_decisions_total",
+            "questions a shadow model answered beside its primary, by whether the decisions agree",
+            ("model", "shadow", "type", "agree"),
+        )
+        self.shadow_abs_dp = Histogram(
+            r,
+            "basal_shadow_abs_dp",
+            "|p_primary - p_shadow| of the primary's decision, per question",
+            ("model", "shadow", "type"),
+            DP_BUCKETS,
+        )
+        self.shadow_dropped = Counter(
+            r,
+            "basal_shadow_dropped_total",
+            "sampled requests not copied: the shadow's queue was full",
+            ("model", "shadow"),
+        )
+        self.shadow_failed = Counter(
+            r, "basal_shadow_failed_total", "copies the shadow model could not answer", ("model", "shadow")
         )
         self.max_inflight.set(value=max_inflight)
         for endpoint in ("/v1/systemone", "/v1/basal"):
