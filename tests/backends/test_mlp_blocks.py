@@ -52,8 +52,9 @@ def test_blocks_pause_between_them(demo_model):
     lw = net.w.layers[0]
     plans = net.chunks.plans
     saved = dict(plans)
-    plans[_key(lw.gate_up, lw.gate_up_bias)] = replace(saved[_key(lw.gate_up, lw.gate_up_bias)], rows=64)
-    plans[_key(lw.down, lw.down_bias)] = replace(saved[_key(lw.down, lw.down_bias)], rows=64)
+    # 64-row chunks whose tail is padded to 64 (the probed plan's tails may all be shorter than 300 % 64 rows)
+    plans[_key(lw.gate_up, lw.gate_up_bias)] = replace(saved[_key(lw.gate_up, lw.gate_up_bias)], rows=64, tails=(64,))
+    plans[_key(lw.down, lw.down_bias)] = replace(saved[_key(lw.down, lw.down_bias)], rows=64, tails=(64,))
     try:
         with torch.inference_mode():
             steps = net._mlp(torch.zeros(300, lw.gate_up.shape[1], dtype=lw.gate_up.dtype), lw, readout=False)
