@@ -103,7 +103,7 @@ def postgres():
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError:
-        pytest.skip("psycopg is not installed: pip install 'basal-engine[postgres]'")
+        pytest.skip("psycopg is not installed: pip install 'basal-bitwise[postgres]'")
     server = Postgres(bindir)
     server.start()
     try:

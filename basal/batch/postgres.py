@@ -139,7 +139,7 @@ class PostgresStore(SqlStore):
             from psycopg_pool import ConnectionPool, PoolTimeout
         except ImportError as e:
             raise StoreError(
-                f"batches.database is PostgreSQL, which needs psycopg: pip install 'basal-engine[postgres]' ({e})"
+                f"batches.database is PostgreSQL, which needs psycopg: pip install 'basal-bitwise[postgres]' ({e})"
             ) from e
         super().__init__(root, clock)
         self._down_until = 0.0  # monotonic time until which calls on an event loop fail at once

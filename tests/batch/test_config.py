@@ -48,12 +48,12 @@ def test_the_database_key_and_its_environment_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("BASAL_BATCHES__LEASE_S", "5")
     settings = batch_settings(parse_config(with_environment({})))
     assert (settings.database, settings.lease_s) == ("postgresql://basal@db:5432/basal", 5.0)
-    with pytest.raises(ConfigError, match="postgresql:// URL"):
+    with pytest.raises(ConfigError, match="postgresql://USER"):
         parse_config({"batches": {"database": "mysql://x"}})
 
 
 def test_an_unreachable_database_is_a_clear_error_without_its_password(tmp_path):
-    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'basal-engine[postgres]'")
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'basal-bitwise[postgres]'")
     from basal.batch.store import StoreError
     from tests.servers import free_port
 

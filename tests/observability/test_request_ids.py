@@ -97,10 +97,10 @@ def test_the_500_of_an_injected_fault_carries_the_id_on_every_line(faulty):
     records = lines(out)
     mine = [x for x in records if x.get("request_id") == "sdk-0042"]
     assert any("internal error" in x["message"] and "injected fault" in x["exc_info"] for x in mine)
-    assert any("its batch of 1 requests failed" in x["message"] for x in mine)  # logged on the lane's thread
+    assert any("its pass of 1 requests failed" in x["message"] for x in mine)  # logged on the lane's thread
     assert any(x["logger"] == "basal.access" and x["status"] == 500 for x in mine)
-    # the only line without the id is the lane's traceback of the batch, which may hold several requests
-    assert [x["message"] for x in records if "request_id" not in x] == ["batch of 1 requests failed"]
+    # the only line without the id is the lane's traceback of the pass, which may hold several requests
+    assert [x["message"] for x in records if "request_id" not in x] == ["a pass of 1 requests failed"]
 
 
 @pytest.mark.parametrize(
