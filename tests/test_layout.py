@@ -58,7 +58,11 @@ def copy(tmp_path_factory) -> Path:
             "core/packing imports core/decision",
         ),
         ("basal/core/home.py", "import msgspec", "the GPU path reaches msgspec"),
-        ("basal/api/routes/health.py", "from basal.backends.load import pick_backend", "api imports basal.backends.load"),
+        (
+            "basal/api/routes/health.py",
+            "from basal.backends.load import pick_backend",
+            "api imports basal.backends.load",
+        ),
         ("basal/api/errors.py", "import basal.backends.cuda.backend", "api imports basal.backends.cuda.backend"),
         ("basal/backends/load.py", "from basal.api import errors", "backends imports basal.api.errors"),
         ("basal/backends/cuda/ops.py", "from basal.serve.config import load", "backends imports basal.serve.config"),

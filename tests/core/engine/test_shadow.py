@@ -185,6 +185,9 @@ def test_get_shadow_over_http(engines):
 def test_the_configuration_reads_a_shadow_and_refuses_bad_ones():
     config = parse_config({"models": [{"path": "demo", "shadow": {"model": "other", "sample": 0.25}}]})
     assert config.models[0].shadow.sample == 0.25 and config.models[0].shadow.queue == 64
-    for bad, message in (({"model": "o", "sample": 1.5}, "sample` must be at most 1"), ({"model": "o", "queue": 0}, "queue` must be at least 1")):
+    for bad, message in (
+        ({"model": "o", "sample": 1.5}, "sample` must be at most 1"),
+        ({"model": "o", "queue": 0}, "queue` must be at least 1"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_config({"models": [{"path": "demo", "shadow": bad}]})
