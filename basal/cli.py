@@ -580,6 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", action="store_true", help="write PNG charts (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no progress bars or progress lines")
     b.set_defaults(run=_bench)
+
+    from basal.calibration.command import add_parsers
+
+    add_parsers(sub)  # calibrate, eval
     return p
 
 

@@ -28,7 +28,7 @@ from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.engines import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
-from basal.core.request.dialects import decode_body, parse_basal
+from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.core.request.plan import DecisionRequest
 from basal.logs import REQUEST_ID
@@ -251,11 +251,26 @@ def basal_parser(
     )
 
 
-def body_decider(engines: EnginesFront, settings: ApiSettings):
+def systemone_parser(engines: EnginesFront, settings: ApiSettings) -> Callable[[Any], DecisionRequest]:
+    """The `/v1/systemone` dialect's parser for these engines, as `basal_parser` is the native one's."""
+    resolve = model_resolver(engines.names, engines.default)
+    model_facts = ModelFacts(engines)
+    return lambda raw: parse_systemone(
+        raw,
+        resolve,
+        limits=settings.limits,
+        serves_evidence=model_facts.serves_evidence,
+        prompt_bound=model_facts.prompt_bound,
+    )
+
+
+def body_decider(engines: EnginesFront, settings: ApiSettings, dialect: str = "basal", diagnostics: bool = False):
     """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
     -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
-    the online route answers (its contract checks, the same parser and limits, the same encoder)."""
-    parse = basal_parser(engines, settings)
+    the online route answers (its contract checks, the same parser and limits, the same encoder). `dialect`
+    "systemone" runs `POST /v1/systemone`'s parser instead; `diagnostics` answers as with `x-basal-diagnostics: 1`
+    (`basal calibrate` reads the orders' average from them)."""
+    parse = basal_parser(engines, settings) if dialect == "basal" else systemone_parser(engines, settings)
 
     async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
         rid = new_request_id()
@@ -264,12 +279,14 @@ def body_decider(engines: EnginesFront, settings: ApiSettings):
         token = REQUEST_ID.set(rid)  # the record's request_id is on every log line of its line, lanes' included
         try:
             if len(body) > settings.max_body_bytes:
-                raise too_large("Request body too large.", "basal")
-            plan = await asyncio.to_thread(lambda: parse(decode_body(body, "basal")))  # off the online requests' loop
+                raise too_large("Request body too large.", dialect)
+            plan = await asyncio.to_thread(lambda: parse(decode_body(body, dialect)))  # off the online requests' loop
+            if diagnostics:
+                plan = replace(plan, diagnostics=True)
             result = await engines.run(plan, cancelled, has_slot=True, background=True)
-            return 200, msgspec.json.encode(result.response), rid
+            return 200, with_diagnostics(msgspec.json.encode(result.response), result.diagnostics), rid
         except Exception as exc:
-            status, error_body, _ = error_response(exc, "basal")
+            status, error_body, _ = error_response(exc, dialect)
             log.debug("batch line %s answered %d: %s", rid, status, error_body)
             return status, msgspec.json.encode(error_body), rid
         finally:

@@ -49,6 +49,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
+    calibration: str | None = None  # a calibration file to serve (default: CALIBRATION.custom.json, else .json)
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):
