@@ -23,7 +23,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     _common(c)
     c.add_argument(
-        "-o", "--out", required=True, help="the calibration file to write (no default; e.g. MODEL/CALIBRATION.custom.json)"
+        "-o", "--out", required=True, help="the file to write (no default; e.g. MODEL/CALIBRATION.custom.json)"
     )
     c.add_argument(
         "--targets",
@@ -41,14 +41,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("labelled", help="JSONL: one request per line, each question with its gold answer")
     p.add_argument("--model", default=None, help="model directory (default: the built-in demo model)")
-    p.add_argument("--config", default=None, help="a `basal serve` YAML file, its first model used (default: none, --model)")
+    p.add_argument("--config", default=None, help="a `basal serve` YAML file; its first model (default: none)")
     p.add_argument(
         "--dialect",
         default="systemone",
         choices=["systemone", "basal"],
         help="the dialect of every line (default systemone, as upstream's labelled files)",
     )
-    p.add_argument("--records", default=None, help="where answers are kept as they come, so a run resumes (default: beside the output)")
+    p.add_argument(
+        "--records", default=None, help="answers kept as they come; a run resumes (default: beside the output)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
