@@ -28,24 +28,36 @@ def cp_upper(errors: int, n: int, level: float = LEVEL) -> float:
     alpha = 1.0 - level
     if errors == 0:
         return 1.0 - alpha ** (1.0 / n)
-    j = np.arange(errors + 1, dtype=np.float64)
-    log_choose = math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in j])
-
-    def cdf(u: float) -> float:
-        terms = log_choose + j * math.log(u) + (n - j) * math.log1p(-u)
-        top = terms.max()
-        return float(math.exp(top) * np.exp(terms - top).sum())
-
     lo, hi = errors / n, 1.0
     for _ in range(200):  # the CDF falls as u grows
         mid = (lo + hi) / 2
         if mid in (lo, hi):
             break
-        if cdf(mid) > alpha:
+        if binomial_cdf(errors, n, mid) > alpha:
             lo = mid
         else:
             hi = mid
     return hi
+
+
+def binomial_cdf(k: int, n: int, u: float) -> float:
+    """P(Binomial(n, u) <= k), summed in log space (exact to rounding for any n)."""
+    if u <= 0.0:
+        return 1.0
+    if u >= 1.0:
+        return 1.0 if k >= n else 0.0
+    j = np.arange(k + 1, dtype=np.float64)
+    log_choose = math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in j])
+    terms = log_choose + j * math.log(u) + (n - j) * math.log1p(-u)
+    top = terms.max()
+    return float(math.exp(top) * np.exp(terms - top).sum())
+
+
+def meets(errors: int, n: int, target: float, level: float = LEVEL) -> bool:
+    """cp_upper(errors, n) <= target, decided with one binomial tail: P(Binomial(n, target) <= errors) <= 1 - level."""
+    if n <= 0 or errors >= n or errors > target * n:
+        return False
+    return binomial_cdf(errors, n, target) <= 1.0 - level
 
 
 def needed(target: float, level: float = LEVEL) -> int:
@@ -88,13 +100,6 @@ class NotCertified:
     reason: str
 
 
-def _bound_at(conf: np.ndarray, wrong: np.ndarray, t: float, level: float) -> tuple[int, int, float]:
-    """Answers kept at threshold `t`, their errors, and the bound (each walk computes one failing bound at most)."""
-    kept = conf >= t
-    n, k = int(kept.sum()), int(wrong[kept].sum())
-    return n, k, cp_upper(k, n, level)
-
-
 def candidates(fit_conf: np.ndarray, fit_wrong: np.ndarray, target: float, level: float = LEVEL) -> list[float]:
     """The sequence to test, from the fitting split alone: its distinct confidences, highest first, starting at the
     highest one whose bound on the fitting split meets the target (else the one with the lowest bound)."""
@@ -110,12 +115,12 @@ def candidates(fit_conf: np.ndarray, fit_wrong: np.ndarray, target: float, level
     for i, (n, k) in enumerate(zip(kept, errs, strict=True)):
         if n < need or k > target * n:  # the bound is above the target: too few kept, or at least the observed rate
             continue
-        u = cp_upper(int(k), int(n), level)
-        if u <= target:
+        if meets(int(k), int(n), target, level):
             best = i
             break
-        if u < best_bound:
-            best, best_bound = i, u
+        tail = binomial_cdf(int(k), int(n), target)  # none meets it: start at the most promising (lowest tail)
+        if tail < best_bound:
+            best, best_bound = i, tail
     sequence = distinct[best:]
     if len(sequence) > MAX_CANDIDATES:  # evenly thinned: a long walk costs time, not validity
         sequence = sequence[np.linspace(0, len(sequence) - 1, MAX_CANDIDATES).round().astype(np.int64)]
@@ -144,15 +149,22 @@ def certify(
         return NotCertified(target, "no answers on the fitting split to choose candidate thresholds from")
     last: Certified | None = None
     for i, t in enumerate(sequence, 1):
-        n, k, u = _bound_at(conf, wrong, t, level)
-        if u > target:
+        kept = conf >= t
+        n, k = int(kept.sum()), int(wrong[kept].sum())
+        if not meets(k, n, target, level):
+            u = cp_upper(k, n, level)
             if last is None:
                 return NotCertified(
                     target,
                     f"the first candidate threshold ({t:.6g}) failed on the held-out data: {n} answers kept, {k} "
                     f"wrong, {level:.0%} upper bound {u:.4g} > {target}",
                 )
-            return Certified(target, last.confidence, last.kept, last.errors, n_all, last.bound, i)
-        last = Certified(target, t, n, k, n_all, u, i)
+            return _exact(last, i, level)
+        last = Certified(target, t, n, k, n_all, target, i)  # its bound is computed once it is the last
     assert last is not None
-    return last
+    return _exact(last, last.tested, level)
+
+
+def _exact(c: Certified, tested: int, level: float) -> Certified:
+    """The certified threshold with its bound (the walk only asked whether each bound meets the target)."""
+    return Certified(c.target, c.confidence, c.kept, c.errors, c.held_out, cp_upper(c.errors, c.kept, level), tested)
