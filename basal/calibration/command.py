@@ -37,6 +37,29 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--seed", type=int, default=0, help="seed of the group split and the folds (default 0)")
     c.set_defaults(run=_calibrate)
 
+    e = sub.add_parser(
+        "eval", help="accuracy, log-loss, Brier, ECE, reliability and coverage on labelled requests -> a report folder"
+    )
+    _common(e)
+    e.add_argument("-o", "--out", required=True, help="the report folder (no default)")
+    e.add_argument(
+        "--calibration",
+        default=None,
+        help="a calibration file to evaluate (default: the one `basal serve` would serve for the model)",
+    )
+    e.add_argument(
+        "--against",
+        default=None,
+        help="compare with: a calibration .json, a model directory, or a .jsonl of rewritten questions (default: none)",
+    )
+    e.add_argument(
+        "--fail-on",
+        default="",
+        help='exit 2 when any condition holds on the overall metrics, e.g. "ece>0.05,accuracy<0.9" (default: none)',
+    )
+    e.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of a comparison (default 1000)")
+    e.set_defaults(run=_eval)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("labelled", help="JSONL: one request per line, each question with its gold answer")
@@ -142,3 +165,56 @@ def _calibrate(a: argparse.Namespace) -> int:
     print(summary(document))
     print(f"basal calibrate: wrote {out}", file=sys.stderr)
     return 0
+
+
+def _eval(a: argparse.Namespace) -> int:
+    import copy
+
+    from basal.calibration.evaluate import calibrated, compare, evaluate
+    from basal.calibration.report import fail_conditions, failed, write_report
+    from basal.core.model.model_dir import read_calibration
+
+    conditions = fail_conditions(a.fail_on)  # a typo fails before the model loads
+    out = Path(a.out)
+    records = Path(a.records) if a.records else out / "records.jsonl"
+    labelled, observed, facts, served, _shipped = collect(a, records)
+    calibration = read_calibration(Path(a.calibration)) if a.calibration else served
+    probs = calibrated(observed, calibration)
+    report = evaluate(observed, probs)
+    report |= {
+        "model": facts,
+        "calibration": _described(calibration),
+        "data": {"file": labelled.path.name, "sha256": labelled.sha256, "lines": len(labelled.lines)},
+        "basal_version": __version__,
+    }
+    if a.against:
+        other = Path(a.against)
+        if other.suffix == ".json" and other.is_file():
+            b_observed, b_cal, b_name = observed, read_calibration(other), f"calibration {other.name}"
+        elif other.suffix == ".jsonl" and other.is_file():
+            b_args = copy.copy(a)
+            b_args.labelled = str(other)
+            _, b_observed, _, b_cal, _ = collect(b_args, out / "records.against.jsonl")
+            b_name = f"questions of {other.name}"
+        else:
+            b_args = copy.copy(a)
+            b_args.model, b_args.config = str(other), None
+            _, b_observed, b_facts, b_cal, _ = collect(b_args, out / "records.against.jsonl")
+            b_name = f"model {b_facts['name']}"
+        comparison = compare(observed, probs, b_observed, calibrated(b_observed, b_cal), a.bootstrap)
+        report["comparison"] = {"a": f"{calibration.kind} calibration of {facts['name']}", "b": b_name, **comparison}
+    for path in write_report(out, report):
+        print(path)
+    problems = failed(conditions, report["overall"])
+    for problem in problems:
+        print(f"basal eval: fails: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+def _described(calibration) -> dict:
+    return {
+        "kind": calibration.kind,
+        "file": Path(calibration.path).name if calibration.path else None,
+        "sha256": calibration.sha256 or None,
+        "temperature_per_prim": dict(calibration.temperatures),
+    }
