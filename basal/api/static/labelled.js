@@ -127,29 +127,22 @@ function table(head, rows) {
   return t;
 }
 
-const SVG = "http://www.w3.org/2000/svg";
+const escapeText = (t) => t.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+// An inline SVG line plot on [0, 1] x [0, 1] (the HTML parser puts <svg> in its namespace: no URI needed)
 function plot(title, series, diagonal) {
   const w = 320, h = 240, pad = 30;
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
-  svg.setAttribute("width", w); svg.setAttribute("height", h);
-  svg.setAttribute("role", "img"); svg.setAttribute("aria-label", title);
-  const x = (v) => pad + v * (w - 2 * pad), y = (v) => h - pad - v * (h - 2 * pad);
-  const line = (pts, color, dash) => {
-    const p = document.createElementNS(SVG, "polyline");
-    p.setAttribute("points", pts.map(([a, b]) => `${x(a)},${y(b)}`).join(" "));
-    p.setAttribute("fill", "none"); p.setAttribute("stroke", color);
-    if (dash) p.setAttribute("stroke-dasharray", "4 3");
-    svg.appendChild(p);
-  };
-  line([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], "#999");
-  if (diagonal) line([[0, 0], [1, 1]], "#999", true);
+  const x = (v) => (pad + v * (w - 2 * pad)).toFixed(1), y = (v) => (h - pad - v * (h - 2 * pad)).toFixed(1);
+  const line = (pts, color, dash) =>
+    `<polyline fill="none" stroke="${color}"${dash ? ' stroke-dasharray="4 3"' : ""} points="${pts.map(([a, b]) => `${x(a)},${y(b)}`).join(" ")}"/>`;
   const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
-  series.forEach(([name, pts], i) => line(pts, colors[i % colors.length]));
-  const text = document.createElementNS(SVG, "text");
-  text.setAttribute("x", pad); text.setAttribute("y", 16); text.textContent = `${title}: ${series.map((s) => s[0]).join(", ")}`;
-  svg.appendChild(text);
-  return svg;
+  const parts = [line([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], "#999")];
+  if (diagonal) parts.push(line([[0, 0], [1, 1]], "#999", true));
+  series.forEach(([, pts], i) => parts.push(line(pts, colors[i % colors.length])));
+  const label = escapeText(`${title}: ${series.map((s) => s[0]).join(", ")}`);
+  const holder = document.createElement("div");
+  holder.innerHTML = `<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${label}">${parts.join("")}<text x="${pad}" y="16">${label}</text></svg>`;
+  return holder.firstChild;
 }
 
 function show(rep, rows, other) {
