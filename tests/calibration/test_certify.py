@@ -63,7 +63,6 @@ def test_certified_thresholds_hold_on_fresh_draws() -> None:
     assert coverage > 0.05  # it certifies something useful (at the true boundary 20 % are kept)
 
 
-@pytest.mark.slow
 def test_certified_thresholds_hold_on_fresh_draws_many() -> None:
     for target, slope, seed in ((0.05, 1.0, 1), (0.02, 0.5, 2), (0.1, 1.5, 3)):
         rate, _ = _certify_rate(reps=500, n=2000, target=target, slope=slope, seed=seed)
