@@ -667,6 +667,10 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, text in described.items():
         sub.choices[name].description = text
+
+    from basal.calibration.command import add_parsers
+
+    add_parsers(sub)  # calibrate, eval
     return p
 
 

@@ -97,5 +97,6 @@ def test_package_data_globs_follow_the_files_they_ship():
         "basal/backends/mlx/kernels/tree_attention.metal",
         "basal/backends/mlx/kernels/letter_readout.metal",
     } <= shipped
-    page = {f"basal/api/static/{name}" for name in ("index.html", "playground.css", "playground.js")}
+    names = ("index.html", "playground.css", "playground.js", "labelled.html", "labelled.js")
+    page = {f"basal/api/static/{name}" for name in names}
     assert page <= shipped and page == {p for p in shipped if p.startswith("basal/api/static/")}

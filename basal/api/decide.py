@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
 from basal.api.errors import error_response, too_large
 from basal.api.settings import ApiSettings
+from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.front import EnginesFront, ModelInfo
 from basal.core.request.dialects import decode_body, parse_basal, parse_systemone
 from basal.core.request.model_names import model_resolver
@@ -58,12 +60,28 @@ def parsers(engines: EnginesFront, settings: ApiSettings, model_facts: ModelFact
     }
 
 
-def body_decider(engines: EnginesFront, settings: ApiSettings, parse: Parse | None = None):
+def with_diagnostics(content: bytes, diagnostics: Diagnostics | None) -> bytes:
+    """The response's JSON object with a last member ``"diagnostics"``; without diagnostics the bytes unchanged.
+    Spliced after encoding, so the answer's own bytes are exactly those of a request that did not ask."""
+    if diagnostics is None:
+        return content
+    return content[:-1] + b',"diagnostics":' + msgspec.json.encode(diagnostics) + b"}"
+
+
+def body_decider(
+    engines: EnginesFront,
+    settings: ApiSettings,
+    parse: Parse | None = None,
+    dialect: str = "basal",
+    diagnostics: bool = False,
+):
     """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
     -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
     the online route answers (its contract checks, the same parser and limits, the same encoder). `parse`: the
-    `/v1/basal` parser the app's routes share (one is built when not given)."""
-    parse = parse or parsers(engines, settings)["basal"]
+    dialect's parser the app's routes share (one is built when not given). `dialect` "systemone" runs
+    `POST /v1/systemone`'s path instead; `diagnostics` answers as with `x-basal-diagnostics: 1` (`basal calibrate`
+    reads the orders' average from them)."""
+    parse = parse or parsers(engines, settings)[dialect]
 
     async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
         rid = new_request_id()
@@ -72,12 +90,14 @@ def body_decider(engines: EnginesFront, settings: ApiSettings, parse: Parse | No
         token = REQUEST_ID.set(rid)  # the record's request_id is on every log line of its line, lanes' included
         try:
             if len(body) > settings.max_body_bytes:
-                raise too_large("Request body too large.", "basal")
-            plan = await asyncio.to_thread(lambda: parse(decode_body(body, "basal")))  # off the online requests' loop
+                raise too_large("Request body too large.", dialect)
+            plan = await asyncio.to_thread(lambda: parse(decode_body(body, dialect)))  # off the online requests' loop
+            if diagnostics:
+                plan = replace(plan, diagnostics=True)
             result = await engines.run(plan, cancelled, has_slot=True, background=True)
-            return 200, msgspec.json.encode(result.response), rid
+            return 200, with_diagnostics(msgspec.json.encode(result.response), result.diagnostics), rid
         except Exception as exc:
-            status, error_body, _ = error_response(exc, "basal")
+            status, error_body, _ = error_response(exc, dialect)
             log.debug("batch line %s answered %d: %s", rid, status, error_body)
             return status, msgspec.json.encode(error_body), rid
         finally:

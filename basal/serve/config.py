@@ -62,6 +62,7 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
     shadow: ShadowConfig | None = None  # a candidate decided beside this model on a sample of its requests
+    calibration: str | None = None  # a calibration file to serve (default: CALIBRATION.custom.json, else .json)
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):

@@ -26,7 +26,7 @@ from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.engine.shadow import Shadow, ShadowFront
 from basal.core.home import cache_dir
-from basal.core.model.model_dir import ModelDir
+from basal.core.model.model_dir import ModelDir, served_calibration
 from basal.core.model.synth import demo_model
 from basal.progress import Progress
 from basal.serve.config import (
@@ -40,6 +40,7 @@ from basal.serve.config import (
 )
 from basal.serve.hub import snapshot
 from basal.serve.port_check import check_port
+from basal.serve.reload import reload_on_sighup
 
 if TYPE_CHECKING:
     from basal.api.http.listener import DrainingServer
@@ -57,6 +58,7 @@ DEMO_WARNING = (
 def model_directory(cfg: ModelConfig) -> ModelDir:
     """The model a `models:` entry names (its directory, the download of its repo, or the demo), under its `name`."""
     model = _source_directory(cfg)
+    model = dataclasses.replace(model, calibration=served_calibration(model.path, cfg.calibration))
     return dataclasses.replace(model, name=cfg.name) if cfg.name else model
 
 
@@ -341,6 +343,7 @@ def serve(config: ServeConfig) -> None:
         log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
 
     loader = threading.Thread(target=load, name="basal-load", daemon=True)
+    reload_on_sighup(engines, {model.name: spec for spec, model in sources})
     loader.start()
     server.run()
     if failed:

@@ -12,6 +12,7 @@ from basal.api.routes.playground import STATIC
 
 EXTERNAL = re.compile(r"""https?://|(?:src|href|action)\s*=\s*["']?//|@import|url\(\s*["']?(?:https?:)?//""")
 ASSETS = {"playground.css": "text/css", "playground.js": "text/javascript", "index.html": "text/html"}
+ASSETS |= {"labelled.html": "text/html", "labelled.js": "text/javascript"}
 
 
 def test_root_redirects_to_the_playground(client):

@@ -20,7 +20,7 @@ from litestar import Request, Response, post
 from litestar.handlers import HTTPRouteHandler
 
 from basal.api.context import ApiContext, api_context
-from basal.api.decide import Parse
+from basal.api.decide import Parse, with_diagnostics
 from basal.api.errors import error_response
 from basal.api.http.auth import check_auth
 from basal.api.http.body import check_content_type, decompress, read_body
@@ -34,7 +34,6 @@ from basal.api.wire.openapi import (
 )
 from basal.api.wire.schema_types import BasalRequest, SystemOneRequest
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
-from basal.core.decision.diagnostics import Diagnostics
 from basal.core.engine.front import Result
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
@@ -67,14 +66,6 @@ def wants_diagnostics(request: Request, dialect: str) -> bool:
         return True
     message = f"{DIAGNOSTICS_HEADER} must be 1, true, 0 or false (got {value[:40]!r})"
     raise systemone_usage(message) if dialect == "systemone" else native_refusal(message)
-
-
-def with_diagnostics(content: bytes, diagnostics: Diagnostics | None) -> bytes:
-    """The response's JSON object with a last member ``"diagnostics"``; without diagnostics the bytes unchanged.
-    Spliced after encoding, so the answer's own bytes are exactly those of a request that did not ask."""
-    if diagnostics is None:
-        return content
-    return content[:-1] + b',"diagnostics":' + msgspec.json.encode(diagnostics) + b"}"
 
 
 def timing_headers(result: Result, rid: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from basal.core.engine.front import ModelInfo
@@ -41,7 +42,21 @@ def capabilities(info: ModelInfo) -> dict[str, Any]:
         "certified_max_error": sorted(info.calibration.thresholds),
         "orders": ORDERS,
         "temperature_per_prim": dict(info.calibration.temperatures),
+        "calibration": served_calibration(info),
     }
     if info.cascade:  # a cascade's name: its models in order and when each sends a question on
         served["cascade"] = {"steps": list(info.cascade)}
     return served
+
+
+def served_calibration(info: ModelInfo) -> dict[str, Any]:
+    """Which calibration answers and `max_error` use: its kind, file name, identity (sha256 of the file: a cached
+    answer keyed on it cannot outlive a reload), thresholds and, for one `basal calibrate` wrote, its provenance."""
+    c = info.calibration
+    return {
+        "kind": c.kind,
+        "file": Path(c.path).name if c.path else None,
+        "sha256": c.sha256 or None,
+        "thresholds": c.thresholds,
+        "provenance": c.provenance,
+    }

@@ -8,6 +8,7 @@ that says what is wrong.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -127,6 +128,16 @@ class LlamaConfig:
 class Calibration:
     temperatures: dict[str, float] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
+    path: str = ""  # the file it was read from ("": none, T = 1)
+    sha256: str = ""  # of that file's bytes: the calibration's identity (answers depend on it; caches key on it)
+    provenance: dict[str, Any] | None = None  # what `basal calibrate` recorded (None: a shipped file)
+
+    @property
+    def kind(self) -> str:
+        """shipped (CALIBRATION.json), custom (written by `basal calibrate`) or none."""
+        if not self.path:
+            return "none"
+        return "custom" if self.provenance is not None else "shipped"
 
     def temperature(self, question_type: str) -> float:
         """T of a question type; 1 for an unknown type or a model without calibration."""
@@ -257,11 +268,48 @@ def _read_calibration(path: Path) -> Calibration:
     if not path.is_file():
         log.warning("%s is missing: answers are not calibrated (T = 1 for every question type)", path)
         return Calibration()
+    return read_calibration(path)
+
+
+def read_calibration(path: Path) -> Calibration:
+    """A calibration file (CALIBRATION.json, or one `basal calibrate` wrote), checked; ModelDirError otherwise."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ModelDirError(f"{path}: the calibration file cannot be read ({e.strerror or e})") from e
     data = _read_json(path)
     temps = data.get("temperature_per_prim") or {}
-    if not isinstance(temps, dict) or not all(isinstance(v, int | float) and v > 0 for v in temps.values()):
+    if not isinstance(temps, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in temps.values()
+    ):
         raise ModelDirError(f"{path}: temperature_per_prim must map question types to positive numbers")
-    return Calibration({k: float(v) for k, v in temps.items()}, data.get("thresholds") or {})
+    thresholds = data.get("thresholds") or {}
+    if not isinstance(thresholds, dict):
+        raise ModelDirError(f'{path}: thresholds must map target errors to {{"confidence": number}}')
+    provenance = data.get("provenance")
+    if provenance is not None and not isinstance(provenance, dict):
+        raise ModelDirError(f"{path}: provenance must be an object")
+    return Calibration(
+        {k: float(v) for k, v in temps.items()},
+        thresholds,
+        str(path),
+        hashlib.sha256(raw).hexdigest(),
+        provenance,
+    )
+
+
+CUSTOM_CALIBRATION = "CALIBRATION.custom.json"
+
+
+def served_calibration(root: Path, configured: str | None = None) -> Calibration:
+    """The calibration a server serves for the model in `root`: the configured file, else CALIBRATION.custom.json
+    beside the model (written by `basal calibrate`), else the shipped CALIBRATION.json (else none: T = 1). Read
+    afresh each time, so a reload sees a changed file."""
+    if configured:
+        return read_calibration(Path(configured).expanduser())
+    if (root / CUSTOM_CALIBRATION).is_file():
+        return read_calibration(root / CUSTOM_CALIBRATION)
+    return _read_calibration(root / "CALIBRATION.json")
 
 
 def _weight_files(root: Path) -> tuple[Path, ...]:

@@ -1,0 +1,142 @@
+"""`basal calibrate` through the batch path against the same requests sent online one by one.
+
+    python -m bench.calibrate_speed                          # 1000 requests, 5000 questions, 200 states, mini cut to 2
+    python -m bench.calibrate_speed --requests 100 --states 20 --preset demo     # a quick look
+
+One labelled file: `--requests` /v1/systemone requests over `--states` states (about `--state-tokens` tokens each),
+`--questions` questions per request (choice, noul and score in turn; each request words its questions its own way,
+so no two requests are equal), random gold answers. Then, in this order on one machine:
+1. a `basal serve` child gets every request, one after another over one keep-alive client: requests/s;
+2. `basal calibrate` (a child) runs the same file: the time of its run through the batch path (the line it prints),
+   and the whole command (model load included);
+3. the fit and the certification alone, in this process, from the records `basal calibrate` left.
+The ratio online / batch path is the number to read; the machine's load is printed with it (a shared machine is
+noisy: compare ratios within one run, not across runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from basal.benchsuite.workloads import questions, state_of_tokens
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from bench.http_speed import healthy
+from tests.servers import free_port
+
+
+def labelled_file(model: ModelDir, path: Path, requests: int, states: int, per: int, tokens: int) -> Path:
+    rng = np.random.default_rng(0)
+    texts = [state_of_tokens(model.tokenizer, tokens, "en", s) for s in range(states)]
+    lines = []
+    for n in range(requests):
+        qs = questions(per, "en", seed=n)
+        for name, q in qs.items():
+            q["instructions"] = f"{q['instructions']} (case {n})"
+            if q["type"] == "noul":
+                q["gold"] = bool(rng.integers(2))
+            else:
+                options = q["criteria"]
+                keys = list(options) if isinstance(options, dict) else [str(i) for i in range(len(options))]
+                q["gold"] = str(rng.choice(keys))
+            qs[name] = q
+        lines.append(
+            {"id": f"r{n}", "group": f"s{n % states}", "model": "m", "state": texts[n % states], "questions": qs}
+        )
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def online(model_dir: Path, labelled: Path) -> tuple[float, int]:
+    """Every request over HTTP, one after another: (seconds, requests)."""
+    port = free_port()
+    args = [sys.executable, "-m", "basal", "serve", "--model", str(model_dir), "--addr", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = healthy(proc, f"http://127.0.0.1:{port}", 300)
+        bodies = []
+        for raw in labelled.read_text().splitlines():
+            body = json.loads(raw)
+            body.pop("id"), body.pop("group")
+            for q in body["questions"].values():
+                q.pop("gold")
+            body["model"] = "jev-latest"
+            bodies.append(body)
+        with httpx.Client(timeout=600) as client:
+            client.post(f"{url}/v1/systemone", json=bodies[0]).raise_for_status()  # warm
+            started = time.perf_counter()
+            for body in bodies:
+                client.post(f"{url}/v1/systemone", json=body).raise_for_status()
+            return time.perf_counter() - started, len(bodies)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def batch(model_dir: Path, labelled: Path, out: Path) -> tuple[float, float]:
+    """`basal calibrate` as a user runs it: (seconds of the run through the batch path, seconds of the command)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "basal", "calibrate", str(labelled), "--model", str(model_dir),
+                           "-o", str(out), "--quiet"], capture_output=True, text=True, check=True)  # fmt: skip
+    total = time.perf_counter() - started
+    m = re.search(r"labelled answers in ([0-9.]+) s", done.stderr)
+    assert m, done.stderr
+    return float(m.group(1)), total
+
+
+def fit_alone(model_dir: Path, labelled: Path, out: Path) -> float:
+    from basal import __version__
+    from basal.calibration.calibrate import Settings, calibration_document
+    from basal.calibration.collect import observed, read_records
+    from basal.calibration.labelled import read_labelled
+
+    model = ModelDir.load(model_dir)
+    data = read_labelled(labelled, "systemone", model.name)
+    answers = read_records(out.with_name(out.name + ".records.jsonl"), {line.key for line in data.lines})
+    obs = observed(data, answers)
+    started = time.perf_counter()
+    calibration_document(data, obs, model.calibration, {"name": model.name}, Settings(), __version__)
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1000, help="labelled requests (default 1000)")
+    ap.add_argument("--states", type=int, default=200, help="states they are about (default 200)")
+    ap.add_argument("--questions", type=int, default=5, help="questions per request (default 5)")
+    ap.add_argument("--state-tokens", type=int, default=120, help="tokens of a state (default 120)")
+    ap.add_argument("--preset", default="mini", help="synthetic preset (default mini)")
+    ap.add_argument("--layers", type=int, default=2, help="layers of the preset (default 2)")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = synth_model(root / "model", a.preset, a.layers, seed=0)
+        model = ModelDir.load(model_dir)
+        labelled = labelled_file(model, root / "labelled.jsonl", a.requests, a.states, a.questions, a.state_tokens)
+        print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; {a.preset} cut to {a.layers} layers, "
+              f"{a.requests} requests x {a.questions} questions over {a.states} states", flush=True)  # fmt: skip
+        seconds_online, n = online(model_dir, labelled)
+        print(f"online, one by one: {n} requests in {seconds_online:.1f} s ({n / seconds_online:.1f} requests/s)")
+        out = root / "CALIBRATION.custom.json"
+        run_s, command_s = batch(model_dir, labelled, out)
+        print(f"basal calibrate: run {run_s:.1f} s ({n / run_s:.1f} requests/s), whole command {command_s:.1f} s")
+        print(f"fit and certification alone: {fit_alone(model_dir, labelled, out):.2f} s")
+        print(f"batch path vs online one by one: {seconds_online / run_s:.2f}x faster (run phase), "
+              f"{seconds_online / command_s:.2f}x (whole command, model load included)")  # fmt: skip
+        print(f"load after: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
