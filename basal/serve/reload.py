@@ -44,9 +44,14 @@ def reload_calibrations(engines: Engines, specs: Mapping[str, ModelConfig]) -> d
 
 
 def reload_on_sighup(engines: Engines, specs: Mapping[str, ModelConfig]) -> None:
-    """SIGHUP -> `reload_calibrations` on a thread of its own (the signal handler returns at once)."""
+    """SIGHUP -> `reload_calibrations` on a thread of its own (the signal handler returns at once). Only the main
+    thread may install a handler: a server started on another thread (an embedding program, the tests) says so
+    in its log and reloads nothing."""
 
     def handler(_signum: int, _frame: object) -> None:
         threading.Thread(target=reload_calibrations, args=(engines, specs), name="basal-reload", daemon=True).start()
 
+    if threading.current_thread() is not threading.main_thread():
+        log.info("not on the main thread: SIGHUP does not reload calibrations in this server")
+        return
     signal.signal(signal.SIGHUP, handler)

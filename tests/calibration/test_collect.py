@@ -51,7 +51,7 @@ def test_every_readout_gets_the_servers_order_average(engines, demo_model, tmp_p
     lines = [dict(LINE, id=f"r{i}") for i in range(3)]  # three equal requests: run once
     labelled = read_labelled(_file(tmp_path, lines), "systemone", demo_model.name)
     records = tmp_path / "records.jsonl"
-    decide = body_decider(engines, ApiSettings(), "systemone", diagnostics=True)
+    decide = body_decider(engines, ApiSettings(), dialect="systemone", diagnostics=True)
     got = asyncio.run(run_labelled(labelled, decide, records))
     assert len(records.read_text().splitlines()) == 1
     assert [(o.readout.question, o.readout.label, o.readout.type, o.readout.gold) for o in got[:5]] == [
@@ -79,7 +79,7 @@ def test_an_interrupted_run_resumes(engines, demo_model, tmp_path) -> None:
     lines = [dict(LINE, id=f"r{i}", state=f"{STATE} ({i})") for i in range(4)]
     labelled = read_labelled(_file(tmp_path, lines), "systemone", demo_model.name)
     records = tmp_path / "records.jsonl"
-    decide = body_decider(engines, ApiSettings(), "systemone", diagnostics=True)
+    decide = body_decider(engines, ApiSettings(), dialect="systemone", diagnostics=True)
     first = asyncio.run(run_labelled(labelled, decide, records))
     kept = records.read_text().splitlines()
     records.write_text(kept[0] + "\n" + kept[1][:40])  # three lines lost, one torn by the interruption
@@ -96,6 +96,6 @@ def test_a_line_the_server_refuses_names_it(engines, demo_model, tmp_path) -> No
     lines = [dict(LINE, id="r0"), dict(LINE, id="r1", state="x" * 5000)]
     labelled = read_labelled(_file(tmp_path, lines), "systemone", demo_model.name)
     limits = Limits(max_request_chars=20_000)  # the server's limit, tighter than the file was checked with
-    decide = body_decider(engines, ApiSettings(limits=limits), "systemone", diagnostics=True)
+    decide = body_decider(engines, ApiSettings(limits=limits), dialect="systemone", diagnostics=True)
     with pytest.raises(LabelledError, match=r"line 2: the server answered HTTP 4"):
         asyncio.run(run_labelled(labelled, decide, tmp_path / "records.jsonl"))
