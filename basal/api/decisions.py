@@ -10,6 +10,7 @@ or compressed bodies are decompressed, decoded and validated in a worker thread,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -25,6 +26,7 @@ from basal.api.errors import auth_error, error_response, too_large
 from basal.api.observe import current_request_id, new_request_id, note
 from basal.api.tracing import Tracer
 from basal.core.decision.diagnostics import Diagnostics
+from basal.core.engine.answer_cache import AnswerCache, Stored, model_identity, request_key, split_timing
 from basal.core.engine.engines import EnginesFront, ModelInfo, Result
 from basal.core.engine.pipeline import model_resolver
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
@@ -34,6 +36,7 @@ from basal.core.request.plan import DecisionRequest
 from basal.logs import REQUEST_ID
 
 DIAGNOSTICS_HEADER = "x-basal-diagnostics"
+CACHE_HEADER = "x-basal-cache"  # hit | miss | bypass (Cache-Control: no-cache), when the answer cache is on
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
 
@@ -53,6 +56,8 @@ class ApiSettings:
     access_log: bool = False  # one line per request (basal.access), in the process's log format
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
     transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
+    answer_cache: AnswerCache | None = None  # the exact-answer cache (None: off)
+    answer_cache_shared: bool = False  # with api_keys: one cache for every key (else one scope per key)
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
@@ -163,7 +168,7 @@ async def handle_decision(
     endpoint, metrics, rid = f"/v1/{dialect}", engines.metrics, current_request_id()
     model = "-"
     metrics.http_inflight.inc(endpoint)
-    watcher = None
+    watcher = reuse = stored = None
     try:
         if engines.closed or engines.draining:  # refused before a byte of the body is read
             raise EngineClosed("the server is shutting down")
@@ -174,32 +179,41 @@ async def handle_decision(
         body = await _read(request, dialect, settings)
         with engines.slot():
             plan = await _plan(request, body, dialect, settings, parse)
-            del body
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
             model = plan.model
             note(model=model)
             parsed_ns = time.time_ns()
             metrics.parse_duration.observe(endpoint, value=(parsed_ns - started_ns) / 1e9)
-            gone = asyncio.Event()
-            watcher = asyncio.create_task(_watch_disconnect(request, gone))
-            result = await engines.run(plan, gone.is_set, has_slot=True)
-        content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
-        status, headers = 200, timing_headers(result, rid)
+            reuse = AnswerReuse.of(request, settings, engines, plan, body, dialect)  # the exact-answer cache
+            del body
+            stored = reuse.lookup() if reuse is not None else None
+            if stored is None:
+                gone = asyncio.Event()
+                watcher = asyncio.create_task(_watch_disconnect(request, gone))
+                result = await engines.run(plan, gone.is_set, has_slot=True)
+        if stored is not None:  # answered from the cache: only the timings are new
+            content = stored.body(msgspec.json.encode(round((time.perf_counter() - started) * 1000, 3)))
+            done = Result(None, 0.0, 0.0, 0)  # type: ignore[arg-type]  # nothing queued or computed
+            input_tokens = stored.input_tokens
+        else:
+            content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
+            done, input_tokens = result, result.response.usage.input_tokens
+        status, headers = 200, timing_headers(done, rid)
+        if reuse is not None:
+            headers[CACHE_HEADER] = "hit" if stored is not None else reuse.store(result, content)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)
             log.warning("%s answered with warnings: %s", endpoint, headers["x-basal-warnings"])
-        note(queue_ms=round(result.queue_ms, 3), compute_ms=round(result.compute_ms, 3))
-        metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
+        note(queue_ms=round(done.queue_ms, 3), compute_ms=round(done.compute_ms, 3))
+        metrics.input_tokens.inc(model, by=input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
         if settings.tracer is not None:
             attributes = {"basal.model": model, "basal.questions": len(plan.questions), "basal.request_id": rid}
-            if result.replica:
-                attributes["basal.replica"] = result.replica
-            settings.tracer.stages(
-                started_ns, parsed_ns, time.time_ns(), result.queue_ms, result.compute_ms, attributes
-            )
+            if done.replica:
+                attributes["basal.replica"] = done.replica
+            settings.tracer.stages(started_ns, parsed_ns, time.time_ns(), done.queue_ms, done.compute_ms, attributes)
     except Exception as exc:
         status, error_body, headers = error_response(exc, dialect)
         content = msgspec.json.encode(error_body)
@@ -212,6 +226,53 @@ async def handle_decision(
     metrics.http_requests.inc(endpoint, model, str(status))  # 499: the client hung up (docs/http-api.md §8)
     metrics.http_duration.observe(endpoint, model, str(status), value=seconds)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+class AnswerReuse:
+    """The exact-answer cache's view of one request (`basal.core.engine.answer_cache`): its key, whether the client
+    bypasses the cache (`Cache-Control: no-cache`; `no-store`: nothing is kept either), and storing its answer."""
+
+    def __init__(self, cache: AnswerCache, key: bytes, lookup: bool, keep: bool) -> None:
+        self.cache, self.key, self._lookup, self._keep = cache, key, lookup, keep
+
+    @classmethod
+    def of(
+        cls, request: Request, settings: ApiSettings, engines: EnginesFront, plan: DecisionRequest, body: bytes,
+        dialect: str,
+    ) -> AnswerReuse | None:  # fmt: skip
+        cache = settings.answer_cache
+        if cache is None:
+            return None
+        directives = {d.strip().lower() for d in request.headers.get("cache-control", "").split(",")}
+        scope = "shared"
+        if settings.api_keys and not settings.answer_cache_shared:  # the key passed check_auth: it is one of them
+            token = request.headers.get("authorization", "").partition(" ")[2].strip()
+            scope = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+        identity = cache.identities.get(plan.model)
+        if identity is None:  # asked once per model (on Ray a call to a replica)
+            info = engines.model_info(plan.model)
+            identity = cache.identities[plan.model] = model_identity(
+                info.name, info.version, info.calibration, info.compute
+            )
+        encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+        key = request_key(dialect, scope, identity, plan.diagnostics, encoding, body)
+        return cls(cache, key, "no-cache" not in directives, "no-store" not in directives)
+
+    def lookup(self) -> Stored | None:
+        if not self._lookup:
+            self.cache.bypass()
+            return None
+        return self.cache.get(self.key)
+
+    def store(self, result: Result, content: bytes) -> str:
+        """Keep a computed answer -> the response's cache header ("miss", or "bypass" under no-cache)."""
+        if self._keep:
+            encoded = msgspec.json.encode(result.response)  # `content` is these bytes, diagnostics spliced in
+            head, tail, timed = split_timing(encoded)
+            extra = content[len(encoded) - 1 :] if len(content) > len(encoded) else b""
+            stored = Stored(head, tail[:-1] if extra else tail, extra, timed, result.response.usage.input_tokens)
+            self.cache.put(self.key, stored)
+        return "miss" if self._lookup else "bypass"
 
 
 class ModelFacts:

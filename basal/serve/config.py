@@ -146,6 +146,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
         None  # OpenTelemetry traces over OTLP/HTTP (the otel extra), e.g. http://h:4318/v1/traces
     )
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
+    answer_cache_entries: int = 4096  # the exact-answer cache (docs/caches.md): answers kept; 0: off
+    answer_cache_mb: float = 64.0  # the answers' bytes it may hold
+    answer_cache_ttl_s: float = 600.0  # how long an answer is served again
+    answer_cache_shared: bool = False  # with api_keys: one cache for all keys (lets a client time others' requests)
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")
@@ -161,6 +165,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
             mhost, _, mport = self.metrics_addr.rpartition(":")
             if not mhost or not mport.isdigit():
                 raise msgspec.ValidationError(f"`metrics_addr` must be HOST:PORT, got {self.metrics_addr!r}")
+        if self.answer_cache_entries < 0 or self.answer_cache_mb <= 0 or self.answer_cache_ttl_s <= 0:
+            raise msgspec.ValidationError(
+                "`answer_cache_entries` must be 0 (off) or positive; `answer_cache_mb`, `answer_cache_ttl_s` positive"
+            )
         if self.threads is not None and self.threads < 1:
             raise msgspec.ValidationError("`threads` must be positive (or left out: the physical cores)")
         _check_unique_names(self.models)

@@ -35,11 +35,15 @@ SERVER_FLAGS: dict[str, tuple[type, str]] = {
     "threads": (int, "CPU forward threads (default: the physical cores)"),
     "metrics_addr": (str, "HOST:PORT of a separate listener for /metrics alone, without the API key (default: none)"),
     "otlp_endpoint": (str, "send OpenTelemetry traces over OTLP/HTTP here (needs the otel extra) (default: none, off)"),
+    "answer_cache_entries": (int, "answers the exact-answer cache keeps (0: off)"),
+    "answer_cache_mb": (float, "MiB of answers the exact-answer cache may hold"),
+    "answer_cache_ttl_s": (float, "seconds an answer is served again from the cache"),
 }
 SWITCHES: dict[str, str] = {
     "metrics": "serve Prometheus metrics at /metrics",
     "access_log": "log one line per request",
     "public_metrics_and_schema": "with API keys: serve /metrics and /schema without one",
+    "answer_cache_shared": "with API keys: one answer cache for all keys (a hit's speed tells what others sent)",
 }
 MODEL_FLAGS: dict[str, str] = {
     "backend": "auto: CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU",

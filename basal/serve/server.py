@@ -16,11 +16,12 @@ from basal.api.listener import DrainingServer, server_config
 from basal.backends.load import load_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import Store
+from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines, EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
-from basal.core.engine.metrics import CallbackCollector, Metrics
+from basal.core.engine.metrics import CacheCollector, CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.home import cache_dir
@@ -207,6 +208,11 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         from basal.api.tracing import otlp_tracer
 
         tracer = otlp_tracer(config.otlp_endpoint)
+    answers = None
+    if config.answer_cache_entries:
+        answers = AnswerCache(
+            config.answer_cache_entries, int(config.answer_cache_mb * (1 << 20)), config.answer_cache_ttl_s
+        )
     return ApiSettings(
         tuple(keys),
         int(config.max_body_mb * (1 << 20)),
@@ -217,7 +223,32 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         public_metrics_and_schema=config.public_metrics_and_schema,
         access_log=config.access_log,
         tracer=tracer,
+        answer_cache=answers,
+        answer_cache_shared=config.answer_cache_shared,
     )
+
+
+def answer_cache_series(cache: AnswerCache) -> CacheCollector:
+    """The exact-answer cache in /metrics: `basal_answer_cache_{hits,misses,bypasses,evictions,expirations}_total`,
+    `basal_answer_cache_{entries,bytes}`."""
+    counters = {
+        "hits_total": "requests answered from the exact-answer cache",
+        "misses_total": "requests looked up and not found (computed, then kept)",
+        "bypasses_total": "requests that asked not to be answered from it (Cache-Control: no-cache)",
+        "evictions_total": "answers pushed out by the entry or byte bound",
+        "expirations_total": "answers found older than answer_cache_ttl_s",
+    }
+    sizes = {"entries": "answers kept", "bytes": "bytes of the answers kept (their encoded bodies)"}
+
+    def read():
+        c = cache.counts
+        yield (), {
+            "hits_total": c.hits, "misses_total": c.misses, "bypasses_total": c.bypasses,
+            "evictions_total": c.evictions, "expirations_total": c.expirations,
+            "entries": len(cache), "bytes": cache.bytes,
+        }  # fmt: skip
+
+    return CacheCollector("answer_cache", (), counters, sizes, read)
 
 
 def metrics_listener(engines: EnginesFront, addr: str):
@@ -297,7 +328,10 @@ def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches:
 def _server(
     engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None
 ) -> DrainingServer:
-    app = create_app(engines, api_settings(config), batches=batches)
+    settings = api_settings(config)
+    if settings.answer_cache is not None:
+        engines.metrics.add_collector(answer_cache_series(settings.answer_cache))
+    app = create_app(engines, settings, batches=batches)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

@@ -49,6 +49,7 @@ class ModelInfo:
     compute: dict[str, object]  # `Backend.describe()`: what decides the bits of this model's answers
     prompt_char_limit: int = 0  # characters a prompt may hold (`Engine.prompt_char_limit`); 0: unknown
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
+    version: str = ""  # basal.json's version (the answer cache's key names it)
 
     @property
     def prompt_bound(self) -> tuple[int, int] | None:
@@ -203,6 +204,7 @@ class Engines(InflightLimit):
             pipeline.backend.describe(),
             engine.prompt_char_limit,
             engine.context,
+            pipeline.model.version,
         )
 
     def start(self) -> None:
