@@ -106,6 +106,8 @@ class BasalUsage(msgspec.Struct):
     questions: int
     branches: int
     latency_ms: float
+    # prompt tokens read from the state cache (as OpenAI's `cached_tokens`); only where the state cache is on
+    cached_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class BasalResponse(msgspec.Struct):
