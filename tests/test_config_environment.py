@@ -25,7 +25,7 @@ CONSTRAINED = {
     "long_share": (0.1, 0.2, 0.3),
     "gemm_table": ("none", "auto", "none"),
 }
-ONLY_DEFAULT = {"state_cache_mb"}  # accepted for old configs, only its default is valid: checked to reach validation
+ONLY_DEFAULT: set[str] = set()  # keys accepted for old configs whose only valid value is the default (none now)
 
 
 def leaves(struct: type[msgspec.Struct], path: tuple = ()):

@@ -46,15 +46,15 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     long_tokens: int = 4096  # 0: no long lane
     tree_max_tokens: int = 32768
     no_prefix_cache: bool = False
-    state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
+    state_cache_mb: float = 1024.0  # the cross-request state cache (docs/caches.md), MiB of states' K/V; 0: off
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):
             raise msgspec.ValidationError("a model needs exactly one of `path` or `repo`")
-        if self.state_cache_mb:
-            raise msgspec.ValidationError("`state_cache_mb` (the cross-request state cache) is not supported; use 0")
+        if self.state_cache_mb < 0:
+            raise msgspec.ValidationError("`state_cache_mb` must be 0 (off) or positive")
         if self.gemm_table not in (None, "none", "auto"):
             raise msgspec.ValidationError(
                 "`gemm_table`: basal needs no GEMM table (its kernels run fixed shapes); remove the key"

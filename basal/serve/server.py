@@ -90,6 +90,7 @@ def pending_engines(
     engines = Engines({}, default, metrics, config.max_inflight, pending=[d.name for d in dirs])
     for collector in device_memory(engines):
         metrics.add_collector(collector)
+    metrics.add_collector(state_cache_series(engines))
     return engines, list(zip(specs, dirs, strict=True))
 
 
@@ -120,6 +121,7 @@ def load_models(
                     prefix_cache=not spec.no_prefix_cache,
                     tree_max_tokens=spec.tree_max_tokens,
                     large_choice=spec.large_choice,
+                    state_cache_mb=spec.state_cache_mb,
                 )
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
@@ -249,6 +251,31 @@ def answer_cache_series(cache: AnswerCache) -> CacheCollector:
         }  # fmt: skip
 
     return CacheCollector("answer_cache", (), counters, sizes, read)
+
+
+STATE_CACHE_SERIES = {
+    "hits_total": "states found computed when their batch was packed",
+    "partial_hits_total": "states extending a computed one (only the new tokens computed)",
+    "misses_total": "states computed from the template prefix",
+    "evictions_total": "states pushed out by the state_cache_mb budget (least recently used first)",
+    "computed_tokens_total": "tokens computed to fill state cache entries",
+}
+STATE_CACHE_SIZES = {
+    "entries": "states kept",
+    "bytes": "bytes of the K/V the backend holds for them",
+    "budget_bytes": "state_cache_mb in bytes",
+}
+
+
+def state_cache_series(engines: Engines) -> CacheCollector:
+    """The state cache of every loaded model with one (`basal_state_cache_*{model}`), read at scrape time."""
+
+    def read():
+        for name, engine in list(engines.engines.items()):
+            if engine.pipeline.state_cache is not None:
+                yield (name,), engine.pipeline.state_cache.stats()
+
+    return CacheCollector("state_cache", ("model",), STATE_CACHE_SERIES, STATE_CACHE_SIZES, read)
 
 
 def metrics_listener(engines: EnginesFront, addr: str):

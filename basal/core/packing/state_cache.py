@@ -72,6 +72,11 @@ class StateCache:
     def entries(self) -> int:
         return sum(1 for e in self._entries.values() if e.ready)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens whose K/V the computed entries hold (each entry holds its template too)."""
+        return sum(len(e.ids) for e in self._entries.values() if e.ready)
+
     # -- which tokens are a question's state -------------------------------------------------------------------
 
     def state_ids(self, t: TokenizedQuestion) -> tuple[int, ...] | None:
