@@ -23,7 +23,7 @@ class FakeBackend:
 
     name, device, dtype = "fake", "cpu", "f32"
     reads_hidden_states = False
-    caches_states = True
+    caches_states = False  # a double that keeps prefixes with a base says so (StubBackend)
 
     def prepare(self, batch: PackedBatch) -> None:
         return None
@@ -43,6 +43,7 @@ class FakeBackend:
 
 class StubBackend(FakeBackend):
     name, device, dtype = "stub", "cpu", "f32"
+    caches_states = True
 
     def __init__(self, model: ModelDir, rule: Rule):
         self.model, self.rule = model, rule
