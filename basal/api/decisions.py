@@ -57,7 +57,7 @@ class ApiSettings:
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
     transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
     answer_cache: AnswerCache | None = None  # the exact-answer cache (None: off)
-    answer_cache_shared: bool = False  # with api_keys: one cache for every key (else one scope per key)
+    caches_shared: bool = False  # with api_keys: both caches shared by every key (else one scope per key)
 
 
 def check_auth(request: Request, settings: ApiSettings, dialect: str) -> None:
@@ -181,6 +181,8 @@ async def handle_decision(
             plan = await _plan(request, body, dialect, settings, parse)
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
+            if scope := cache_scope(request, settings):  # the caches' scope: this key's own entries
+                plan = replace(plan, cache_scope=scope)
             model = plan.model
             note(model=model)
             parsed_ns = time.time_ns()
@@ -228,6 +230,16 @@ async def handle_decision(
     return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
+def cache_scope(request: Request, settings: ApiSettings) -> str:
+    """Whose cached answers and states a request may read: with API keys (unless `caches_shared`) a digest of its
+    key, which passed `check_auth`; else "" (one scope). A hit is faster than a miss, so a scope shared between
+    keys lets one client time another's requests (docs/caches.md)."""
+    if not settings.api_keys or settings.caches_shared:
+        return ""
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 class AnswerReuse:
     """The exact-answer cache's view of one request (`basal.core.engine.answer_cache`): its key, whether the client
     bypasses the cache (`Cache-Control: no-cache`; `no-store`: nothing is kept either), and storing its answer."""
@@ -244,10 +256,7 @@ class AnswerReuse:
         if cache is None:
             return None
         directives = {d.strip().lower() for d in request.headers.get("cache-control", "").split(",")}
-        scope = "shared"
-        if settings.api_keys and not settings.answer_cache_shared:  # the key passed check_auth: it is one of them
-            token = request.headers.get("authorization", "").partition(" ")[2].strip()
-            scope = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+        scope = plan.cache_scope or "shared"
         identity = cache.identities.get(plan.model)
         if identity is None:  # asked once per model (on Ray a call to a replica)
             info = engines.model_info(plan.model)

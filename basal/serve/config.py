@@ -149,7 +149,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     answer_cache_entries: int = 4096  # the exact-answer cache (docs/caches.md): answers kept; 0: off
     answer_cache_mb: float = 64.0  # the answers' bytes it may hold
     answer_cache_ttl_s: float = 600.0  # how long an answer is served again
-    answer_cache_shared: bool = False  # with api_keys: one cache for all keys (lets a client time others' requests)
+    caches_shared: bool = False  # with api_keys: both caches shared by all keys (a hit's speed tells what others sent)
 
     def __post_init__(self) -> None:
         host, _, port = self.addr.rpartition(":")

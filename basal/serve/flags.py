@@ -43,7 +43,7 @@ SWITCHES: dict[str, str] = {
     "metrics": "serve Prometheus metrics at /metrics",
     "access_log": "log one line per request",
     "public_metrics_and_schema": "with API keys: serve /metrics and /schema without one",
-    "answer_cache_shared": "with API keys: one answer cache for all keys (a hit's speed tells what others sent)",
+    "caches_shared": "with API keys: answer and state caches shared by all keys (a hit's speed tells others' asks)",
 }
 MODEL_FLAGS: dict[str, str] = {
     "backend": "auto: CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU",

@@ -226,7 +226,7 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         access_log=config.access_log,
         tracer=tracer,
         answer_cache=answers,
-        answer_cache_shared=config.answer_cache_shared,
+        caches_shared=config.caches_shared,
     )
 
 

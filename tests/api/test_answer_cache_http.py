@@ -23,7 +23,7 @@ SYSTEMONE = {"model": "jev-latest", "state": STATE, "questions": {"refund": {"ty
 
 def _client(engines, keys=(), shared=False, metrics=False):
     cache = AnswerCache(100, 1 << 20, 600)
-    settings = ApiSettings(api_keys=tuple(keys), answer_cache=cache, answer_cache_shared=shared, metrics=metrics)
+    settings = ApiSettings(api_keys=tuple(keys), answer_cache=cache, caches_shared=shared, metrics=metrics)
     return TestClient(create_app(engines, settings)), cache
 
 
@@ -104,3 +104,18 @@ def test_errors_are_not_kept_and_metrics_count(engines):
     assert len(cache) == 1
     assert "basal_answer_cache_hits_total 1.0" in text and "basal_answer_cache_misses_total 1.0" in text
     assert f"basal_answer_cache_bytes {float(cache.bytes)}" in text and "basal_answer_cache_entries 1.0" in text
+
+
+def test_the_plan_carries_the_key_scope_to_the_state_cache(engines, monkeypatch):
+    seen = []
+    engine = engines.engines[engines.default]
+    plain = engine.admit
+    monkeypatch.setattr(
+        engine, "admit", lambda request, *a, **k: seen.append(request.cache_scope) or plain(request, *a, **k)
+    )
+    client, _ = _client(engines, keys=("key-a", "key-b"))
+    with client:
+        for key in ("key-a", "key-b", "key-a"):
+            headers = {"authorization": f"Bearer {key}", "cache-control": "no-cache"}  # past the answer cache
+            client.post("/v1/basal", json={**BODY, "state": STATE + key}, headers=headers)
+    assert seen[0] == seen[2] != seen[1] and all(len(s) == 64 for s in seen)

@@ -4,6 +4,8 @@ and the HRRN cost, and its series in /metrics."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from litestar.testing import TestClient
 
@@ -121,3 +123,15 @@ def test_usage_cost_and_metrics(demo_model):
     assert f'basal_state_cache_hits_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_misses_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_bytes{{model="{model}"}} {float(pipeline.state_cache.bytes)}' in text
+
+
+def test_a_scope_reads_only_its_own_entries(demo_model):
+    pipeline = _stub_pipeline(demo_model, 16)
+    cache = pipeline.state_cache
+    a = _question(pipeline, STATES[2])
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-a")]))
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-b")]))  # another key: a miss of its own
+    assert cache.counts.misses == 2 and cache.counts.hits == 0 and cache.entries == 2
+    assert pipeline.cost([replace(a, cache_scope="key-c")]) > pipeline.cost([replace(a, cache_scope="key-a")])
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-a")]))
+    assert cache.counts.hits == 1

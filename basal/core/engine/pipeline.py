@@ -103,6 +103,7 @@ class Pipeline:
         items: Sequence[Item],
         evidence: dict[int, StateTokens | None] | None = None,
         letter_mass: bool = False,
+        cache_scope: str = "",
     ) -> list[TokenizedQuestion]:
         """Token ids of every asked option order of each item.
 
@@ -118,7 +119,11 @@ class Pipeline:
         for item in items:
             own = [next(ids) for _ in item.orders]
             tokenized = TokenizedQuestion(
-                item.lang, item.state_text, tuple(share(item.state_text, p) for p in own), letter_mass=letter_mass
+                item.lang,
+                item.state_text,
+                tuple(share(item.state_text, p) for p in own),
+                letter_mass=letter_mass,
+                cache_scope=cache_scope,  # STATE CACHE hook: the entries it may read
             )
             if evidence is not None and id(item) in evidence:
                 found = self._state_tokens(item, own[0])
@@ -145,7 +150,7 @@ class Pipeline:
             rounds.evidence = frozenset()
         wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
         found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
-        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics, request.cache_scope)
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
@@ -158,7 +163,9 @@ class Pipeline:
             rounds.packed_tokens += self.cost(rounds.tokenized)
         rounds.take(logits, cancelled)
         if not rounds.done:
-            rounds.tokenized = self.tokenize_items(rounds.asked, letter_mass=rounds.request.diagnostics)
+            rounds.tokenized = self.tokenize_items(
+                rounds.asked, letter_mass=rounds.request.diagnostics, cache_scope=rounds.request.cache_scope
+            )
 
     def later_rounds_estimate(self, rounds: Rounds) -> list[TokenizedQuestion]:
         """Stand-ins for the final rounds before they are known: each large choice's 10 longest options (by
@@ -168,7 +175,7 @@ class Pipeline:
             options = lc.item.options
             longest = sorted(sorted(range(len(options)), key=lambda i: (-len(options[i]), i))[:FINALISTS])
             stand_ins.append(sub_item(lc.item, longest, f"{lc.item.name}#final", 2))
-        return self.tokenize_items(stand_ins)
+        return self.tokenize_items(stand_ins, cache_scope=rounds.request.cache_scope)
 
     def respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
         """The response of a request whose rounds have all been run."""

@@ -38,6 +38,7 @@ class Entry:
     key: str
     lang: str
     ids: tuple[int, ...]
+    scope: str = ""  # the requests that may read it (`DecisionRequest.cache_scope`)
     base: Entry | None = None  # a cached entry whose ids it extends (a partial hit), used when it is computed
     nbytes: int = 0  # what the backend holds for it (0 until computed, and after eviction)
     pins: int = 0  # forwards running with it
@@ -61,7 +62,7 @@ class StateCache:
         if budget_bytes < 1:
             raise ValueError("a state cache needs a positive budget")
         self.backend, self.budget, self.templates, self.tokenizer = backend, budget_bytes, templates, tokenizer
-        self._entries: OrderedDict[tuple[str, tuple[int, ...]], Entry] = OrderedDict()  # least recently used first
+        self._entries: OrderedDict[tuple[str, str, tuple[int, ...]], Entry] = OrderedDict()  # least recently used first
         self._cuts: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
         self._names = itertools.count()
         self._lock = threading.RLock()
@@ -107,15 +108,15 @@ class StateCache:
     def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """State tokens of these questions that computed entries hold (each distinct state once): what their cost
         leaves out."""
-        seen: set[tuple[str, tuple[int, ...]]] = set()
+        seen: set[tuple[str, str, tuple[int, ...]]] = set()
         total = 0
         for t in tokenized:
             ids = self.state_ids(t)
-            if ids is None or (t.lang, ids) in seen:
+            if ids is None or (t.cache_scope, t.lang, ids) in seen:
                 continue
-            seen.add((t.lang, ids))
+            seen.add((t.cache_scope, t.lang, ids))
             with self._lock:
-                entry = self._entries.get((t.lang, ids))
+                entry = self._entries.get((t.cache_scope, t.lang, ids))
                 if entry is not None and entry.ready:
                     total += len(ids) - len(self.templates[t.lang])
         return total
@@ -134,38 +135,40 @@ class StateCache:
             if ids is None:
                 out.append(t)
                 continue
-            entry, cached = self._claim(t.lang, ids, first=all(e.ids != ids or e.lang != t.lang for e in used.values()))
+            first = all(e.ids != ids or e.lang != t.lang or e.scope != t.cache_scope for e in used.values())
+            entry, cached = self._claim(t.cache_scope, t.lang, ids, first)
             used[entry.key] = entry
             out.append(replace(t, prefix_key=entry.key, cached_tokens=cached))
         return out, {k: e.ids for k, e in used.items()}, used
 
-    def _claim(self, lang: str, ids: tuple[int, ...], first: bool) -> tuple[Entry, int]:
+    def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool) -> tuple[Entry, int]:
         """The entry of a state (new ones are computed when their forward runs) and the tokens of each prompt it
         serves from the cache now. `first`: its first question in this batch (the counts count states)."""
         template = len(self.templates[lang])
         with self._lock:
-            entry = self._entries.get((lang, ids))
+            entry = self._entries.get((scope, lang, ids))
             if entry is not None:
-                self._entries.move_to_end((lang, ids))
+                self._entries.move_to_end((scope, lang, ids))
                 if entry.ready:
                     self.counts.hits += first
                     return entry, len(ids) - template
             else:
-                entry = Entry(f"state-{next(self._names)}", lang, ids)
-                self._entries[(lang, ids)] = entry
-            entry.base = self._longest_base(lang, ids)
+                entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
+                self._entries[(scope, lang, ids)] = entry
+            entry.base = self._longest_base(scope, lang, ids)
             if entry.base is not None:
                 self.counts.partial_hits += first
                 return entry, len(entry.base.ids) - template
             self.counts.misses += first
             return entry, 0
 
-    def _longest_base(self, lang: str, ids: tuple[int, ...]) -> Entry | None:
+    def _longest_base(self, scope: str, lang: str, ids: tuple[int, ...]) -> Entry | None:
         best = None
         for entry in itertools.islice(reversed(self._entries.values()), PARTIAL_WINDOW):
             n = len(entry.ids)
             longer = best is None or n > len(best.ids)
-            if entry.ready and entry.lang == lang and n < len(ids) and longer and ids[:n] == entry.ids:
+            fits = entry.ready and entry.lang == lang and entry.scope == scope and n < len(ids) and longer
+            if fits and ids[:n] == entry.ids:
                 best = entry
         return best
 
@@ -211,10 +214,11 @@ class StateCache:
             e.nbytes, e.ready, e.base = nbytes, True, None
             self.bytes += nbytes
             self.counts.computed_tokens += len(e.ids) - start
-            slot = self._entries.get((e.lang, e.ids))
+            where = (e.scope, e.lang, e.ids)
+            slot = self._entries.get(where)
             if slot is None or not slot.ready:  # evicted while it waited, or another placeholder took its place
-                self._entries[(e.lang, e.ids)] = e
-            self._entries.move_to_end((e.lang, e.ids))
+                self._entries[where] = e
+            self._entries.move_to_end(where)
         return len(e.ids) - start
 
     def _evict(self) -> None:
@@ -228,7 +232,7 @@ class StateCache:
                 self._drop(ids_key, e)
                 self.counts.evictions += 1
 
-    def _drop(self, ids_key: tuple[str, tuple[int, ...]], e: Entry) -> None:
+    def _drop(self, ids_key: tuple[str, str, tuple[int, ...]], e: Entry) -> None:
         self.backend.drop_prefix(e.key)
         self.bytes -= e.nbytes
         e.nbytes, e.ready = 0, False

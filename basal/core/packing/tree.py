@@ -252,6 +252,7 @@ class TokenizedQuestion:
     # key (the template and the state, `state_cache.py`), set just before packing
     prefix_key: str | None = None
     cached_tokens: int = 0  # tokens of each prompt read from the state cache (usage.cached_tokens)
+    cache_scope: str = ""  # its request's `cache_scope`: it reads only state cache entries of that scope
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
