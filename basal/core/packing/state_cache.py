@@ -16,6 +16,7 @@ no entry: the backend sets it only once every layer is done.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from collections import OrderedDict
@@ -28,7 +29,7 @@ from basal.core.model.tokenizer import Tokenizer
 from basal.core.packing.tree import TokenizedQuestion, common_prefix
 
 PARTIAL_WINDOW = 64  # a partial hit is looked for among this many most recently used entries of the language
-CUT_MEMO = 4096  # (language, state text) -> its cut, remembered between admission and packing
+CUT_MEMO = 4096  # states whose cut is remembered between admission and packing (a digest and a length each)
 
 
 @dataclass(eq=False)
@@ -63,7 +64,7 @@ class StateCache:
             raise ValueError("a state cache needs a positive budget")
         self.backend, self.budget, self.templates, self.tokenizer = backend, budget_bytes, templates, tokenizer
         self._entries: OrderedDict[tuple[str, str, tuple[int, ...]], Entry] = OrderedDict()  # least recently used first
-        self._cuts: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._cuts: OrderedDict[bytes, int] = OrderedDict()  # digest of (language, state) -> tokens of its entry
         self._names = itertools.count()
         self._lock = threading.RLock()
         self.bytes = 0  # bytes of every computed entry
@@ -71,12 +72,14 @@ class StateCache:
 
     @property
     def entries(self) -> int:
-        return sum(1 for e in self._entries.values() if e.ready)
+        with self._lock:  # read by /metrics from another thread
+            return sum(1 for e in self._entries.values() if e.ready)
 
     @property
     def tokens(self) -> int:
         """Tokens whose K/V the computed entries hold (each entry holds its template too)."""
-        return sum(len(e.ids) for e in self._entries.values() if e.ready)
+        with self._lock:
+            return sum(len(e.ids) for e in self._entries.values() if e.ready)
 
     # -- which tokens are a question's state -------------------------------------------------------------------
 
@@ -89,18 +92,21 @@ class StateCache:
         template = self.templates.get(t.lang)
         if template is None or t.hidden or not t.ids:
             return None
+        first = t.ids[0]
+        digest = hashlib.blake2b(f"{t.lang}\0{t.state}".encode("utf-8", "surrogatepass"), digest_size=16).digest()
         with self._lock:
-            cut = self._cuts.get((t.lang, t.state))
-            if cut is not None:
-                self._cuts.move_to_end((t.lang, t.state))
-        if cut is None:  # the template and the state tokenized alone: the prompt repeats them but perhaps the last
-            cut = tuple(self.tokenizer.encode(template_prefix(t.lang, self.tokenizer.bos) + t.state))
+            n = self._cuts.get(digest)
+            if n is not None:
+                self._cuts.move_to_end(digest)
+        if n is None:  # the template and the state tokenized alone: the prompt repeats them but perhaps the last
+            cut = self.tokenizer.encode(template_prefix(t.lang, self.tokenizer.bos) + t.state)
+            n = common_prefix(first, tuple(cut))
             with self._lock:
-                self._cuts[(t.lang, t.state)] = cut
+                self._cuts[digest] = n
                 if len(self._cuts) > CUT_MEMO:
                     self._cuts.popitem(last=False)
-        first = t.ids[0]
-        n = common_prefix(first, cut)
+        # the length only decides which ids are looked up; the ids themselves are the key, so a stale length can
+        # cost a hit, never a wrong entry
         if n <= len(template) or any(len(p) <= n or p[:n] != first[:n] for p in t.ids):
             return None
         return tuple(first[:n])
