@@ -118,11 +118,13 @@ def memory(states: int, budget_mb: float) -> dict:
         return Item("q", "noul", ("Yes", "No"), ("Yes", "No"), "en", state, "Is it late?")
 
     run_to_end(pipeline.letter_logits(pipeline.tokenize_items([item(-1)])))  # warm
-    before, peak_bytes = rss_mb(), 0
+    before, peak_bytes, rss_along = rss_mb(), 0, []
     t0 = time.perf_counter()
     for i in range(states):
         run_to_end(pipeline.letter_logits(pipeline.tokenize_items([item(i)])))
         peak_bytes = max(peak_bytes, cache.bytes)
+        if (i + 1) % max(1, states // 10) == 0:  # resident memory along the way: it must level off
+            rss_along.append((i + 1, round(rss_mb()), round(cache.bytes / 2**20, 1)))
     seconds = time.perf_counter() - t0
     held = sum(k.nbytes + v.nbytes for key, kv in pipeline.backend.net.prefix_kv.items() if key.startswith("state-")
                for k, v in kv)  # fmt: skip
@@ -136,6 +138,7 @@ def memory(states: int, budget_mb: float) -> dict:
         "evictions": cache.counts.evictions,
         "rss_before_mb": before,
         "rss_after_mb": rss_mb(),
+        "rss_along": rss_along,  # (states so far, RSS MiB, counted MiB)
         "seconds": seconds,
     }
 
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"memory: {r['states']} states, budget {r['budget_mb']:.0f} MiB: counted peak {r['peak_counted_mb']:.1f} "
             f"MiB, backend tensors {r['backend_tensors_mb']:.1f} MiB, {r['entries']} entries, {r['evictions']} "
-            f"evictions; RSS {r['rss_before_mb']:.0f} -> {r['rss_after_mb']:.0f} MiB ({r['seconds']:.0f} s)"
+            f"evictions; RSS {r['rss_before_mb']:.0f} -> {r['rss_after_mb']:.0f} MiB ({r['seconds']:.0f} s)\n"
+            f"  along the way (states, RSS MiB, counted MiB): {r['rss_along']}"
         )
     report.write_json(a.out, result)
     return result
