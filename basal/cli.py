@@ -426,6 +426,7 @@ def _export(a: argparse.Namespace) -> int:
             dialect=a.dialect,
             prefix_cache=not a.no_prefix_cache,
             overwrite=a.overwrite,
+            state_cache_mb=a.state_cache_mb,
             progress=not a.quiet,
         )
     except KeyboardInterrupt:
@@ -612,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="for lines without one (default basal, as `basal decide`)",
     )
     e.add_argument("--no-prefix-cache", action="store_true", help="do not cache the template prefix K/V")
+    e.add_argument(
+        "--state-cache-mb", type=float, default=0, help="keep states' K/V across requests (MiB; default 0: off)"
+    )
     e.add_argument("--overwrite", action="store_true", help="start over instead of continuing an existing file")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(run=_export)

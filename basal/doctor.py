@@ -70,6 +70,21 @@ def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool,
 
     ok = bits(together) == bits(alone) == bits(uncached)
     facts = b.describe()
+    if b.caches_states:  # the state cache: a miss, then a hit, each equal to the question alone without it
+        states = Pipeline(model, b, state_cache_mb=64)
+        assert states.state_cache is not None
+        miss = [run_to_end(states.letter_logits([q]))[0] for q in qs]
+        hit = [run_to_end(states.letter_logits([q]))[0] for q in qs]
+        ok = ok and bits(miss) == bits(hit) == bits(alone)
+        cache = states.state_cache
+        per_token = cache.bytes / max(1, cache.tokens)
+        facts["state_cache"] = (
+            f"miss = hit = off, bitwise ({cache.counts.hits} hits, {cache.counts.misses} misses); "
+            f"{cache.entries} entries hold {cache.bytes} bytes (~{per_token:.0f} per token)"
+        )
+        cache.clear()
+    else:
+        facts["state_cache"] = "not used on this path (state_cache_mb is ignored)"
     return ok, time.perf_counter() - started, facts
 
 
@@ -140,7 +155,10 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
 
         lines.append(f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}")
     if run_checks and model is not None:
-        lines.append(f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache, bitwise):")
+        lines.append(
+            f"batch invariance on this hardware ({model.name}; alone = batched = no prefix cache = state cache "
+            "miss and hit, bitwise):"
+        )
         checks = [(backend, device, dtype) for backend, device in paths() for dtype in DTYPES]
         with Progress("doctor: checking", len(checks), enabled=show_progress) as shown:
             for backend, device, dtype in checks:
@@ -149,6 +167,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
                 verdict = "verified" if ok else "NOT INVARIANT"
                 lines.append(f"  {f'{backend}-{device}-{dtype}':<16} {verdict} ({seconds:.1f} s)")
                 lines += chunk_lines(facts)
+                lines.append(f"    state cache: {facts['state_cache']}")
                 if "attention_gemm_rows" in facts:
                     lines.append(f"    attention tile GEMMs: {facts['attention_gemm_rows']}")
                 if "gemm_engines" in facts:  # the GPU path

@@ -47,8 +47,11 @@ class SlowBackend(FakeBackend):
 
         inner.net.layer = traced_layer
 
-    def prefix(self, key, tokens):
-        self.inner.prefix(key, tokens)
+    def prefix(self, key, tokens, base=None):
+        return self.inner.prefix(key, tokens, base)
+
+    def drop_prefix(self, key):
+        self.inner.drop_prefix(key)
 
     def run(self, batch, prepared=None, preemptible=False):
         self.batches.append(batch.n_tokens)

@@ -23,6 +23,7 @@ class FakeBackend:
 
     name, device, dtype = "fake", "cpu", "f32"
     reads_hidden_states = False
+    caches_states = False  # a double that keeps prefixes with a base says so (StubBackend)
 
     def prepare(self, batch: PackedBatch) -> None:
         return None
@@ -42,14 +43,19 @@ class FakeBackend:
 
 class StubBackend(FakeBackend):
     name, device, dtype = "stub", "cpu", "f32"
+    caches_states = True
 
     def __init__(self, model: ModelDir, rule: Rule):
         self.model, self.rule = model, rule
         self.prefixes: dict[str, list[int]] = {}
         self.prompts: list[str] = []  # every prompt read out, in order
 
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
-        self.prefixes[key] = list(tokens)
+    def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
+        self.prefixes[key] = ([] if base is None else list(self.prefixes[base])) + list(tokens)
+        return 8 * len(self.prefixes[key])
+
+    def drop_prefix(self, key: str) -> None:
+        self.prefixes.pop(key, None)
 
     def _prompt(self, batch: PackedBatch, readout: int) -> str:
         blocks = batch.chain(int(batch.block_of[readout]))

@@ -32,7 +32,7 @@ CONSTRAINED = {
     "escalate_above_error": (0.01, 0.02, 0.1),  # an error target
     "database": ("sqlite", "postgresql://db/a", "postgresql://db/b"),
 }
-ONLY_DEFAULT = {"state_cache_mb"}  # accepted for old configs, only its default is valid: checked to reach validation
+ONLY_DEFAULT: set[str] = set()  # keys accepted for old configs whose only valid value is the default (none now)
 
 
 def leaves(struct: type[msgspec.Struct], path: tuple = ()):

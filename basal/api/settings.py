@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from basal.api.http.body import TransitBytes
 from basal.api.http.capture import Capture
+from basal.core.engine.answer_cache import AnswerCache
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 from basal.observability.tracing import Tracer
 
@@ -24,3 +25,5 @@ class ApiSettings:
     tracer: Tracer | None = None  # OpenTelemetry spans (the otel extra; None: off)
     transit: TransitBytes = field(default_factory=TransitBytes)  # bodies being received (not a setting: a count)
     capture: Capture | None = None  # a sample of valid requests to JSONL (docs/replay.md); None: off
+    answer_cache: AnswerCache | None = None  # the exact-answer cache (None: off)
+    caches_shared: bool = False  # with api_keys: both caches shared by every key (else one scope per key)

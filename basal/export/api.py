@@ -12,7 +12,8 @@
     result.ok, result.failures, result.table(), result.to_json()
 
 `export_records(requests, out, model=None, backend="auto", dtype=None, device=None, batching="single",
-dialect="basal", prefix_cache=True, overwrite=False, progress=False, backend_options=None) -> ExportSummary`
+dialect="basal", prefix_cache=True, overwrite=False, progress=False, backend_options=None, state_cache_mb=0)
+-> ExportSummary`
 runs every line of `requests` (requests in either dialect, or bench items) and writes the records in the
 reference export format (`basal.export.format`) to `out`, its manifest first. `model` is a model
 directory or a loaded `ModelDir` (None: the built-in demo model); `backend_options` go to the backend's
@@ -94,6 +95,7 @@ def export_records(
     dialect: Dialect = "basal",
     prefix_cache: bool = True,
     overwrite: bool = False,
+    state_cache_mb: float = 0,
     progress: bool = False,
     backend_options: dict[str, Any] | None = None,
 ) -> ExportSummary:
@@ -110,13 +112,15 @@ def export_records(
     described: dict[str, Any] = {"name": loaded.name, "device": loaded.device, "dtype": loaded.dtype}
     if not prefix_cache:
         described["prefix_cache"] = False
+    if state_cache_mb:
+        described["state_cache_mb"] = state_cache_mb
     if backend_options:
         described["options"] = dict(sorted(backend_options.items()))
     skip = ("backend", "device", "dtype")  # threads, GEMM chunks, ...: what `basal compare` shows when bits differ
     described["compute"] = {k: v for k, v in loaded.describe().items() if k not in skip}
     inputs_section = {"path": requests.name, "sha256": file_sha256(requests), "count": len(inputs)}
     manifest = build_manifest(model, described, batching, inputs_section, device_name(loaded))
-    exporter = Exporter(model, loaded, batching, prefix_cache=prefix_cache)
+    exporter = Exporter(model, loaded, batching, prefix_cache=prefix_cache, state_cache_mb=state_cache_mb)
     bar = None
     if progress:
         from tqdm import tqdm

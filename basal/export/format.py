@@ -113,6 +113,8 @@ def without_latency(answer: dict[str, Any]) -> dict[str, Any]:
     usage = answer.get("usage")
     if isinstance(usage, dict) and "latency_ms" in usage:
         answer = {**answer, "usage": {**usage, "latency_ms": 0.0}}
+    if isinstance(usage, dict) and "cached_tokens" in usage:  # what the state cache held: history, not a result
+        answer = {**answer, "usage": {k: v for k, v in answer["usage"].items() if k != "cached_tokens"}}
     return answer
 
 

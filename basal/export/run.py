@@ -201,12 +201,19 @@ class Exporter:
     A request runs as rounds (`basal.core.engine.rounds`): one for ordinary questions, a second for the finalists of
     a choice with 11..255 options. Every item of every round becomes an entry of the record's ``items``."""
 
-    def __init__(self, model: ModelDir, backend: Backend, batching: Batching, prefix_cache: bool = True):
+    def __init__(
+        self,
+        model: ModelDir,
+        backend: Backend,
+        batching: Batching,
+        prefix_cache: bool = True,
+        state_cache_mb: float = 0,
+    ):
         if batching not in BATCHINGS:
             raise ValueError(f"unknown batching {batching!r}; choose {', '.join(BATCHINGS)}")
         self.model, self.batching = model, batching
         self.pipeline = (_RecordingPipeline if batching == "batch" else Pipeline)(
-            model, backend, prefix_cache=prefix_cache
+            model, backend, prefix_cache=prefix_cache, state_cache_mb=state_cache_mb
         )
         self.metrics = Metrics()
         self.engine = Engine(model.name, self.pipeline, Gate(), self.metrics)

@@ -58,7 +58,8 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     long_tokens: int = 4096  # 0: no long lane
     tree_max_tokens: Annotated[int, Meta(ge=1)] = 32768
     no_prefix_cache: bool = False
-    state_cache_mb: int = 0  # accepted for basal-rs configs; only 0 (off) is supported
+    # the cross-request state cache (docs/caches.md), MiB of states' K/V; 0: off
+    state_cache_mb: Annotated[float, Meta(ge=0, le=MAX_MB)] = 1024.0
     gemm_table: str | None = None  # accepted for basal-rs configs; basal needs no GEMM table
     large_choice: Literal["luce2-1o", "luce2"] = "luce2-1o"  # choices with 11..255 options: groups in 1 or 2 orders
     shadow: ShadowConfig | None = None  # a candidate decided beside this model on a sample of its requests
@@ -67,8 +68,6 @@ class ModelConfig(msgspec.Struct, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if (self.path is None) == (self.repo is None):
             raise msgspec.ValidationError("a model needs exactly one of `path` or `repo`")
-        if self.state_cache_mb:
-            raise msgspec.ValidationError("`state_cache_mb` (the cross-request state cache) is not supported; use 0")
         if self.gemm_table not in (None, "none", "auto"):
             raise msgspec.ValidationError(
                 "`gemm_table`: basal needs no GEMM table (its kernels run fixed shapes); remove the key"
@@ -210,6 +209,10 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)  # the Files and Batches API
     cascades: list[CascadeConfig] = msgspec.field(default_factory=list)  # names answered by several models in turn
     capture: CaptureConfig = msgspec.field(default_factory=CaptureConfig)  # request capture (off without a path)
+    answer_cache_entries: Annotated[int, Meta(ge=0, le=1 << 24)] = 4096  # the exact-answer cache: answers kept; 0: off
+    answer_cache_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 64.0  # the answers' bytes it may hold
+    answer_cache_ttl_s: Annotated[float, Meta(gt=0, le=365 * 86_400)] = 600.0  # how long an answer is served again
+    caches_shared: bool = False  # with api_keys: both caches shared by all keys (a hit's speed tells what others sent)
 
     def __post_init__(self) -> None:
         if self.metrics_addr is not None and _same_listener(self.addr, self.metrics_addr):

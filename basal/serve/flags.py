@@ -36,11 +36,15 @@ SERVER_FLAGS: dict[str, tuple[type, str]] = {
     "threads": (int, "CPU forward threads (default: the physical cores)"),
     "metrics_addr": (str, "HOST:PORT of a separate listener for /metrics alone, without the API key (default: none)"),
     "otlp_endpoint": (str, "send OpenTelemetry traces over OTLP/HTTP here (needs the otel extra) (default: none, off)"),
+    "answer_cache_entries": (int, "answers the exact-answer cache keeps (0: off)"),
+    "answer_cache_mb": (float, "MiB of answers the exact-answer cache may hold"),
+    "answer_cache_ttl_s": (float, "seconds an answer is served again from the cache"),
 }
 SWITCHES: dict[str, str] = {
     "metrics": "serve Prometheus metrics at /metrics",
     "access_log": "log one line per request",
     "public_metrics_and_schema": "with API keys: serve /metrics and /schema without one",
+    "caches_shared": "with API keys: answer and state caches shared by all keys (a hit's speed tells others' asks)",
 }
 MODEL_FLAGS: dict[str, str] = {
     "backend": "auto: CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU",
@@ -50,6 +54,7 @@ MODEL_FLAGS: dict[str, str] = {
     "long_tokens": "requests over this many packed tokens go to the long lane; 0: no long lane",
     "tree_max_tokens": "tokens per packed row of the prefix tree",
     "large_choice": "choices with 11..255 options: group rounds in one option order (luce2-1o) or both (luce2)",
+    "state_cache_mb": "MiB of states' K/V kept across requests (the state cache; 0: off; not on the GPU path)",
 }
 LIMIT_HELP: dict[str, str] = {
     "max_questions": "questions per request",

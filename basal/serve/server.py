@@ -15,13 +15,14 @@ from basal.api.settings import ApiSettings
 from basal.backends.load import load_backend, load_backend_class, pick_backend
 from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
+from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
-from basal.core.engine.metrics import CallbackCollector, Metrics
+from basal.core.engine.metrics import CacheCollector, CallbackCollector, Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.engine.scheduler import Policy
 from basal.core.engine.shadow import Shadow, ShadowFront
@@ -104,6 +105,7 @@ def pending_engines(
     engines = Engines({}, default, metrics, config.max_inflight, pending=[d.name for d in dirs])
     for collector in device_memory(engines):
         metrics.add_collector(collector)
+    metrics.add_collector(state_cache_series(engines))
     return engines, list(zip(specs, dirs, strict=True))
 
 
@@ -138,6 +140,7 @@ def load_models(
                     prefix_cache=not spec.no_prefix_cache,
                     tree_max_tokens=spec.tree_max_tokens,
                     large_choice=spec.large_choice,
+                    state_cache_mb=spec.state_cache_mb,
                 )
                 backend.warm_up()  # after the prefixes: setting a prefix drops every graph
             seconds = time.perf_counter() - started
@@ -231,6 +234,11 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         from basal.observability.tracing import otlp_tracer
 
         tracer = otlp_tracer(config.otlp_endpoint)
+    answers = None
+    if config.answer_cache_entries:
+        answers = AnswerCache(
+            config.answer_cache_entries, int(config.answer_cache_mb * (1 << 20)), config.answer_cache_ttl_s
+        )
     return ApiSettings(
         tuple(keys),
         int(config.max_body_mb * (1 << 20)),
@@ -242,6 +250,8 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         access_log=config.access_log,
         tracer=tracer,
         capture=_capture(config),
+        answer_cache=answers,
+        caches_shared=config.caches_shared,
     )
 
 
@@ -274,6 +284,54 @@ def exposure_warnings(config: ServeConfig, settings: ApiSettings) -> list[str]:
             "list the origins that need it instead"
         )
     return out
+
+
+def answer_cache_series(cache: AnswerCache) -> CacheCollector:
+    """The exact-answer cache in /metrics: `basal_answer_cache_{hits,misses,bypasses,evictions,expirations}_total`,
+    `basal_answer_cache_{entries,bytes}`."""
+    counters = {
+        "hits_total": "requests answered from the exact-answer cache",
+        "misses_total": "requests looked up and not found (computed, then kept)",
+        "bypasses_total": "requests that asked not to be answered from it (Cache-Control: no-cache)",
+        "evictions_total": "answers pushed out by the entry or byte bound",
+        "expirations_total": "answers found older than answer_cache_ttl_s",
+    }
+    sizes = {"entries": "answers kept", "bytes": "bytes of the answers kept (their encoded bodies)"}
+
+    def read():
+        c = cache.counts
+        yield (), {
+            "hits_total": c.hits, "misses_total": c.misses, "bypasses_total": c.bypasses,
+            "evictions_total": c.evictions, "expirations_total": c.expirations,
+            "entries": len(cache), "bytes": cache.bytes,
+        }  # fmt: skip
+
+    return CacheCollector("answer_cache", (), counters, sizes, read)
+
+
+STATE_CACHE_SERIES = {
+    "hits_total": "states found computed when their batch was packed",
+    "partial_hits_total": "states extending a computed one (only the new tokens computed)",
+    "misses_total": "states computed from the template prefix",
+    "evictions_total": "states pushed out by the state_cache_mb budget (least recently used first)",
+    "computed_tokens_total": "tokens computed to fill state cache entries",
+}
+STATE_CACHE_SIZES = {
+    "entries": "states kept",
+    "bytes": "bytes of the K/V the backend holds for them",
+    "budget_bytes": "state_cache_mb in bytes",
+}
+
+
+def state_cache_series(engines: Engines) -> CacheCollector:
+    """The state cache of every loaded model with one (`basal_state_cache_*{model}`), read at scrape time."""
+
+    def read():
+        for name, engine in list(engines.engines.items()):
+            if engine.pipeline.state_cache is not None:
+                yield (name,), engine.pipeline.state_cache.stats()
+
+    return CacheCollector("state_cache", ("model",), STATE_CACHE_SERIES, STATE_CACHE_SIZES, read)
 
 
 def metrics_listener(engines: EnginesFront, addr: str):
@@ -420,6 +478,8 @@ def _server(
         log.warning(warning)
     shadow = with_shadows(engines, config)
     engines = shadow or engines
+    if settings.answer_cache is not None:
+        engines.metrics.add_collector(answer_cache_series(settings.answer_cache))
     app = create_app(engines, settings, batches=batches, shadow=shadow)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",

@@ -10,6 +10,7 @@ or compressed bodies are decompressed, decoded and validated in a worker thread,
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from dataclasses import replace
@@ -34,13 +35,15 @@ from basal.api.wire.openapi import (
 )
 from basal.api.wire.schema_types import BasalRequest, SystemOneRequest
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
-from basal.core.engine.front import Result
+from basal.core.engine.answer_cache import AnswerCache, Stored, model_identity, request_key, split_timing
+from basal.core.engine.front import EnginesFront, Result
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
 from basal.core.request.plan import DecisionRequest
 from basal.observability.request_context import current_request_id, note
 
 DIAGNOSTICS_HEADER = "x-basal-diagnostics"
+CACHE_HEADER = "x-basal-cache"  # hit | miss | bypass (Cache-Control: no-cache), when the answer cache is on
 INLINE_BODY_BYTES = 64 << 10  # identity bodies up to this size are decoded on the event loop (a hop costs more)
 MAX_WARNINGS_HEADER = 1024  # characters of x-basal-warnings (the plan lists a few warnings, each one short)
 
@@ -129,7 +132,7 @@ async def handle_decision(request: Request, dialect: str, context: ApiContext) -
     endpoint, metrics, rid = f"/v1/{dialect}", engines.metrics, current_request_id()
     model = "-"
     metrics.http_inflight.inc(endpoint)
-    watcher = None
+    watcher = reuse = stored = None
     try:
         if engines.closed or engines.draining:  # refused before a byte of the body is read
             raise EngineClosed("the server is shutting down")
@@ -140,32 +143,43 @@ async def handle_decision(request: Request, dialect: str, context: ApiContext) -
         body = await _read(request, dialect, settings)
         with engines.slot():
             plan = await _plan(request, body, dialect, settings, parse)
-            del body
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
+            if scope := cache_scope(request, settings):  # the caches' scope: this key's own entries
+                plan = replace(plan, cache_scope=scope)
             model = plan.model
             note(model=model)
             parsed_ns = time.time_ns()
             metrics.parse_duration.observe(endpoint, value=(parsed_ns - started_ns) / 1e9)
-            gone = asyncio.Event()
-            watcher = asyncio.create_task(_watch_disconnect(request, gone))
-            result = await engines.run(plan, gone.is_set, has_slot=True)
-        content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
-        status, headers = 200, timing_headers(result, rid)
+            reuse = AnswerReuse.of(request, settings, engines, plan, body, dialect)  # the exact-answer cache
+            del body
+            stored = reuse.lookup() if reuse is not None else None
+            if stored is None:
+                gone = asyncio.Event()
+                watcher = asyncio.create_task(_watch_disconnect(request, gone))
+                result = await engines.run(plan, gone.is_set, has_slot=True)
+        if stored is not None:  # answered from the cache: only the timings are new
+            content = stored.body(msgspec.json.encode(round((time.perf_counter() - started) * 1000, 3)))
+            done = Result(None, 0.0, 0.0, 0)  # type: ignore[arg-type]  # nothing queued or computed
+            input_tokens = stored.input_tokens
+        else:
+            content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
+            done, input_tokens = result, result.response.usage.input_tokens
+        status, headers = 200, timing_headers(done, rid)
+        if reuse is not None:
+            headers[CACHE_HEADER] = "hit" if stored is not None else reuse.store(result, content)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)
             log.warning("%s answered with warnings: %s", endpoint, headers["x-basal-warnings"])
-        note(queue_ms=round(result.queue_ms, 3), compute_ms=round(result.compute_ms, 3))
-        metrics.input_tokens.inc(model, by=result.response.usage.input_tokens)
+        note(queue_ms=round(done.queue_ms, 3), compute_ms=round(done.compute_ms, 3))
+        metrics.input_tokens.inc(model, by=input_tokens)
         metrics.questions.inc(model, by=len(plan.questions))
         if settings.tracer is not None:
             attributes = {"basal.model": model, "basal.questions": len(plan.questions), "basal.request_id": rid}
-            if result.replica:
-                attributes["basal.replica"] = result.replica
-            settings.tracer.stages(
-                started_ns, parsed_ns, time.time_ns(), result.queue_ms, result.compute_ms, attributes
-            )
+            if done.replica:
+                attributes["basal.replica"] = done.replica
+            settings.tracer.stages(started_ns, parsed_ns, time.time_ns(), done.queue_ms, done.compute_ms, attributes)
     except Exception as exc:
         status, error_body, headers = error_response(exc, dialect)
         content = msgspec.json.encode(error_body)
@@ -219,3 +233,56 @@ def decision_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             tags=["decisions"],
         )(basal),
     ]
+
+
+def cache_scope(request: Request, settings: ApiSettings) -> str:
+    """Whose cached answers and states a request may read: with API keys (unless `caches_shared`) a digest of its
+    key, which passed `check_auth`; else "" (one scope). A hit is faster than a miss, so a scope shared between
+    keys lets one client time another's requests (docs/caches.md)."""
+    if not settings.api_keys or settings.caches_shared:
+        return ""
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class AnswerReuse:
+    """The exact-answer cache's view of one request (`basal.core.engine.answer_cache`): its key, whether the client
+    bypasses the cache (`Cache-Control: no-cache`; `no-store`: nothing is kept either), and storing its answer."""
+
+    def __init__(self, cache: AnswerCache, key: bytes, lookup: bool, keep: bool) -> None:
+        self.cache, self.key, self._lookup, self._keep = cache, key, lookup, keep
+
+    @classmethod
+    def of(
+        cls, request: Request, settings: ApiSettings, engines: EnginesFront, plan: DecisionRequest, body: bytes,
+        dialect: str,
+    ) -> AnswerReuse | None:  # fmt: skip
+        cache = settings.answer_cache
+        if cache is None:
+            return None
+        directives = {d.strip().lower() for d in request.headers.get("cache-control", "").split(",")}
+        scope = plan.cache_scope or "shared"
+        info = engines.model_info(plan.model)  # plain data (a Ray front holds its replicas' copies)
+        known = (plan.model, info.calibration.sha256 or id(info.calibration))  # a reloaded calibration: a new key
+        identity = cache.identities.get(known)
+        if identity is None:
+            identity = cache.identities[known] = model_identity(info.name, info.version, info.calibration, info.compute)
+        encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+        key = request_key(dialect, scope, identity, plan.diagnostics, encoding, body)
+        return cls(cache, key, "no-cache" not in directives, "no-store" not in directives)
+
+    def lookup(self) -> Stored | None:
+        if not self._lookup:
+            self.cache.bypass()
+            return None
+        return self.cache.get(self.key)
+
+    def store(self, result: Result, content: bytes) -> str:
+        """Keep a computed answer -> the response's cache header ("miss", or "bypass" under no-cache)."""
+        if self._keep:
+            encoded = msgspec.json.encode(result.response)  # `content` is these bytes, diagnostics spliced in
+            head, tail, timed = split_timing(encoded)
+            extra = content[len(encoded) - 1 :] if len(content) > len(encoded) else b""
+            stored = Stored(head, tail[:-1] if extra else tail, extra, timed, result.response.usage.input_tokens)
+            self.cache.put(self.key, stored)
+        return "miss" if self._lookup else "bypass"

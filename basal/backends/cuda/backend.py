@@ -34,6 +34,7 @@ def gpu_path_installed() -> bool:
 class TorchBackend:
     name = "torch"
     reads_hidden_states = True
+    caches_states = True
 
     def __init__(
         self, model: ModelDir, dtype: str, device: torch.device, fixed_shapes: bool = True, gemm_chunks: str = "probe"
@@ -100,9 +101,12 @@ class TorchBackend:
             tile_rows.for_model(model.config, dev)  # the tile GEMMs' row probe, once per shape (tile_rows.py)
             return backend
 
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+    def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
         with torch.inference_mode():
-            self.net.compute_prefix(key, list(tokens))
+            return self.net.compute_prefix(key, list(tokens), base)
+
+    def drop_prefix(self, key: str) -> None:
+        self.net.prefix_kv.pop(key, None)
 
     def prepare(self, batch: PackedBatch) -> None:
         """Nothing: this path reads the packed batch as it is, under the gate."""

@@ -17,7 +17,7 @@ from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.safetensors_io import bf16_bits_to_f32
 from basal.core.packing.attention_plan import plan_batch
 from basal.core.packing.passes import advance, run_to_end
-from basal.core.packing.tree import PackedBatch, single_prompt_batch
+from basal.core.packing.tree import PackedBatch, continuation_batch, single_prompt_batch
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -215,7 +215,7 @@ class TreeLlama:
     def inputs(self, batch: PackedBatch) -> TreeInputs:
         """Per-batch tensors every layer reuses: RoPE rows, the attention plans, readout rows."""
         dev = self.w.device
-        plan, readout_plan = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        plan, readout_plan = plan_batch(batch, {k: self.prefix_kv[k][0][0].shape[0] for k in batch.prefix_keys})
         n_tok = batch.n_tokens
         readouts = torch.from_numpy(batch.readouts.astype(np.int64)).to(dev)
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
@@ -258,17 +258,24 @@ class TreeLlama:
         logits = K.linear(x, head, None, rows, self.fixed)
         return logits.cpu().numpy(), x
 
-    def compute_prefix(self, key: str, tokens: list[int]) -> None:
-        """K/V of a template prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them."""
-        t = self.inputs(single_prompt_batch(tokens))
+    def compute_prefix(self, key: str, tokens: list[int], base: str | None = None) -> int:
+        """K/V of a prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them -> the bytes
+        kept. `base`: a cached prefix that `tokens` follow (its K/V first, then theirs: a state extending another).
+        The entry is set only once every layer is done, as its own tensors (no view into a larger buffer)."""
+        start = 0 if base is None else self.prefix_kv[base][0][0].shape[0]
+        batch = single_prompt_batch(tokens) if base is None else continuation_batch(tokens, start, base)
+        t = self.inputs(batch)
         h = self.w.embed[torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.w.device)]
         kv = []
         n_layers = self.cfg.num_hidden_layers
         for i in range(n_layers):
             h_next, (k, v) = run_to_end(self.layer(i, h, t, last=i == n_layers - 1))
-            kv.append((k, v))
+            if base is not None:
+                k, v = torch.cat([self.prefix_kv[base][i][0], k]), torch.cat([self.prefix_kv[base][i][1], v])
+            kv.append((k.contiguous().clone(), v.contiguous().clone()))
             h = h_next
         self.prefix_kv[key] = kv
+        return sum(k.nbytes + v.nbytes for k, v in kv)
 
 
 HEAD_CHUNK_ROWS = 8192  # lm_head rows read and multiplied at a time: the whole head is never held twice

@@ -17,6 +17,7 @@ from basal.core.packing.tree import PackedBatch
 class MLXBackend:
     name = "mlx"
     reads_hidden_states = True
+    caches_states = True
 
     def __init__(self, model: ModelDir, dtype: str, device: str, fixed_shapes: bool = True):
         self.model, self.dtype, self.device = model, dtype, device
@@ -43,9 +44,12 @@ class MLXBackend:
             raise ValueError(f"MLX device {device!r} is not available here; available: {', '.join(cls.devices())}")
         return cls(model, dtype or ("f16" if device == "metal" else "f32"), device, fixed_shapes)
 
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
+    def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
         with mx.stream(self.scope):
-            self.net.compute_prefix(key, list(tokens))
+            return self.net.compute_prefix(key, list(tokens), base)
+
+    def drop_prefix(self, key: str) -> None:
+        self.net.prefix_kv.pop(key, None)
 
     def prepare(self, batch: PackedBatch) -> None:
         """Nothing: MLX builds its inputs from the packed batch under the gate."""

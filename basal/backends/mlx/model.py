@@ -26,7 +26,7 @@ from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.attention_plan import AttentionPlan, plan_batch
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import PackedBatch, single_prompt_batch
+from basal.core.packing.tree import PackedBatch, continuation_batch, single_prompt_batch
 
 # On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
 # groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.
@@ -150,7 +150,7 @@ class MLXLlama:
         return top[:, 0] + np.log(np.exp(both - top).sum(axis=1))
 
     def inputs(self, batch: PackedBatch) -> TreeInputs:
-        plan, readout_plan = plan_batch(batch, {k: kv[0][0].shape[0] for k, kv in self.prefix_kv.items()})
+        plan, readout_plan = plan_batch(batch, {k: self.prefix_kv[k][0][0].shape[0] for k in batch.prefix_keys})
         readouts = batch.readouts.astype(np.int64)
         readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
@@ -297,12 +297,21 @@ class MLXLlama:
         logits = metal.letter_readout(x, head) if self.use_metal else self._linear(x, head.T, None, O.READOUT_ROWS)
         return np.array(logits.astype(mx.float32)), x
 
-    def compute_prefix(self, key: str, tokens: list[int]) -> None:
-        t = self.inputs(single_prompt_batch(tokens))
+    def compute_prefix(self, key: str, tokens: list[int], base: str | None = None) -> int:
+        """K/V of a prefix at positions 0..n-1 (after the cached prefix `base`, whose K/V come first) -> bytes kept;
+        the entry is set once every layer is evaluated."""
+        start = 0 if base is None else self.prefix_kv[base][0][0].shape[0]
+        batch = single_prompt_batch(tokens) if base is None else continuation_batch(tokens, start, base)
+        t = self.inputs(batch)
         h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
         kv = []
         for i in range(self.cfg.num_hidden_layers):
             h, (k, v) = run_to_end(self.layer(i, h, t, last=i == self.cfg.num_hidden_layers - 1))
+            if base is not None:
+                k = mx.concatenate([self.prefix_kv[base][i][0], k])
+                v = mx.concatenate([self.prefix_kv[base][i][1], v])
+            k, v = mx.contiguous(k), mx.contiguous(v)  # their own buffers, not views into the layer's K/V GEMM
             mx.eval(h, k, v)
             kv.append((k, v))
         self.prefix_kv[key] = kv
+        return sum(k.nbytes + v.nbytes for k, v in kv)

@@ -122,6 +122,8 @@ class BasalUsage(msgspec.Struct):
     branches: int
     latency_ms: float
     steps: list[StepUsage] | msgspec.UnsetType = msgspec.UNSET  # a cascade's steps, in order
+    # prompt tokens read from the state cache (as OpenAI's `cached_tokens`); only where the state cache is on
+    cached_tokens: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class BasalResponse(msgspec.Struct):

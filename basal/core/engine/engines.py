@@ -77,7 +77,8 @@ class Engines(InflightLimit):
             facts.compute,
             engine.prompt_char_limit,
             engine.context,
-            facts.synthetic,
+            synthetic=facts.synthetic,
+            version=facts.version,
         )
 
     def start(self) -> None:

@@ -49,6 +49,7 @@ class ModelInfo:
     context: int = 0  # the longest prompt the model reads, in tokens; 0: unknown
     synthetic: bool = False  # random weights (the demo model, `basal synth-model`): its answers carry no meaning
     cascade: tuple[dict[str, Any], ...] = ()  # a cascade's name: its steps and their rules; () for a model
+    version: str = ""  # basal.json's version (the answer cache's key names it)
 
     @property
     def prompt_bound(self) -> tuple[int, int] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import prometheus_client as prom
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from basal import __version__
@@ -244,3 +244,37 @@ class CallbackCollector(Collector):
 
     def describe(self):
         yield GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+class CacheCollector(Collector):
+    """A cache's counters and sizes read at scrape time: `basal_<name>_<counter>` (counters; prometheus_client adds
+    `_total`) and `basal_<name>_<size>` (gauges), one sample per label values `read()` gives with its {series:
+    value} map."""
+
+    def __init__(
+        self,
+        name: str,
+        labels: tuple[str, ...],
+        counters: dict[str, str],
+        sizes: dict[str, str],
+        read: Callable[[], Iterable[tuple[tuple[str, ...], dict[str, float]]]],
+    ):
+        self.name, self.labels, self.counters, self.sizes, self.read = name, labels, counters, sizes, read
+
+    def _families(self) -> dict[str, Metric]:
+        out: dict[str, Metric] = {}
+        for key, help_ in self.counters.items():
+            out[key] = CounterMetricFamily(f"basal_{self.name}_{key.removesuffix('_total')}", help_, labels=self.labels)
+        for key, help_ in self.sizes.items():
+            out[key] = GaugeMetricFamily(f"basal_{self.name}_{key}", help_, labels=self.labels)
+        return out
+
+    def collect(self):
+        families = self._families()
+        for values, numbers in self.read():
+            for key, family in families.items():
+                family.add_metric(list(values), float(numbers.get(key, 0)))
+        yield from families.values()
+
+    def describe(self):
+        yield from self._families().values()

@@ -31,6 +31,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import LETTERS, Item, template_prefix
 from basal.core.packing.backend import Backend
 from basal.core.packing.passes import overlapped, run_to_end
+from basal.core.packing.state_cache import StateCache
 from basal.core.packing.tree import (
     FORWARD_MAX_TOKENS,
     TREE_MAX_TOKENS,
@@ -66,6 +67,7 @@ class Pipeline:
         forward_max_tokens: int = FORWARD_MAX_TOKENS,
         share_across_questions: bool = True,
         large_choice: Strategy = DEFAULT_STRATEGY,
+        state_cache_mb: float = 0,
     ):
         self.model = model
         self.large_choice = large_choice  # strategy for choices with 11..255 options
@@ -82,6 +84,10 @@ class Pipeline:
                 ids = tuple(self.tokenizer.encode(template_prefix(lang, model.bos))[:n])
                 backend.prefix(lang, ids)
                 self.prefixes[lang] = ids
+        # STATE CACHE hook: states kept across requests (needs the template prefixes and a backend that can)
+        self.state_cache: StateCache | None = None
+        if state_cache_mb > 0 and self.prefixes and backend.caches_states:
+            self.state_cache = StateCache(backend, int(state_cache_mb * (1 << 20)), self.prefixes, self.tokenizer)
 
     def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
         """Token ids of every option order of every readout the questions ask (a multi: one per label).
@@ -100,6 +106,7 @@ class Pipeline:
         items: Sequence[Item],
         evidence: dict[int, StateTokens | None] | None = None,
         letter_mass: bool = False,
+        cache_scope: str = "",
     ) -> list[TokenizedQuestion]:
         """Token ids of every asked option order of each item.
 
@@ -115,7 +122,11 @@ class Pipeline:
         for item in items:
             own = [next(ids) for _ in item.orders]
             tokenized = TokenizedQuestion(
-                item.lang, item.state_text, tuple(share(item.state_text, p) for p in own), letter_mass=letter_mass
+                item.lang,
+                item.state_text,
+                tuple(share(item.state_text, p) for p in own),
+                letter_mass=letter_mass,
+                cache_scope=cache_scope,  # STATE CACHE hook: the entries it may read
             )
             if evidence is not None and id(item) in evidence:
                 found = self._state_tokens(item, own[0])
@@ -203,7 +214,9 @@ class Pipeline:
                 rounds.packed_tokens += self.cost(rounds.tokenized)
             rounds.take(rows, cancelled)
             if not rounds.done:
-                rounds.tokenized = self.tokenize_items(rounds.asked, letter_mass=rounds.request.diagnostics)
+                rounds.tokenized = self.tokenize_items(
+                    rounds.asked, letter_mass=rounds.request.diagnostics, cache_scope=rounds.request.cache_scope
+                )
                 names = [i.name for i in rounds.asked]
                 check_length(rounds.request, rounds.tokenized, self.model.config.max_position_embeddings, names)
                 return Next(rounds.tokenized, self.cost(rounds.tokenized))
@@ -235,7 +248,7 @@ class Pipeline:
             rounds.evidence = frozenset()
         wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
         found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
-        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics, request.cache_scope)
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
@@ -247,13 +260,13 @@ class Pipeline:
             options = lc.item.options
             longest = sorted(sorted(range(len(options)), key=lambda i: (-len(options[i]), i))[:FINALISTS])
             stand_ins.append(sub_item(lc.item, longest, f"{lc.item.name}#final", 2))
-        return self.tokenize_items(stand_ins)
+        return self.tokenize_items(stand_ins, cache_scope=rounds.request.cache_scope)
 
     def _respond(self, rounds: Rounds, latency_ms: float) -> SystemOneResponse | BasalResponse:
         """The response of a request whose rounds have all been run."""
         head = self.model.evidence_head if self.serves_evidence else None
         evidence = EvidenceInputs(head, rounds.state_tokens, rounds.states)
-        return respond(
+        response = respond(
             rounds.request,
             rounds.plain_logits,
             rounds.input_tokens,
@@ -262,6 +275,9 @@ class Pipeline:
             rounds.joints(),
             evidence,
         )
+        if self.state_cache is not None and isinstance(response, BasalResponse):  # STATE CACHE hook
+            response.usage.cached_tokens = rounds.cached_tokens
+        return response
 
     def _diagnose(self, rounds: Rounds) -> Diagnostics:
         """What a client that asks for diagnostics gets with the answer of a request whose rounds have all run."""
@@ -283,6 +299,8 @@ class Pipeline:
         for lang in {t.lang for t in tokenized}:
             prompts = [p for t in tokenized if t.lang == lang for p in t.ids]
             total += packed_tokens(prompts, len(self.prefixes.get(lang, ())))
+        if self.state_cache is not None:  # STATE CACHE hook: cached states are not computed
+            total -= self.state_cache.cached_tokens(tokenized)
         return total
 
     def letter_logits(
@@ -296,14 +314,20 @@ class Pipeline:
     def pack_questions(self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None) -> list[Forward]:
         """Trie rows and forwards of a list of questions: host work, done before the device is taken."""
         t0 = time.perf_counter()
+        prefixes, entries = self.prefixes, {}
+        if self.state_cache is not None:  # STATE CACHE hook: questions on a cached (or to-be-cached) state read it
+            tokenized, states, entries = self.state_cache.assign(tokenized)
+            prefixes = {**prefixes, **states}
         forwards = plan_forwards(
             tokenized,
             self.letter_ids,
-            self.prefixes,
+            prefixes,
             self.tree_max_tokens,
             self.forward_max_tokens,
             share_across_questions=self.share_across_questions,
         )
+        if entries:
+            forwards = [self._with_states(f, entries, tokenized) for f in forwards]
         forwards = [self._with_letter_mass(f, tokenized) for f in forwards]
         forwards = [
             f if f.hidden_of or f.letter_mass else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards
@@ -311,6 +335,13 @@ class Pipeline:
         if stats is not None:
             stats.pack_ms += (time.perf_counter() - t0) * 1000
         return forwards
+
+    @staticmethod
+    def _with_states(f: Forward, entries: dict, tokenized: Sequence[TokenizedQuestion]) -> Forward:
+        """The forward with the state cache entries it reads, and its questions' tokens served from them."""
+        states = tuple(entries[k] for k in f.batch.prefix_keys if k in entries)
+        cached = {qi: tokenized[qi].cached_tokens for qi, _ in f.readout_of if tokenized[qi].cached_tokens}
+        return replace(f, states=states, cached_tokens=cached)
 
     @staticmethod
     def _with_letter_mass(f: Forward, tokenized: Sequence[TokenizedQuestion]) -> Forward:
@@ -336,6 +367,7 @@ class Pipeline:
             logits, states = result if f.hidden_of or f.letter_mass else (result, None)
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
+                out[qi].cached_tokens += f.cached_tokens.get(qi, 0)  # STATE CACHE hook: usage.cached_tokens
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
                 out[qi].states = StateRows(states, len(f.batch.readouts), rows, at)
@@ -345,16 +377,21 @@ class Pipeline:
                 for qi in f.letter_mass:
                     out[qi].log_norms = np.array([next(norms) for _ in tokenized[qi].ids], dtype=np.float64)
 
-        yield from overlapped((self._run(f, preemptible) for f in forwards), collect)
+        filled = [0]  # tokens computed to fill state cache entries (they count as computed)
+        yield from overlapped((self._run(f, preemptible, filled.append) for f in forwards), collect)
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
-            stats.packed_tokens += sum(f.batch.n_tokens for f in forwards)
+            stats.packed_tokens += sum(f.batch.n_tokens for f in forwards) + sum(filled)
             stats.prompt_tokens += sum(n for t in tokenized for n in t.lengths)
         return out
 
-    def _run(self, f: Forward, preemptible: bool):
+    def _run(self, f: Forward, preemptible: bool, computed: Callable[[int], None] = lambda n: None):
         """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
         if f.hidden_of or f.letter_mass:  # evidence, diagnostics: final hidden states too (same readout bits)
-            return self.backend.run_with_hidden(f.batch)
-        return self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
+            steps = self.backend.run_with_hidden(f.batch)
+        else:
+            steps = self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
+        if f.states and self.state_cache is not None:  # STATE CACHE hook: its entries filled first, pinned in it
+            return self.state_cache.around(f.states, steps, computed)
+        return steps

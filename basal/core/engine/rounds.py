@@ -33,6 +33,7 @@ class Rounds:
     tokenized: list[TokenizedQuestion] = field(default_factory=list)  # ... tokenized by the pipeline
     plain_logits: dict[str, Logits] = field(default_factory=dict)  # ordinary questions, by name
     input_tokens: int = 0  # tokens of every prompt asked so far (usage.input_tokens)
+    cached_tokens: int = 0  # ... of them read from the state cache (usage.cached_tokens)
     packed_tokens: int = 0  # ... as this request packs them alone; counted only when it asks for diagnostics
     round: int = 0  # rounds already taken
     evidence: frozenset[str] = field(init=False)  # questions whose state tokens' hidden states are read
@@ -59,6 +60,7 @@ class Rounds:
         if len(logits) != len(self.asked):
             raise ValueError(f"{len(logits)} results for {len(self.asked)} items")
         self.input_tokens += sum(n for t in self.tokenized for n in t.lengths)
+        self.cached_tokens += sum(getattr(r, "cached_tokens", 0) for r in logits)  # STATE CACHE hook
         rest = iter(logits)  # by `asked` order: item names may collide with question names ("q#0")
         following: list[Item] = []
         if self.round == 0:

@@ -24,9 +24,16 @@ class Backend(Protocol):
     dtype: str  # "f32" | "f16" | "bf16"
     model: ModelDir
     reads_hidden_states: bool  # `run_with_hidden` works: the evidence head can be served
+    caches_states: bool  # `prefix` takes a `base` and prefixes come and go cheaply: the state cache can be used
 
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
-        """Compute and keep the K/V of a template prefix (positions 0..n-1); batches refer to it by `key`."""
+    def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
+        """Compute and keep the K/V of a prefix (positions 0..n-1: a template prefix, or a state with its template);
+        batches refer to it by `key`. `base`: a cached prefix that `tokens` continue (positions len(base)..), whose
+        K/V the new entry starts with. Set only once complete. -> the bytes the entry holds."""
+        ...
+
+    def drop_prefix(self, key: str) -> None:
+        """Forget a cached prefix (the state cache evicts it); nothing if there is none."""
         ...
 
     def prepare(self, batch: PackedBatch) -> Any:

@@ -83,6 +83,28 @@ def single_prompt_batch(tokens: Sequence[int]) -> PackedBatch:
     )
 
 
+def continuation_batch(tokens: Sequence[int], start: int, base: str) -> PackedBatch:
+    """One prompt's tokens at positions start..start+n-1, in one block after the cached prefix `base` (which holds
+    positions 0..start-1), read out at its last token: a state cache entry extending another."""
+    n = len(tokens)
+
+    def i32(x):
+        return np.asarray(x, dtype=np.int32)
+
+    return PackedBatch(
+        i32(tokens),
+        i32(range(start, start + n)),
+        i32([0] * n),
+        i32([0]),
+        i32([n]),
+        i32([-1]),
+        i32([0]),
+        (base,),
+        i32([n - 1]),
+        i32([]),
+    )
+
+
 SHARE_MIN_TOKENS = 64  # a prompt shares another's ids only from this many common tokens (else it keeps its own)
 
 
@@ -226,6 +248,11 @@ class TokenizedQuestion:
     # state token per question)
     hidden: Sequence[int] = ()
     letter_mass: bool = False  # diagnostics: the full-vocabulary log-sum-exp at each readout is computed too
+    # the cached prefix its prompts start with: None, its language's template prefix; else a state cache entry's
+    # key (the template and the state, `state_cache.py`), set just before packing
+    prefix_key: str | None = None
+    cached_tokens: int = 0  # tokens of each prompt read from the state cache (usage.cached_tokens)
+    cache_scope: str = ""  # its request's `cache_scope`: it reads only state cache entries of that scope
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -263,6 +290,7 @@ class ItemLogits(list):
     # diagnostics (`letter_mass` questions only): log of the softmax normaliser over the whole vocabulary at each
     # order's readout, float64 [orders]
     log_norms: np.ndarray | None = None
+    cached_tokens: int = 0  # tokens of its prompts read from the state cache (usage.cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +302,8 @@ class Forward:
     hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `batch.hidden`
     prepared: object = None  # host work a backend did for this forward before the device is taken (`prepare`)
     letter_mass: tuple[int, ...] = ()  # question indices whose readouts' vocabulary log-sum-exp is computed
+    states: tuple = ()  # state cache entries its rows start with (`state_cache.Entry`), filled before it runs
+    cached_tokens: dict[int, int] = field(default_factory=dict)  # question index -> tokens per prompt from them
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -406,17 +436,20 @@ def plan_forwards(
 ) -> list[Forward]:
     """Pack questions into trie rows and rows into forwards.
 
-    `prefixes` maps a language to the template-prefix tokens whose K/V the backend has cached; rows of that
-    language leave them out (every prompt of the language starts with them). Identical prompts share a readout.
+    `prefixes` maps a key to the prefix tokens whose K/V the backend has cached: a language to its template
+    prefix, a state cache entry's key to its template and state; a question's rows leave out the prefix of its
+    `prefix_key` (else of its language), which every prompt of the question starts with. Identical prompts share
+    a readout.
     `share_across_questions=False` puts every question in a row of its own (only its two option orders share a
     prefix, as upstream 1.0 packed): the baseline that shows what the tree saves.
     """
     prefixes = prefixes or {}
 
-    def cached(q: TokenizedQuestion) -> bool:  # a hidden row inside the cached prefix: that row computes it all
-        return q.lang in prefixes and (not q.hidden or q.hidden[0] >= len(prefixes[q.lang]))
+    def cached(q: TokenizedQuestion) -> str | None:  # a hidden row inside the cached prefix: that row computes it all
+        key = q.prefix_key or q.lang
+        return key if key in prefixes and (not q.hidden or q.hidden[0] >= len(prefixes[key])) else None
 
-    rows: list[tuple[str, bool, list[int]]] = []  # (lang, uses the cached prefix, question indices)
+    rows: list[tuple[str, str | None, list[int]]] = []  # (lang, the cached prefix it starts with, question indices)
     for lang, use_prefix in dict.fromkeys((q.lang, cached(q)) for q in questions):
         state_rank: dict[str, int] = {}
         ordered = sorted(
@@ -436,13 +469,13 @@ def plan_forwards(
             rows.append((lang, use_prefix, current))
 
     forwards, group, group_tokens = [], [], 0
-    for lang, use_prefix, members in rows:
-        built = _build_row(questions, members, prefixes[lang] if use_prefix else (), max_depth)
+    for _lang, use_prefix, members in rows:
+        built = _build_row(questions, members, prefixes[use_prefix] if use_prefix else (), max_depth)
         n = len(built[0].tokens)
         if group and group_tokens + n > forward_max_tokens:
             forwards.append(_assemble(group, letter_ids))
             group, group_tokens = [], 0
-        group.append((lang if use_prefix else None, *built))
+        group.append((use_prefix, *built))
         group_tokens += n
     if group:
         forwards.append(_assemble(group, letter_ids))
@@ -456,9 +489,8 @@ def _build_row(questions, members, prefix: tuple[int, ...], max_depth: int = MAX
     for i in members:
         for order, p in enumerate(questions[i].ids):
             if prefix and (p[: len(prefix)] != prefix or len(p) <= len(prefix)):
-                raise ValueError(
-                    f"a prompt does not start with the cached {questions[i].lang} template prefix; this is a bug"
-                )
+                what = f"state prefix {questions[i].prefix_key}" if questions[i].prefix_key else "template prefix"
+                raise ValueError(f"a prompt does not start with its cached {questions[i].lang} {what}; this is a bug")
             slots.append((i, order, unique.setdefault(_cut(p, prefix, cut_bases), len(unique))))
     row = pack_row(list(unique), offset=len(prefix), max_depth=max_depth)
     wants = {
@@ -503,16 +535,16 @@ def _assemble(group, letter_ids) -> Forward:
     hidden: dict[int, int] = {}  # flat index -> row of `hidden` (questions on one state share their rows)
     hidden_of: dict[int, np.ndarray] = {}
     rows_of: dict[tuple[int, ...], np.ndarray] = {}  # questions on one state share one array of its rows
-    for lang, row, slots, wants in group:
+    for key, row, slots, wants in group:  # key: the cached prefix the row starts with (None: none)
         base_token, base_block = len(tokens), len(starts)
         tokens += row.tokens
         positions += row.positions
         block_of += [b + base_block for b in row.block_of]
         prefix_index = -1
-        if lang is not None:
-            if lang not in keys:
-                keys.append(lang)
-            prefix_index = keys.index(lang)
+        if key is not None:
+            if key not in keys:
+                keys.append(key)
+            prefix_index = keys.index(key)
         for start, length, parent in row.blocks:
             starts.append(start + base_token)
             lens.append(length)

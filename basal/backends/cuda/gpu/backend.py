@@ -67,6 +67,7 @@ class Prepared:
 class GpuBackend:
     name = "torch"
     reads_hidden_states = True
+    caches_states = False  # a new prefix rebuilds the prefix buffers and drops every CUDA graph: no state cache
 
     def __init__(
         self,
@@ -191,8 +192,11 @@ class GpuBackend:
 
     # -- the Backend protocol -----------------------------------------------------------------------------------
 
-    def prefix(self, key: str, tokens: Sequence[int]) -> None:
-        """K/V of a template prefix, layer by layer, by a forward over the prefix alone (R9)."""
+    def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
+        """K/V of a template prefix, layer by layer, by a forward over the prefix alone (R9) -> bytes kept. Template
+        prefixes only (`caches_states` is False): a `base` is refused."""
+        if base is not None:
+            raise ValueError("the GPU path keeps template prefixes only (no state cache)")
         batch = single_prompt_batch(list(tokens))
         n = len(tokens)
         kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -208,6 +212,15 @@ class GpuBackend:
         self.graphs.clear()  # graphs captured the old prefix buffers' addresses
         if isinstance(self._capture, CudaCapture):  # and a new pool: the old one still holds the cuBLAS workspace
             self._capture = CudaCapture(self.dev)  # that a capture allocated in it, which a new capture would trip on
+        return sum(k.nbytes + v.nbytes for k, v in kv)
+
+    def drop_prefix(self, key: str) -> None:
+        """Forget a cached prefix (the buffers are rebuilt and the graphs dropped, as when one is set)."""
+        if self._prefix_kv.pop(key, None) is not None:
+            with torch.inference_mode():
+                self.net.set_prefixes(self._prefix_kv)
+                self._prefix_version += 1
+            self.graphs.clear()
 
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
         """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops

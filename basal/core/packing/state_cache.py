@@ -1,0 +1,270 @@
+"""The cross-request state cache: the K/V of a state, kept after a request, reused by later ones (docs/caches.md).
+
+A prompt is the template prefix (cached at load), the state, then the question and its options. An entry holds the
+K/V of a prompt's template and state tokens for one language, under their exact token ids: a later question whose
+prompts start with the same ids reads them as a cached prefix, as every prompt reads the template prefix
+(`tree.plan_forwards`). The tokens after it keep their positions and read the cached keys in the same
+position-ordered tiles, so a hit gives the bits a miss gives (`tests/determinism/test_state_cache.py`).
+
+An entry is computed once, under the gate, before the forward that needs it: after the template prefix, or after
+a cached entry it extends (a partial hit: an append-only conversation's next state). Its bytes are what the backend
+holds (`Backend.prefix` reports them). Entries are evicted least recently used first once the kept bytes pass
+the budget; an entry a running forward reads is pinned until that forward ends, so the kept bytes stay within the
+budget plus the states of the batches running at that moment. A pass stopped before an entry is complete leaves
+no entry: the backend sets it only once every layer is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from basal.core.model.prompt import template_prefix
+from basal.core.model.tokenizer import Tokenizer
+from basal.core.packing.tree import TokenizedQuestion, common_prefix
+
+PARTIAL_WINDOW = 64  # a partial hit is looked for among this many most recently used entries of the language
+CUT_MEMO = 4096  # states whose cut is remembered between admission and packing (a digest and a length each)
+
+
+@dataclass(eq=False)
+class Entry:
+    """One cached state: its backend key and its token ids (the template's and the state's, positions 0..n-1)."""
+
+    key: str
+    lang: str
+    ids: tuple[int, ...]
+    scope: str = ""  # the requests that may read it (`DecisionRequest.cache_scope`)
+    base: Entry | None = None  # a cached entry whose ids it extends (a partial hit), used when it is computed
+    nbytes: int = 0  # what the backend holds for it (0 until computed, and after eviction)
+    pins: int = 0  # forwards running with it
+    ready: bool = False  # computed and held by the backend
+
+
+@dataclass
+class StateCounts:
+    hits: int = 0  # states found computed when a batch was packed
+    partial_hits: int = 0  # states that extend a computed one: only the new tokens are computed
+    misses: int = 0  # states computed from the template prefix
+    evictions: int = 0
+    computed_tokens: int = 0  # tokens computed to fill entries
+
+
+class StateCache:
+    """Entries of one backend (one model, one dtype). Thread-safe: lanes pack in their threads; entries are
+    computed and evicted under the gate."""
+
+    def __init__(self, backend: Any, budget_bytes: int, templates: dict[str, tuple[int, ...]], tokenizer: Tokenizer):
+        if budget_bytes < 1:
+            raise ValueError("a state cache needs a positive budget")
+        self.backend, self.budget, self.templates, self.tokenizer = backend, budget_bytes, templates, tokenizer
+        self._entries: OrderedDict[tuple[str, str, tuple[int, ...]], Entry] = OrderedDict()  # least recently used first
+        self._cuts: OrderedDict[bytes, int] = OrderedDict()  # digest of (language, state) -> tokens of its entry
+        self._names = itertools.count()
+        self._lock = threading.RLock()
+        self.bytes = 0  # bytes of every computed entry
+        self.counts = StateCounts()
+
+    @property
+    def entries(self) -> int:
+        with self._lock:  # read by /metrics from another thread
+            return sum(1 for e in self._entries.values() if e.ready)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose K/V the computed entries hold (each entry holds its template too)."""
+        with self._lock:
+            return sum(len(e.ids) for e in self._entries.values() if e.ready)
+
+    # -- which tokens are a question's state -------------------------------------------------------------------
+
+    def state_ids(self, t: TokenizedQuestion) -> tuple[int, ...] | None:
+        """The ids an entry for this question would hold: its prompts' tokens that the template and its state
+        give alone (a state's last token may merge with the text after it; then it is left out), when they go past
+        the template prefix (else None: nothing to cache). Without the text between the state and the question,
+        an entry's ids are a prefix of a longer state's that extends it (a partial hit). Evidence questions read the
+        hidden states of their state's tokens, which an entry does not keep: they compute their state."""
+        template = self.templates.get(t.lang)
+        if template is None or t.hidden or not t.ids:
+            return None
+        first = t.ids[0]
+        digest = hashlib.blake2b(f"{t.lang}\0{t.state}".encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        with self._lock:
+            n = self._cuts.get(digest)
+            if n is not None:
+                self._cuts.move_to_end(digest)
+        if n is None:  # the template and the state tokenized alone: the prompt repeats them but perhaps the last
+            cut = self.tokenizer.encode(template_prefix(t.lang, self.tokenizer.bos) + t.state)
+            n = common_prefix(first, tuple(cut))
+            with self._lock:
+                self._cuts[digest] = n
+                if len(self._cuts) > CUT_MEMO:
+                    self._cuts.popitem(last=False)
+        # the length only decides which ids are looked up; the ids themselves are the key, so a stale length can
+        # cost a hit, never a wrong entry
+        if n <= len(template) or any(len(p) <= n or p[:n] != first[:n] for p in t.ids):
+            return None
+        return tuple(first[:n])
+
+    def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
+        """State tokens of these questions that computed entries hold (each distinct state once): what their cost
+        leaves out."""
+        seen: set[tuple[str, str, tuple[int, ...]]] = set()
+        total = 0
+        for t in tokenized:
+            ids = self.state_ids(t)
+            if ids is None or (t.cache_scope, t.lang, ids) in seen:
+                continue
+            seen.add((t.cache_scope, t.lang, ids))
+            with self._lock:
+                entry = self._entries.get((t.cache_scope, t.lang, ids))
+                if entry is not None and entry.ready:
+                    total += len(ids) - len(self.templates[t.lang])
+        return total
+
+    # -- packing ------------------------------------------------------------------------------------------------
+
+    def assign(
+        self, tokenized: Sequence[TokenizedQuestion]
+    ) -> tuple[list[TokenizedQuestion], dict[str, tuple[int, ...]], dict[str, Entry]]:
+        """The questions with their state's entry as `prefix_key` (found, extended from a cached one, or new),
+        the entries' prefixes for the packer, and the entries by key."""
+        out: list[TokenizedQuestion] = []
+        used: dict[str, Entry] = {}
+        for t in tokenized:
+            ids = self.state_ids(t)
+            if ids is None:
+                out.append(t)
+                continue
+            first = all(e.ids != ids or e.lang != t.lang or e.scope != t.cache_scope for e in used.values())
+            entry, cached = self._claim(t.cache_scope, t.lang, ids, first)
+            used[entry.key] = entry
+            out.append(replace(t, prefix_key=entry.key, cached_tokens=cached))
+        return out, {k: e.ids for k, e in used.items()}, used
+
+    def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool) -> tuple[Entry, int]:
+        """The entry of a state (new ones are computed when their forward runs) and the tokens of each prompt it
+        serves from the cache now. `first`: its first question in this batch (the counts count states)."""
+        template = len(self.templates[lang])
+        with self._lock:
+            entry = self._entries.get((scope, lang, ids))
+            if entry is not None:
+                self._entries.move_to_end((scope, lang, ids))
+                if entry.ready:
+                    self.counts.hits += first
+                    return entry, len(ids) - template
+            else:
+                entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
+                self._entries[(scope, lang, ids)] = entry
+            entry.base = self._longest_base(scope, lang, ids)
+            if entry.base is not None:
+                self.counts.partial_hits += first
+                return entry, len(entry.base.ids) - template
+            self.counts.misses += first
+            return entry, 0
+
+    def _longest_base(self, scope: str, lang: str, ids: tuple[int, ...]) -> Entry | None:
+        best = None
+        for entry in itertools.islice(reversed(self._entries.values()), PARTIAL_WINDOW):
+            n = len(entry.ids)
+            longer = best is None or n > len(best.ids)
+            fits = entry.ready and entry.lang == lang and entry.scope == scope and n < len(ids) and longer
+            if fits and ids[:n] == entry.ids:
+                best = entry
+        return best
+
+    # -- running --------------------------------------------------------------------------------------------------
+
+    def around(
+        self, entries: Sequence[Entry], steps: Generator, computed: Callable[[int], None] = lambda n: None
+    ) -> Generator:
+        """A forward's pass with its entries: pinned for the whole pass, the missing ones computed first (one at a
+        time, a pause point after each), unpinned and the budget restored at its end, however it ends.
+        `computed(n)`: n tokens were computed to fill an entry."""
+        with self._lock:
+            for e in entries:
+                e.pins += 1
+        try:
+            for e in entries:
+                if not e.ready:
+                    computed(self._fill(e))
+                    yield
+            return (yield from steps)
+        finally:
+            with self._lock:
+                for e in entries:
+                    e.pins -= 1
+                self._evict()
+
+    def _fill(self, e: Entry) -> int:
+        """Compute an entry (under the gate) -> tokens computed."""
+        base = e.base
+        with self._lock:
+            if base is not None and not base.ready:
+                base = None
+            if base is not None:
+                base.pins += 1
+        try:
+            start = len(base.ids) if base is not None else len(self.templates[e.lang])
+            nbytes = self.backend.prefix(e.key, e.ids[start:], base.key if base is not None else e.lang)
+        finally:
+            if base is not None:
+                with self._lock:
+                    base.pins -= 1
+        with self._lock:
+            e.nbytes, e.ready, e.base = nbytes, True, None
+            self.bytes += nbytes
+            self.counts.computed_tokens += len(e.ids) - start
+            where = (e.scope, e.lang, e.ids)
+            slot = self._entries.get(where)
+            if slot is None or not slot.ready:  # evicted while it waited, or another placeholder took its place
+                self._entries[where] = e
+            self._entries.move_to_end(where)
+        return len(e.ids) - start
+
+    def _evict(self) -> None:
+        """Least recently used computed entries out, unpinned ones only, until the bytes fit the budget."""
+        if self.bytes <= self.budget:
+            return
+        for ids_key, e in list(self._entries.items()):
+            if self.bytes <= self.budget:
+                break
+            if e.ready and e.pins == 0:
+                self._drop(ids_key, e)
+                self.counts.evictions += 1
+
+    def _drop(self, ids_key: tuple[str, str, tuple[int, ...]], e: Entry) -> None:
+        self.backend.drop_prefix(e.key)
+        self.bytes -= e.nbytes
+        e.nbytes, e.ready = 0, False
+        if self._entries.get(ids_key) is e:
+            del self._entries[ids_key]
+
+    def clear(self) -> None:
+        """Forget every entry not in use (the model is reloaded, or a test wants a cold cache)."""
+        with self._lock:
+            for ids_key, e in list(self._entries.items()):
+                if e.pins == 0:
+                    if e.ready:
+                        self._drop(ids_key, e)
+                    else:
+                        del self._entries[ids_key]
+
+    def stats(self) -> dict[str, float]:
+        """The counters and sizes `/metrics` and `basal doctor` show."""
+        c = self.counts
+        return {
+            "hits_total": c.hits,
+            "partial_hits_total": c.partial_hits,
+            "misses_total": c.misses,
+            "evictions_total": c.evictions,
+            "computed_tokens_total": c.computed_tokens,
+            "entries": self.entries,
+            "bytes": self.bytes,
+            "budget_bytes": self.budget,
+        }

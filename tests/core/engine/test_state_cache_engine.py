@@ -1,0 +1,140 @@
+"""The state cache in the engine: least recently used out first within the byte budget, one computation for a
+state that two batches ask at once, no half-written entry from a pass that fails inside it, usage.cached_tokens
+and the HRRN cost, and its series in /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from litestar.testing import TestClient
+
+from basal.api.app import create_app
+from basal.api.settings import ApiSettings
+from basal.backends.cuda.backend import TorchBackend
+from basal.core.engine.engine import Engine, EngineSettings
+from basal.core.engine.engines import Engines
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.prompt import Item
+from basal.core.packing.passes import run_to_end
+from basal.serve.server import state_cache_series
+from tests.stub_backend import StubBackend
+
+
+def uniform(prompt: str, k: int) -> list[float]:
+    return [1.0 / k] * k
+
+
+def _question(pipeline: Pipeline, state: str, question: str = "Czy zwrot?"):
+    item = Item("q", "noul", ("Tak", "Nie"), ("Tak", "Nie"), "pl", state, question)
+    return pipeline.tokenize_items([item])[0]
+
+
+STATES = [f"Stan numer {i}: " + " ".join(["paczka dotarła uszkodzona"] * 10) for i in range(4)]
+
+
+def _stub_pipeline(demo_model, mb: float) -> Pipeline:
+    return Pipeline(demo_model, StubBackend(demo_model, uniform), state_cache_mb=mb)
+
+
+def test_least_recently_used_goes_first_within_the_budget(demo_model):
+    probe = _stub_pipeline(demo_model, 1)
+    run_to_end(probe.letter_logits([_question(probe, STATES[0])]))
+    one = probe.state_cache.bytes  # the stub holds 8 bytes a token: every state here is about this size
+    pipeline = _stub_pipeline(demo_model, 2.5 * one / (1 << 20))
+    cache = pipeline.state_cache
+
+    def ask(i: int) -> None:
+        run_to_end(pipeline.letter_logits([_question(pipeline, STATES[i])]))
+
+    ask(0), ask(1), ask(0)  # 0 is now more recent than 1
+    ask(2)  # over the budget: 1 goes
+    assert cache.counts.evictions == 1 and cache.bytes <= cache.budget
+    hits = cache.counts.hits
+    ask(0)
+    assert cache.counts.hits == hits + 1  # 0 stayed
+    ask(1)
+    assert cache.counts.misses == 4  # 1 was evicted: computed again (0, 1, 2, then 1)
+    assert set(pipeline.backend.prefixes) - {"pl", "en"} == {e.key for e in cache._entries.values() if e.ready}
+
+
+def test_two_batches_asking_one_new_state_compute_it_once(demo_model):
+    pipeline = _stub_pipeline(demo_model, 16)
+    computed = []
+    backend = pipeline.backend
+    plain_prefix = backend.prefix
+    backend.prefix = lambda key, tokens, base=None: computed.append(key) or plain_prefix(key, tokens, base)
+    a, b = _question(pipeline, STATES[3], "Czy zwrot?"), _question(pipeline, STATES[3], "Czy szybko?")
+    first, second = (
+        pipeline.pack_questions([a]),
+        pipeline.pack_questions([b]),
+    )  # both packed before either runs (two lanes)
+    assert first[0].states[0] is second[0].states[0]
+    run_to_end(pipeline.run_forwards([a], first))
+    run_to_end(pipeline.run_forwards([b], second))
+    assert len(computed) == 1 and pipeline.state_cache.counts.computed_tokens > 0
+
+
+def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
+    backend = TorchBackend.load(demo_model)
+    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
+    q = _question(pipeline, STATES[0])
+    reference = run_to_end(Pipeline(demo_model, backend).letter_logits([q]))[0]
+    layer = backend.net.layer
+    calls = []
+
+    def failing(i, h, t, last):
+        calls.append(i)
+        if len(calls) == 2:  # the second layer of the state's computation
+            raise RuntimeError("the device went away")
+        return layer(i, h, t, last)
+
+    backend.net.layer = failing
+    with pytest.raises(RuntimeError):
+        run_to_end(pipeline.letter_logits([q]))
+    backend.net.layer = layer
+    cache = pipeline.state_cache
+    assert cache.entries == 0 and cache.bytes == 0
+    assert set(backend.net.prefix_kv) == {"pl", "en"}  # nothing half-written in the backend either
+    assert all(e.pins == 0 for e in cache._entries.values())
+    again = run_to_end(pipeline.letter_logits([q]))[0]
+    assert [x.tobytes() for x in again] == [x.tobytes() for x in reference]
+
+
+def test_usage_cost_and_metrics(demo_model):
+    backend = TorchBackend.load(demo_model)
+    metrics = Metrics()
+    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
+    engine = Engine(demo_model.name, pipeline, Gate(100.0), metrics, EngineSettings())
+    engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
+    metrics.add_collector(state_cache_series(engines))
+    body = {"state": STATES[1], "questions": {"refund": {"type": "noul", "instructions": "Czy zwrot?"}}}
+    other = {**body, "questions": {"fast": {"type": "noul", "instructions": "Czy szybko?"}}}
+    cold = pipeline.cost([_question(pipeline, STATES[1])])
+    with TestClient(create_app(engines, ApiSettings(metrics=True))) as client:
+        first = client.post("/v1/basal", json=body).json()["usage"]
+        second = client.post("/v1/basal", json=other).json()["usage"]
+        text = client.get("/metrics").text
+    warm = pipeline.cost([_question(pipeline, STATES[1])])
+    assert first["cached_tokens"] == 0 and second["cached_tokens"] > 0
+    assert second["cached_tokens"] < second["input_tokens"]
+    (entry,) = [e for e in pipeline.state_cache._entries.values() if e.ready]
+    assert warm == cold - (len(entry.ids) - len(pipeline.prefixes["pl"]))  # the cost: what a request will compute
+    model = demo_model.name
+    assert f'basal_state_cache_hits_total{{model="{model}"}} 1.0' in text
+    assert f'basal_state_cache_misses_total{{model="{model}"}} 1.0' in text
+    assert f'basal_state_cache_bytes{{model="{model}"}} {float(pipeline.state_cache.bytes)}' in text
+
+
+def test_a_scope_reads_only_its_own_entries(demo_model):
+    pipeline = _stub_pipeline(demo_model, 16)
+    cache = pipeline.state_cache
+    a = _question(pipeline, STATES[2])
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-a")]))
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-b")]))  # another key: a miss of its own
+    assert cache.counts.misses == 2 and cache.counts.hits == 0 and cache.entries == 2
+    assert pipeline.cost([replace(a, cache_scope="key-c")]) > pipeline.cost([replace(a, cache_scope="key-a")])
+    run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-a")]))
+    assert cache.counts.hits == 1

@@ -1,0 +1,127 @@
+"""The state cache keeps the bits: a question's letter logits are bitwise identical with the cache off, on a miss,
+on a hit, on a partial hit (a state that extends a cached one), after an eviction, after a reload, and batched
+with hits and misses of others — for every backend × dtype here. The negative control hands back entries computed
+in another dtype or by the shape-dependent path and expects a difference: the checks can fail."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from basal.backends.load import load_backend_class
+from basal.core.engine.pipeline import Pipeline
+from basal.core.packing.passes import run_to_end
+from basal.core.packing.tree import TokenizedQuestion
+from tests.determinism.harness import Harness, same_bits
+
+STATE_WORDS = 90  # past a 64-key tile: the cached state ends inside its second tile
+
+
+def _state_pipeline(h: Harness, mb: float = 64.0, backend=None) -> Pipeline:
+    pipeline = Pipeline(h.cached.model, backend or h.backend, state_cache_mb=mb)
+    assert pipeline.state_cache is not None
+    return pipeline
+
+
+def _logits(pipeline: Pipeline, questions: list[TokenizedQuestion]):
+    return run_to_end(pipeline.letter_logits(questions))
+
+
+def _on_state(h: Harness, seed: int, n: int, state: str | None = None, lang: str = "pl"):
+    rng = random.Random(seed)
+    first = h.question(rng, lang, state=state, state_words=STATE_WORDS)
+    return [first, *(h.question(rng, lang, state=first.state) for _ in range(n - 1))]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_miss_hit_and_cache_off_give_the_same_bits(harness, seed):
+    questions = _on_state(harness, seed, 4)
+    off = [harness.logits([q])[0] for q in questions]  # the template prefix only, each alone
+    pipeline = _state_pipeline(harness)
+    cache = pipeline.state_cache
+    miss = _logits(pipeline, questions[:1])[0]
+    assert cache.counts.misses == 1 and cache.entries == 1
+    hits = [_logits(pipeline, [q])[0] for q in questions[1:]]
+    assert cache.counts.hits == 3 and cache.counts.misses == 1
+    assert same_bits(miss, off[0])
+    assert all(same_bits(a, b) for a, b in zip(hits, off[1:], strict=True))
+    # the hit really read the cache: its forward computed far fewer tokens than the prompt holds
+    (forward,) = pipeline.pack_questions(pipeline_questions := questions[1:2])
+    assert forward.batch.n_tokens < 0.5 * len(pipeline_questions[0].prompts[0])
+
+
+def test_hits_and_misses_batched_with_others(harness):
+    cached = _on_state(harness, 11, 2)
+    pipeline = _state_pipeline(harness)
+    _logits(pipeline, cached[:1])  # the state is now cached
+    others = [*_on_state(harness, 12, 2, lang="en"), harness.question(random.Random(13), "pl")]
+    batch = [others[0], cached[1], others[1], others[2]]
+    together = _logits(pipeline, batch)
+    assert all(same_bits(a, harness.logits([q])[0]) for a, q in zip(together, batch, strict=True))
+
+
+def test_partial_hit_extends_a_cached_state(harness):
+    (short,) = _on_state(harness, 21, 1)
+    longer = _on_state(harness, 22, 1, state=short.state + " zwrot faktura termin płatność klient paczka")[0]
+    pipeline = _state_pipeline(harness)
+    _logits(pipeline, [short])
+    got = _logits(pipeline, [longer])[0]
+    assert pipeline.state_cache.counts.partial_hits == 1
+    assert same_bits(got, harness.logits([longer])[0])
+    again = _logits(pipeline, [_on_state(harness, 23, 1, state=longer.state)[0]])  # the extended entry is a hit
+    assert pipeline.state_cache.counts.hits == 1 and len(again) == 1
+
+
+def test_after_eviction_and_after_a_reload(harness):
+    a, b = _on_state(harness, 31, 2)[0], _on_state(harness, 32, 1)[0]
+    reference = harness.logits([a])[0]
+    pipeline = _state_pipeline(harness)
+    _logits(pipeline, [a])
+    one_entry = pipeline.state_cache.bytes
+    small = _state_pipeline(harness, mb=one_entry * 1.5 / (1 << 20))  # room for one entry
+    _logits(small, [a])
+    _logits(small, [b])  # evicts a
+    assert small.state_cache.counts.evictions == 1 and small.state_cache.entries == 1
+    assert small.state_cache.bytes <= small.state_cache.budget
+    assert same_bits(_logits(small, [a])[0], reference)  # computed again: a miss after an eviction
+    assert small.state_cache.counts.misses == 3
+    backend = harness.backend
+    reloaded = load_backend_class(backend.name).load(harness.cached.model, dtype=backend.dtype, device=backend.device)
+    fresh = _state_pipeline(harness, backend=reloaded)
+    _logits(fresh, [a])
+    assert same_bits(_logits(fresh, [a])[0], reference) and fresh.state_cache.counts.hits == 1
+
+
+class _WrongEntries:
+    """A backend whose state entries come from another backend (another dtype, or the shape-dependent path): what
+    a cache that mixed up its entries would hand back."""
+
+    def __init__(self, inner, source):
+        self.inner, self.source = inner, source
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefix(self, key, tokens, base=None):
+        nbytes = self.inner.prefix(key, tokens, base)  # the right entry first (same length, same bytes)
+        if key not in ("pl", "en"):  # a state: its K/V swapped for the other backend's
+            self.source.prefix(key, tokens, base)
+            self.inner.net.prefix_kv[key] = [(k.float(), v.float()) for k, v in self.source.net.prefix_kv[key]]
+        return nbytes
+
+
+@pytest.mark.parametrize("source", ["bf16", "shape-dependent"])
+def test_negative_control_wrong_entries_are_caught(demo_model, source):
+    torch_backend = load_backend_class("torch")
+    h = Harness(demo_model, "torch", "cpu", "f32")
+    other = (
+        torch_backend.load(demo_model, dtype="bf16", device="cpu")
+        if source == "bf16"
+        else torch_backend.load(demo_model, dtype="f32", device="cpu", fixed_shapes=False)
+    )
+    Pipeline(demo_model, other)  # its template prefixes
+    questions = _on_state(h, 41, 3)
+    wrong = _state_pipeline(h, backend=_WrongEntries(h.backend, other))
+    got = [_logits(wrong, [q])[0] for q in questions]
+    assert not all(same_bits(a, h.logits([q])[0]) for a, q in zip(got, questions, strict=True))
