@@ -1,9 +1,9 @@
 """A cascade (a small model first, the questions it is unsure of sent on to a large one) vs the large model alone,
 on one request set, in one process, alternating.
 
-    python -m bench.cascade_speed                  # mini shapes and 4.5B shapes, each cut to 2 layers, f32, CPU
-    python -m bench.cascade_speed --escalate 0.1   # a tenth of the questions go on
-    python -m bench.cascade_speed --large max      # the large model with max's shapes (cut the same way)
+    python -m bench.compare.cascade_speed                  # mini shapes and 4.5B shapes, each cut to 2 layers, f32, CPU
+    python -m bench.compare.cascade_speed --escalate 0.1   # a tenth of the questions go on
+    python -m bench.compare.cascade_speed --large max      # the large model with max's shapes (cut the same way)
 
 Synthetic models have no confident answers, so the rule is set from the small model's own confidences on the set:
 `escalate_below` is the `--escalate` quantile of them, and about that share of questions goes on (the real share
