@@ -1,0 +1,123 @@
+"""Mixed traffic on the state cache: clients asking about states drawn Zipf-like from a large set (a few hot states,
+a long tail), one question a request; decisions/s and the hit rate with the cache on and off, in one process.
+
+    python -m bench.lab.state_cache_mixed                          # 32 clients, 1,000 states, mini cut to 1 layer
+    python -m bench.lab.state_cache_mixed --requests 640 --zipf 1.2
+
+The same request sequence runs against a pipeline with `state_cache_mb` 0 and one with the cache on (two engines
+on one model, one at a time); answers are compared bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from basal.backends.cuda.backend import TorchBackend
+from basal.benchsuite.workloads import state_of_tokens
+from basal.core.engine.engine import Engine
+from basal.core.engine.engines import Engines
+from basal.core.engine.gate import Gate
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.pipeline import Pipeline
+from basal.core.model.model_dir import ModelDir
+from basal.core.model.synth import synth_model
+from basal.core.request.dialects import parse_basal
+from basal.core.request.model_names import ServedModels
+from bench import report
+
+QUESTIONS = ["Is it urgent?", "Is it about money?", "Is the customer angry?", "Does it need a refund?"]
+
+
+def engines_for(model: ModelDir, state_cache_mb: float) -> Engines:
+    metrics = Metrics()
+    pipeline = Pipeline(model, TorchBackend.load(model, dtype="f32"), state_cache_mb=state_cache_mb)
+    front = Engines({model.name: Engine(model.name, pipeline, Gate(), metrics)}, model.name, metrics)
+    front.start()
+    return front
+
+
+async def drive(front: Engines, requests, clients: int) -> tuple[list, float]:
+    queue = list(enumerate(requests))
+    out: list = [None] * len(requests)
+
+    async def client() -> None:
+        while queue:
+            i, request = queue.pop(0)
+            out[i] = await front.run(request)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return out, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--states", type=int, default=1000)
+    ap.add_argument("--state-tokens", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=640)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--zipf", type=float, default=1.1, help="the exponent of the states' popularity")
+    ap.add_argument("--state-cache-mb", type=float, default=1024)
+    ap.add_argument("--out", default="bench/results/state_cache_mixed.json")
+    a = ap.parse_args(argv)
+
+    tmp = tempfile.TemporaryDirectory()
+    model = ModelDir.load(synth_model(Path(tmp.name) / "mini", "mini", layers=a.layers))
+    rng = random.Random(0)
+    weights = 1.0 / np.arange(1, a.states + 1) ** a.zipf
+    drawn = rng.choices(range(a.states), weights=weights.tolist(), k=a.requests)
+    texts = {s: state_of_tokens(model.tokenizer, a.state_tokens, "en", seed=s) for s in set(drawn)}
+    resolve = ServedModels((model.name,), model.name)
+    requests = [
+        parse_basal({"state": texts[s], "questions": {"q": {"type": "noul", "instructions": rng.choice(QUESTIONS)}}},
+                    resolve)
+        for s in drawn
+    ]  # fmt: skip
+    rows, answers = {}, {}
+    for way, mb in (("off", 0.0), ("on", a.state_cache_mb)):
+        front = engines_for(model, mb)
+        asyncio.run(drive(front, requests[:4], 4))  # warm-up (these states are then cached when on)
+        results, wall = asyncio.run(drive(front, requests, a.clients))
+        cache = front.engines[model.name].pipeline.state_cache
+        stats = cache.stats() if cache is not None else {}
+        front.close()
+        answers[way] = [msgspec.json.encode(r.response.answers) for r in results]
+        rows[way] = {"decisions_per_s": a.requests / wall, "seconds": wall, "cache": stats}
+    same = sum(x == y for x, y in zip(answers["off"], answers["on"], strict=True))
+    on = rows["on"]["cache"]
+    looked = on.get("hits_total", 0) + on.get("partial_hits_total", 0) + on.get("misses_total", 0)
+    result = {
+        "machine": report.machine(),
+        "states": a.states,
+        "distinct_states_asked": len(texts),
+        "requests": a.requests,
+        "clients": a.clients,
+        "zipf": a.zipf,
+        "rows": rows,
+        "hit_rate": (on.get("hits_total", 0) + on.get("partial_hits_total", 0)) / looked if looked else 0.0,
+        "throughput_ratio": rows["on"]["decisions_per_s"] / rows["off"]["decisions_per_s"],
+        "identical_answers": f"{same}/{a.requests}",
+    }
+    report.write_json(a.out, result)
+    print(
+        f"\nmini shapes cut to {a.layers} layer(s), f32, torch CPU; {a.requests} requests from {a.clients} clients "
+        f"over {a.states} states (Zipf {a.zipf}: {len(texts)} distinct asked), ~{a.state_tokens}-token states\n"
+        f"cache off {rows['off']['decisions_per_s']:.1f} decisions/s, on {rows['on']['decisions_per_s']:.1f}: "
+        f"{result['throughput_ratio']:.2f}×; hit rate {result['hit_rate']:.0%}; "
+        f"answers bitwise equal {same}/{a.requests}"
+    )
+    tmp.cleanup()
+    return result
+
+
+if __name__ == "__main__":
+    main()
