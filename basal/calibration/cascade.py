@@ -62,8 +62,11 @@ def sweep(
     """Accuracy and estimated cost at candidate thresholds from 0 (the first model alone) to above 1 (the second
     alone); `pareto` marks the points no other beats on accuracy without escalating more."""
     conf = np.unique(metrics.confidences(p1))
-    keep = np.unique(np.linspace(0, len(conf) - 1, min(SWEEP_POINTS, len(conf))).round().astype(np.int64))
-    candidates = [0.0, *(float(c) for c in conf[keep][1:]), ABOVE_ONE]
+    # midway between neighbouring confidences: no threshold sits on an answer's confidence, where the last bit of
+    # how it was computed (here or in the server) would decide the side
+    middles = (conf[:-1] + conf[1:]) / 2
+    keep = np.unique(np.linspace(0, len(middles) - 1, min(SWEEP_POINTS, len(middles))).round().astype(np.int64))
+    candidates = [0.0, *(float(c) for c in middles[keep]), ABOVE_ONE] if len(middles) else [0.0, ABOVE_ONE]
     points, best = [], -1.0
     for t in candidates:
         answers, up = at_threshold(p1, p2, t)
