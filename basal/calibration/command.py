@@ -258,6 +258,13 @@ def _eval_cascade(a: argparse.Namespace, out: Path, records: Path, conditions: l
     if len(steps) != 2:
         raise ValueError(f"--cascade {a.cascade!r}: the sweep covers two-step cascades; this one has {len(steps)}")
     runs, first = {}, None
+    if not a.records:  # the cascade's requests name the cascade only: its steps and rules name its records
+        import hashlib
+
+        import msgspec
+
+        digest = hashlib.sha256(msgspec.json.encode(found[0])).hexdigest()[:12]
+        records = out / f"records.{a.cascade}.{digest}.jsonl"
     for name, where in [(a.cascade, records), *((s["model"], out / f"records.{s['model']}.jsonl") for s in steps)]:
         resumed = where.exists()
         labelled, observed, facts, _served, _shipped = collect(a, where, serve=name)

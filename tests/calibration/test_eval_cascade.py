@@ -16,12 +16,14 @@ from tests.cascade_models import write_models
 BELOW = 0.5  # escalates part of the questions of these synthetic models (checked below)
 
 
-def _config(tmp_path: Path) -> Path:
-    models = write_models(tmp_path / "models")
+def _config(tmp_path: Path, below: float = BELOW) -> Path:
+    models = tmp_path / "models"
+    if not models.exists():
+        write_models(models)
     config = tmp_path / "serve.yaml"
     config.write_text(
-        f"models:\n  - path: {models['small']}\n  - path: {models['large']}\n"
-        f"cascades:\n  - name: duo\n    steps:\n      - model: small\n        escalate_below: {BELOW}\n"
+        f"models:\n  - path: {models / 'small'}\n  - path: {models / 'large'}\n"
+        f"cascades:\n  - name: duo\n    steps:\n      - model: small\n        escalate_below: {below!r}\n"
         "      - model: large\n"
     )
     return config
@@ -89,6 +91,14 @@ def test_the_cascade_and_the_sweep_equal_each_models_own_answers(tmp_path: Path)
     page = (out / "report.html").read_text()
     assert "Cascade duo against each model alone" in page and "Suggested thresholds" in page
     assert "Questions each step answered in duo" in (out / "summary.md").read_text()
+    # another threshold into the same folder: the cascade runs again (its records are its rules'), the models resume
+    other = next(p for p in c["sweep"] if 0 < p["escalated"] < 1 and abs(p["escalated"] - escalated) > 0.05)
+    _config(tmp_path, other["threshold"])
+    assert main(["eval", str(labelled), "--config", str(config), "--cascade", "duo", "-o", str(out), "--quiet"]) == 0
+    again = json.loads((out / "report.json").read_text())["cascade"]
+    assert again["rows"]["duo"]["accuracy"] == pytest.approx(other["accuracy"], abs=1e-12)
+    assert again["answered"]["large"] == pytest.approx(other["escalated"])
+    assert again["rows"]["small"]["seconds_per_decision"] is None  # resumed from its records
 
 
 def test_a_cascade_the_config_lacks_is_refused(tmp_path: Path, capsys) -> None:
