@@ -90,6 +90,7 @@ def test_the_cascade_and_the_sweep_equal_each_models_own_answers(tmp_path: Path)
     assert (out / "cascade.png").stat().st_size > 1000
     page = (out / "report.html").read_text()
     assert "Cascade duo against each model alone" in page and "Suggested thresholds" in page
+    assert "http://" not in page and "https://" not in page and page.count("data:image/png;base64,") >= 4
     assert "Questions each step answered in duo" in (out / "summary.md").read_text()
     # another threshold into the same folder: the cascade runs again (its records are its rules'), the models resume
     other = next(p for p in c["sweep"] if 0 < p["escalated"] < 1 and abs(p["escalated"] - escalated) > 0.05)
