@@ -67,6 +67,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help='exit 2 when any condition holds on the overall metrics, e.g. "ece>0.05,accuracy<0.9" (default: none)',
     )
     e.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of a comparison (default 1000)")
+    e.add_argument(
+        "--cascade",
+        default=None,
+        help="evaluate this cascade of --config against each model alone; sweep its threshold (default: none)",
+    )
     e.set_defaults(run=_eval)
 
 
@@ -91,16 +96,18 @@ def collect(
     records: Path,
     calibration: str | None = None,
     check: Callable[[Labelled], None] | None = None,
+    serve: str | None = None,
 ):
     """Load the model as `basal serve` would, check the labelled file against its parser, run every line through
-    the batch path with diagnostics. -> (labelled, observed, model facts, served and shipped calibrations)."""
+    the batch path with diagnostics. `serve`: a served name of the configuration (a model or a cascade; default its
+    first model). -> (labelled, observed, model facts, served and shipped calibrations)."""
     from basal.api.decide import body_decider
     from basal.calibration.collect import run_labelled
     from basal.calibration.labelled import read_labelled
     from basal.core.model.model_dir import ModelDir
     from basal.progress import Progress
     from basal.serve.config import DEMO_PATH, ModelConfig, ServeConfig, load_config
-    from basal.serve.server import api_settings, load_models, pending_engines
+    from basal.serve.server import api_settings, load_models, pending_engines, with_cascades
 
     source = Path(a.labelled)
     if not source.is_file():
@@ -113,15 +120,21 @@ def collect(
             config, models=[msgspec.structs.replace(config.models[0], calibration=calibration)]
         )
     engines, sources = pending_engines(config)
-    name = engines.names[0]
+    cascades = {c.name: c.steps[0].model for c in config.cascades}
+    name = serve or engines.names[0]
+    if name not in engines.names and name not in cascades:
+        served = ", ".join([*engines.names, *cascades])
+        raise ValueError(f"{name!r} is not served by the configuration (it serves: {served})")
+    first = cascades.get(name, name)
     labelled = read_labelled(source, a.dialect, name)  # before any weights load
     if check is not None:
         check(labelled)
     load_models(engines, sources, config, progress=not a.quiet)
-    info = engines.model_info(name)
-    model = engines.engines[name].pipeline.model
+    info = engines.model_info(first)
+    model = engines.engines[first].pipeline.model
+    front = with_cascades(engines, config)
     engines.start()
-    decide = body_decider(engines, api_settings(config), dialect=a.dialect, diagnostics=True)
+    decide = body_decider(front, api_settings(config), dialect=a.dialect, diagnostics=True)
     shown: list[Progress] = []
 
     def before(todo: int, done: int) -> None:
@@ -145,7 +158,7 @@ def collect(
         f"basal {a.command}: {len(labelled.lines)} request(s), {len(observed)} labelled answers in {seconds:.1f} s",
         file=sys.stderr,
     )
-    facts = {"name": name, "version": model.version, "synthetic": model.synthetic}
+    facts = {"name": name, "version": model.version, "synthetic": model.synthetic, "run_seconds": seconds}
     return labelled, observed, facts, info.calibration, ModelDir.load(model.path).calibration
 
 
@@ -186,6 +199,8 @@ def _eval(a: argparse.Namespace) -> int:
     conditions = fail_conditions(a.fail_on)  # a typo fails before the model loads
     out = Path(a.out)
     records = Path(a.records) if a.records else out / "records.jsonl"
+    if a.cascade:
+        return _eval_cascade(a, out, records, conditions)
     labelled, observed, facts, served, _shipped = collect(a, records)
     calibration = read_calibration(Path(a.calibration)) if a.calibration else served
     probs = calibrated(observed, calibration)
@@ -212,6 +227,62 @@ def _eval(a: argparse.Namespace) -> int:
             b_name = f"model {b_facts['name']}"
         comparison = compare(observed, probs, b_observed, calibrated(b_observed, b_cal), a.bootstrap)
         report["comparison"] = {"a": f"{calibration.kind} calibration of {facts['name']}", "b": b_name, **comparison}
+    for path in write_report(out, report):
+        print(path)
+    problems = failed(conditions, report["overall"])
+    for problem in problems:
+        print(f"basal eval: fails: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+def _eval_cascade(a: argparse.Namespace, out: Path, records: Path, conditions: list) -> int:
+    """The cascade's own run (the report's metrics), each model's run alone, and the section comparing them."""
+    from basal.calibration.cascade import cascade_section, cost, served
+    from basal.calibration.evaluate import evaluate
+    from basal.calibration.report import failed, write_report
+    from basal.serve.config import load_config
+
+    if not a.config or a.calibration or a.against:
+        raise ValueError("--cascade needs --config (the file that defines it) and takes no --calibration or --against")
+    config = load_config(a.config)
+    found = [c for c in config.cascades if c.name == a.cascade]
+    if not found:
+        raise ValueError(
+            f"--cascade {a.cascade!r}: not in {a.config} (its cascades: "
+            f"{', '.join(c.name for c in config.cascades) or 'none'})"
+        )
+    steps = [
+        {"model": s.model, "escalate_below": s.escalate_below, "escalate_above_error": s.escalate_above_error}
+        for s in found[0].steps
+    ]
+    if len(steps) != 2:
+        raise ValueError(f"--cascade {a.cascade!r}: the sweep covers two-step cascades; this one has {len(steps)}")
+    runs, first = {}, None
+    if not a.records:  # the cascade's requests name the cascade only: its steps and rules name its records
+        import hashlib
+
+        import msgspec
+
+        digest = hashlib.sha256(msgspec.json.encode(found[0])).hexdigest()[:12]
+        records = out / f"records.{a.cascade}.{digest}.jsonl"
+    for name, where in [(a.cascade, records), *((s["model"], out / f"records.{s['model']}.jsonl") for s in steps)]:
+        resumed = where.exists()
+        labelled, observed, facts, _served, _shipped = collect(a, where, serve=name)
+        if any(o.readout.type == "multi" for o in observed):
+            raise ValueError(
+                "--cascade: multi questions are not evaluated yet (a multi escalates on its set's confidence)"
+            )
+        runs[name] = (observed, cost(observed, labelled, where, None if resumed else facts["run_seconds"]))
+        first = first or (labelled, observed, facts)
+    labelled, observed, facts = first
+    report = evaluate(observed, served(observed))
+    report |= {
+        "model": facts,
+        "calibration": {"kind": "served by each step", "file": None},
+        "data": {"file": labelled.path.name, "sha256": labelled.sha256, "lines": len(labelled.lines)},
+        "basal_version": __version__,
+        "cascade": cascade_section(a.cascade, steps, runs),
+    }
     for path in write_report(out, report):
         print(path)
     problems = failed(conditions, report["overall"])

@@ -101,10 +101,37 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
         ax.set_title(name, fontsize=9)
         out[f"confusion-{i + 1}.png"] = _png(fig)
         plt.close(fig)
+    if "cascade" in report:
+        out["cascade.png"] = _cascade_plot(report["cascade"], plt)
     return out
 
 
+def _cascade_plot(c: dict[str, Any], plt) -> bytes:
+    """Accuracy against the share escalated as the first step's threshold sweeps; the Pareto points marked."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.plot([p["escalated"] for p in c["sweep"]], [p["accuracy"] for p in c["sweep"]], color="#888", label="sweep")
+    front = c["pareto"]
+    ax.plot([p["escalated"] for p in front], [p["accuracy"] for p in front], "o", label="Pareto points")
+    served = c["rows"][c["name"]]
+    ax.plot(
+        [c["answered"].get(c["steps"][1]["model"], 0.0)],
+        [served["accuracy"]],
+        "*",
+        markersize=12,
+        label=f"{c['name']} as configured",
+    )
+    ax.set(xlabel=f"share escalated to {c['steps'][1]['model']} (0: {c['steps'][0]['model']} alone)", ylabel="accuracy")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_title(f"Cascade {c['name']}: accuracy against escalation")
+    ax.legend(loc="lower right", fontsize=8)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
 def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
     if isinstance(v, float):
         return "–" if math.isnan(v) else f"{v:.4f}"
     return str(v)
@@ -130,6 +157,8 @@ def _html_table(table: list[list[str]]) -> str:
 METRIC_COLUMNS = ["count", "accuracy", "log_loss", "brier", "ece"]
 LABEL_COLUMNS = ["offered", "support", "recall", "precision", "ece", "brier"]
 COMPARE_COLUMNS = ["a", "b", "delta", "low", "high"]
+COST_COLUMNS = ["tokens_per_decision", "seconds_per_decision"]
+SWEEP_COLUMNS = ["threshold", "escalated", "accuracy", *COST_COLUMNS]
 
 
 def _sections(report: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
@@ -145,14 +174,42 @@ def _sections(report: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
             [str(f["line"]), f["id"], f["question"], f["gold"], f["a"], f["b"]] for f in c["flips"]
         ]
         out.append((f"Decisions that flip ({len(c['flips'])} of {c['paired']})", flips))
+    if "cascade" in report:
+        out += _cascade_sections(report["cascade"])
     return out
+
+
+def _cascade_sections(c: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
+    rules = ", ".join(
+        f"{s['model']} (escalate below {s['escalate_below']})"
+        if s["escalate_below"] is not None
+        else f"{s['model']} (escalate above error {s['escalate_above_error']})"
+        if s["escalate_above_error"] is not None
+        else s["model"]
+        for s in c["steps"]
+    )
+    answered = [["model", "share answered"]] + [[m, _fmt(v)] for m, v in c["answered"].items()]
+    pareto = {str(i + 1): p for i, p in enumerate(c["pareto"])}
+    return [
+        (
+            f"Cascade {c['name']} against each model alone: {rules}",
+            _table(c["rows"], METRIC_COLUMNS + COST_COLUMNS, ""),
+        ),
+        (f"Questions each step answered in {c['name']}", answered),
+        (
+            "Suggested thresholds for the first step: Pareto points of accuracy against escalation (cost estimated "
+            "from each model alone)",
+            _table(pareto, SWEEP_COLUMNS, ""),
+        ),
+    ]
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# basal eval: {report['model']['name']} on {report['data']['file']}", "", _headline(report), ""]
     for title, table in _sections(report):
         lines += [f"## {title}", "", _md(table), ""]
-    lines += ["Plots: reliability.png, coverage.png, confusion-*.png; every number in report.json.", ""]
+    plots = "reliability.png, coverage.png, confusion-*.png" + (", cascade.png" if "cascade" in report else "")
+    lines += [f"Plots: {plots}; every number in report.json.", ""]
     return "\n".join(lines)
 
 
