@@ -17,6 +17,7 @@ from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
 from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
+from basal.core.engine.drift import with_drift
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
@@ -477,7 +478,7 @@ def _server(
     for warning in exposure_warnings(config, settings):
         log.warning(warning)
     shadow = with_shadows(engines, config)
-    engines = shadow or engines
+    engines = with_drift(shadow or engines, config.drift_max_questions, config.drift_max_labels)
     if settings.answer_cache is not None:
         engines.metrics.add_collector(answer_cache_series(settings.answer_cache))
     app = create_app(engines, settings, batches=batches, shadow=shadow)
