@@ -464,6 +464,21 @@ def with_shadows(engines: EnginesFront, config: ServeConfig) -> ShadowFront | No
         raise ConfigError(f"models: {e}") from e
 
 
+def pinned_set(engines: EnginesFront, config: ServeConfig, settings: ApiSettings) -> tuple[list, list]:
+    """The app's start-up and shutdown hooks that run `drift_set` every `drift_interval_s` (none without one)."""
+    if config.drift_set is None:
+        return [], []
+    from basal.api.decide import body_decider
+    from basal.replay.pinned import PinnedSet
+
+    try:
+        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics)
+    except ValueError as e:
+        raise ConfigError(f"drift_set: {e}") from e
+    start, stop = pinned.starter(config.drift_interval_s)
+    return [start], [stop]
+
+
 def _server(
     engines: EnginesFront,
     config: ServeConfig,
@@ -481,7 +496,8 @@ def _server(
     engines = with_drift(shadow or engines, config.drift_max_questions, config.drift_max_labels)
     if settings.answer_cache is not None:
         engines.metrics.add_collector(answer_cache_series(settings.answer_cache))
-    app = create_app(engines, settings, batches=batches, shadow=shadow)
+    starts, stops = pinned_set(engines, config, settings)
+    app = create_app(engines, settings, batches=batches, shadow=shadow, on_startup=starts, on_shutdown=stops)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,
