@@ -142,3 +142,23 @@ def test_the_app_serves_through_the_drift_front_and_metrics_show_it(engines):
         text = client.get("/metrics").text
     line = f'basal_drift_answers_total{{label="{label}",model="large",question="angry"}}'
     assert any(row.startswith(line) for row in text.splitlines()), text[-2000:]
+
+
+def test_the_server_composition_records_drift_unless_switched_off():
+    from basal.serve.config import parse_config
+    from basal.serve.server import _server, build_engines
+
+    config = parse_config({"metrics": True, "drift_max_questions": 8, "drift_max_labels": 4})
+    engines = build_engines(config)
+    try:
+        front = _server(engines, config).engines
+        assert isinstance(front, DriftFront) and front.inner is engines
+        assert (front.recorder.max_questions, front.recorder.max_labels) == (8, 4)
+    finally:
+        engines.close()
+    off = parse_config({"drift_max_questions": 0})
+    engines = build_engines(off)
+    try:
+        assert _server(engines, off).engines is engines
+    finally:
+        engines.close()
