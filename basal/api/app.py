@@ -52,6 +52,7 @@ def create_app(
     on_shutdown: Sequence[Callable] = (),
     batches: BatchService | None = None,
     shadow: ShadowFront | None = None,
+    on_startup: Sequence[Callable] = (),
 ) -> Litestar:
     """`batches`: serve the Files and Batches API (docs/batches.md) from this service's store. `shadow`: the front
     that shadows models (`engines` or a front inside it), whose summary `GET /v1/shadow` serves."""
@@ -59,7 +60,7 @@ def create_app(
     context = ApiContext(engines, settings, parsers(engines, settings), batches, shadow)
     routes = [*decision_routes(settings), *model_routes(settings), *health_routes(), *metrics_routes(settings)]
     routes += playground_routes() + shadow_routes(shadow)
-    starts, stops = [engines.start], [*on_shutdown]
+    starts, stops = [engines.start, *on_startup], [*on_shutdown]
     if batches is not None:
         batches.attach(body_decider(engines, settings, context.parsers["basal"]))
         routes += batch_routes(settings)

@@ -212,6 +212,12 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     answer_cache_entries: Annotated[int, Meta(ge=0, le=1 << 24)] = 4096  # the exact-answer cache: answers kept; 0: off
     answer_cache_mb: Annotated[float, Meta(ge=0.001, le=MAX_MB)] = 64.0  # the answers' bytes it may hold
     answer_cache_ttl_s: Annotated[float, Meta(gt=0, le=365 * 86_400)] = 600.0  # how long an answer is served again
+    # drift series (docs/shadow.md "Drift"): question names per model and labels per question counted by name; the
+    # rest under `_other` (both are user data: the bound keeps /metrics small); 0 questions: no drift series
+    drift_max_questions: Annotated[int, Meta(ge=0, le=4096)] = 64
+    drift_max_labels: Annotated[int, Meta(ge=1, le=1024)] = 16
+    drift_set: str | None = None  # a pinned set (Batch API input JSONL or a capture) replayed to check the bits
+    drift_interval_s: Annotated[float, Meta(ge=1, le=30 * 86_400)] = 3600.0  # between two runs of `drift_set`
     caches_shared: bool = False  # with api_keys: both caches shared by all keys (a hit's speed tells what others sent)
 
     def __post_init__(self) -> None:

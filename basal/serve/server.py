@@ -17,6 +17,7 @@ from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
 from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
+from basal.core.engine.drift import with_drift
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
@@ -463,6 +464,21 @@ def with_shadows(engines: EnginesFront, config: ServeConfig) -> ShadowFront | No
         raise ConfigError(f"models: {e}") from e
 
 
+def pinned_set(engines: EnginesFront, config: ServeConfig, settings: ApiSettings) -> tuple[list, list]:
+    """The app's start-up and shutdown hooks that run `drift_set` every `drift_interval_s` (none without one)."""
+    if config.drift_set is None:
+        return [], []
+    from basal.api.decide import body_decider
+    from basal.replay.pinned import PinnedSet
+
+    try:
+        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics)
+    except ValueError as e:
+        raise ConfigError(f"drift_set: {e}") from e
+    start, stop = pinned.starter(config.drift_interval_s)
+    return [start], [stop]
+
+
 def _server(
     engines: EnginesFront,
     config: ServeConfig,
@@ -477,10 +493,11 @@ def _server(
     for warning in exposure_warnings(config, settings):
         log.warning(warning)
     shadow = with_shadows(engines, config)
-    engines = shadow or engines
+    engines = with_drift(shadow or engines, config.drift_max_questions, config.drift_max_labels)
     if settings.answer_cache is not None:
         engines.metrics.add_collector(answer_cache_series(settings.answer_cache))
-    app = create_app(engines, settings, batches=batches, shadow=shadow)
+    starts, stops = pinned_set(engines, config, settings)
+    app = create_app(engines, settings, batches=batches, shadow=shadow, on_startup=starts, on_shutdown=stops)
     log.info(
         "basal listening on http://%s:%d (models: %s; default %s)%s; the playground: http://%s:%d/playground",
         config.host,

@@ -192,6 +192,32 @@ class Metrics:
         self.shadow_failed = Counter(
             r, "basal_shadow_failed_total", "copies the shadow model could not answer", ("model", "shadow")
         )
+        # drift: the running distribution of online answers per model and question (docs/shadow.md "Drift")
+        self.drift_answers = Counter(
+            r, "basal_drift_answers_total", "online answers by decision label", ("model", "question", "label")
+        )
+        self.drift_confidence = Counter(
+            r,
+            "basal_drift_confidence_total",
+            "summed confidence of online answers (divided by basal_drift_answers_total: the mean)",
+            ("model", "question"),
+        )
+        self.drift_below_max_error = Counter(
+            r,
+            "basal_drift_below_max_error_total",
+            "online answers less confident than the model's certified threshold for its smallest max_error target",
+            ("model", "question"),
+        )
+        self.drift_set_identical = Gauge(
+            r,
+            "basal_drift_set_identical",
+            "1: every answer of the pinned set is byte-identical to its first run",
+            ("set",),
+        )
+        self.drift_set_changed = Gauge(
+            r, "basal_drift_set_changed", "answers of the pinned set that differ from its first run", ("set",)
+        )
+        self.drift_set_runs = Counter(r, "basal_drift_set_runs_total", "runs of the pinned set", ("set",))
         self.max_inflight.set(value=max_inflight)
         for endpoint in ("/v1/systemone", "/v1/basal"):
             self.http_inflight.inc(endpoint, by=0)

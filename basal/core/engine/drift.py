@@ -1,0 +1,124 @@
+"""Drift series: the running distribution of each served model's online answers, per question name, in /metrics.
+
+Per model and question: answers by decision label (`shadow.decision`, so a label here is a label there), summed
+confidence (`cascade.top_probability`; over the answers' count: the mean) and answers less confident than the
+model's certified threshold for the smallest `max_error` target of its calibration. An alert compares a recent
+window of these counters with a baseline window (deploy/prometheus/basal-alerts.yml).
+
+Question names and labels are user data, so both are bounded: the first `max_questions` names of a model and the
+first `max_labels` labels of a question are counted by name, any later one under `_other`. The answer is read
+after it is made and never touched; batch lines and shadow copies (the background lane) are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from basal.core.decision.act import certified_confidence
+from basal.core.engine.cascade import top_probability
+from basal.core.engine.front import EnginesFront, Result
+from basal.core.engine.metrics import Metrics
+from basal.core.engine.shadow import decision
+from basal.core.request.plan import DecisionRequest
+
+OTHER = "_other"  # the question name or label past the bounds
+
+
+def max_error_confidence(thresholds: Mapping[str, Any]) -> float | None:
+    """The certified confidence of the smallest error target in CALIBRATION.json's thresholds (None: none)."""
+    targets = []
+    for key in thresholds if isinstance(thresholds, Mapping) else ():
+        try:
+            targets.append((float(key), key))
+        except ValueError:
+            continue
+    for _, key in sorted(targets):
+        confidence = certified_confidence(thresholds, key)
+        if confidence is not None:
+            return confidence
+    return None
+
+
+class DriftRecorder:
+    """Counts answers into the drift series, with the question names and labels bounded."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        max_questions: int,
+        max_labels: int,
+        thresholds_of: Callable[[str], Mapping[str, Any]],
+    ):
+        self.metrics = metrics
+        self.max_questions = max_questions
+        self.max_labels = max_labels
+        self._thresholds_of = thresholds_of
+        self._limits: dict[str, float | None] = {}  # model -> its max_error confidence, read once
+        self._labels: dict[str, dict[str, set[str]]] = {}  # model -> question -> labels counted by name
+
+    def limit(self, model: str) -> float | None:
+        if model not in self._limits:
+            self._limits[model] = max_error_confidence(self._thresholds_of(model))
+        return self._limits[model]
+
+    def _bounded(self, model: str, question: str, label: str) -> tuple[str, str]:
+        questions = self._labels.setdefault(model, {})
+        if question not in questions:
+            if len(questions) >= self.max_questions:
+                question = OTHER
+            questions.setdefault(question, set())
+        labels = questions[question]
+        if label not in labels:
+            if len(labels) >= self.max_labels:
+                return question, OTHER
+            labels.add(label)
+        return question, label
+
+    def record(self, model: str, question: str, answer: Any) -> None:
+        label, _ = decision(answer)
+        confidence = float(top_probability(answer))
+        question, label = self._bounded(model, question, label)
+        self.metrics.drift_answers.inc(model, question, label)
+        self.metrics.drift_confidence.inc(model, question, by=confidence)
+        limit = self.limit(model)
+        if limit is not None and confidence < limit:
+            self.metrics.drift_below_max_error.inc(model, question)
+
+
+class DriftFront:
+    """An `EnginesFront` that counts each online answer into the drift series; everything else is the wrapped
+    front's (read through), and the answer is returned as it came."""
+
+    def __init__(self, inner: EnginesFront, recorder: DriftRecorder):
+        self.inner = inner
+        self.recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped front's names, properties and methods
+        return getattr(self.inner, name)
+
+    async def run(
+        self,
+        request: DecisionRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        has_slot: bool = False,
+        background: bool = False,
+    ) -> Result:
+        result = await self.inner.run(request, cancelled, has_slot=has_slot, background=background)
+        if not background:
+            answers = result.response.answers
+            for q in request.questions:
+                if q.name in answers:
+                    self.recorder.record(request.model, q.name, answers[q.name])
+        return result
+
+
+def with_drift(inner: EnginesFront, max_questions: int, max_labels: int) -> EnginesFront:
+    """`inner` with the drift series recorded (itself when `max_questions` is 0: no drift series)."""
+    if max_questions == 0:
+        return inner
+    recorder = DriftRecorder(
+        inner.metrics, max_questions, max_labels, lambda model: inner.model_info(model).calibration.thresholds
+    )
+    return DriftFront(inner, recorder)  # type: ignore[return-value]
