@@ -32,7 +32,7 @@ import numpy as np
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
-from bench.http_speed import healthy
+from bench.lab.http_speed import healthy
 from tests.servers import free_port
 
 
