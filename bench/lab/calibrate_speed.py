@@ -1,6 +1,6 @@
 """`basal calibrate` through the batch path against the same requests sent online one by one.
 
-    python -m bench.lab.calibrate_speed                          # 1000 requests, 5000 questions, 200 states, mini cut to 2
+    python -m bench.lab.calibrate_speed            # 1000 requests, 5000 questions, 200 states, mini cut to 2
     python -m bench.lab.calibrate_speed --requests 100 --states 20 --preset demo     # a quick look
 
 One labelled file: `--requests` /v1/systemone requests over `--states` states (about `--state-tokens` tokens each),
