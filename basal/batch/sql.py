@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
-class SqlStore:
+class SqlStore(ABC):
     """The store's logic over a database connection that a subclass provides (see the module docstring)."""
 
     LOCK_ROW = ""
@@ -50,19 +51,23 @@ class SqlStore:
 
     # the connection: a subclass's
 
+    @abstractmethod
     def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
         """Run `fn(db)` in one transaction. `durable=False`: its commit need not reach the disk before it returns
         (leases: one lost to a power cut leaves its chunk claimable again, which is what a lapsed lease does)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _query(self, sql: str, args: tuple = ()) -> list[dict]:
-        raise NotImplementedError
+        """Rows of one read-only statement, as dicts."""
 
     def _before_create(self, db: Any) -> None:
-        """Serialize batch creation across servers (the in-progress limit and idempotency keys hold for all)."""
+        """Serialize batch creation across servers (the in-progress limit and idempotency keys hold for all). One
+        server's database (SQLite) serializes writers itself: nothing to take."""
+        return None
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Release the connection (or the pool)."""
 
     def now(self) -> int:
         return int(self.clock())
@@ -215,11 +220,13 @@ class SqlStore:
         return self._tx(move)
 
     def _announce_cancel(self, db: Any, batch_id: str) -> None:
-        """Tell the other servers, at commit, that `batch_id` is cancelling (`listen`)."""
+        """Tell the other servers, at commit, that `batch_id` is cancelling (`listen`); with one server, no one."""
+        return None
 
     def listen(self, on_cancel: Callable[[str], None]) -> None:
         """Call `on_cancel(batch id)`, from another thread, as any server marks a batch `cancelling` (with one
         server, whose cancel route already tells its runner, there is nothing to listen to)."""
+        return None
 
     # the lines of a running batch
 
