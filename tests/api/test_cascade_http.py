@@ -199,3 +199,15 @@ def test_basal_decide_with_a_config_answers_through_the_cascade(tmp_path, capsys
     answers = json.loads(out.splitlines()[-1])["answers"]
     assert answers["urgent"]["answered_by"] == "large" and answers["team"]["answered_by"] == "small"
     assert "answered by: small=3, large=2" in err
+
+
+def test_the_probes_answer_through_a_wrapping_front(client, engines):
+    """/health/ready reads every member of the front (its `startup` steps too): through a cascade and a shadow."""
+    from basal.core.engine.shadow import Shadow, ShadowFront
+
+    ready = client.get("/health/ready")
+    assert ready.status_code == 200 and ready.json()["startup"] == engines.startup
+    shadowed = ShadowFront(engines, [Shadow("small", "large", sample=0.0)])
+    with TestClient(create_app(CascadeFront(shadowed, [NOUL_ON]), ApiSettings())) as c:
+        assert c.get("/health/ready").status_code == 200
+        assert c.get("/health").json()["models"] == ["small", "large", "casc"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +31,7 @@ import msgspec
 from basal.core.decision.act import certified_confidence
 from basal.core.decision.answers import BasalResponse, BasalUsage, NoulAnswer, StepUsage, SystemOneResponse, Usage
 from basal.core.decision.diagnostics import CascadeStepDiagnostics, Diagnostics
-from basal.core.engine.front import EnginesFront, ModelInfo, Result
+from basal.core.engine.front import EnginesFront, ModelInfo, Result, WrappedFront
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest, Question
 
@@ -304,12 +303,12 @@ def _merge_diagnostics(
     )
 
 
-class CascadeFront:
+class CascadeFront(WrappedFront):
     """An `EnginesFront` that also serves cascades: their names beside the models', answered step by step through
     the front it wraps (one process's engines or the Ray front); everything else is the wrapped front's."""
 
     def __init__(self, inner: EnginesFront, cascades: Sequence[Cascade]):
-        self.inner = inner
+        super().__init__(inner)
         self.cascades = {c.name: c for c in cascades}
         clash = [c for c in self.cascades if c in inner.names]
         if clash:
@@ -322,54 +321,9 @@ class CascadeFront:
                 )
         self._thresholds: dict[str, Mapping[str, Any]] = {}
 
-    # -- the wrapped front's state, read through ------------------------------------------------------------
-
-    @property
-    def default(self) -> str:
-        return self.inner.default
-
-    @property
-    def metrics(self):
-        return self.inner.metrics
-
-    @property
-    def max_inflight(self) -> int:
-        return self.inner.max_inflight
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
-
-    @property
-    def draining(self) -> bool:
-        return self.inner.draining
-
-    @property
-    def progress(self) -> dict[str, str]:
-        return self.inner.progress
-
     @property
     def names(self) -> list[str]:
         return [*self.inner.names, *self.cascades]
-
-    @property
-    def inflight(self) -> int:
-        return self.inner.inflight
-
-    def slot(self) -> AbstractContextManager[None]:
-        return self.inner.slot()
-
-    def begin_drain(self) -> None:
-        self.inner.begin_drain()
-
-    def ready(self) -> bool:
-        return self.inner.ready()
-
-    def start(self) -> None:
-        self.inner.start()
-
-    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
-        self.inner.close(drain, timeout, abandon)
 
     # -- cascades ---------------------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from basal.core.decision.act import certified_confidence
 from basal.core.engine.cascade import top_probability
-from basal.core.engine.front import EnginesFront, Result
+from basal.core.engine.front import EnginesFront, Result, WrappedFront
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.shadow import decision
 from basal.core.request.plan import DecisionRequest
@@ -86,16 +86,13 @@ class DriftRecorder:
             self.metrics.drift_below_max_error.inc(model, question)
 
 
-class DriftFront:
+class DriftFront(WrappedFront):
     """An `EnginesFront` that counts each online answer into the drift series; everything else is the wrapped
     front's (read through), and the answer is returned as it came."""
 
     def __init__(self, inner: EnginesFront, recorder: DriftRecorder):
-        self.inner = inner
+        super().__init__(inner)
         self.recorder = recorder
-
-    def __getattr__(self, name: str) -> Any:  # the wrapped front's names, properties and methods
-        return getattr(self.inner, name)
 
     async def run(
         self,
@@ -121,4 +118,4 @@ def with_drift(inner: EnginesFront, max_questions: int, max_labels: int) -> Engi
     recorder = DriftRecorder(
         inner.metrics, max_questions, max_labels, lambda model: inner.model_info(model).calibration.thresholds
     )
-    return DriftFront(inner, recorder)  # type: ignore[return-value]
+    return DriftFront(inner, recorder)

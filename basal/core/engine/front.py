@@ -155,3 +155,76 @@ class InflightLimit:
         finally:
             with self._lock:
                 self._inflight -= 1
+
+
+class WrappedFront:
+    """A front around another (`EnginesFront`): every member reads through to `inner`, so a wrapper (cascades,
+    shadow traffic, drift series) overrides only what it changes, and a member the protocol gains reaches every
+    wrapper at once."""
+
+    def __init__(self, inner: EnginesFront):
+        self.inner = inner
+
+    @property
+    def default(self) -> str:
+        return self.inner.default
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.inner.metrics
+
+    @property
+    def max_inflight(self) -> int:
+        return self.inner.max_inflight
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    @property
+    def draining(self) -> bool:
+        return self.inner.draining
+
+    @property
+    def progress(self) -> dict[str, str]:
+        return self.inner.progress
+
+    @property
+    def startup(self) -> dict[str, dict[str, float]]:
+        return self.inner.startup
+
+    @property
+    def names(self) -> list[str]:
+        return self.inner.names
+
+    @property
+    def inflight(self) -> int:
+        return self.inner.inflight
+
+    def model_info(self, name: str) -> ModelInfo:
+        return self.inner.model_info(name)
+
+    def slot(self) -> AbstractContextManager[None]:
+        return self.inner.slot()
+
+    def begin_drain(self) -> None:
+        self.inner.begin_drain()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
+        self.inner.close(drain, timeout, abandon)
+
+    async def run(
+        self,
+        request: DecisionRequest,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        has_slot: bool = False,
+        background: bool = False,
+    ) -> Result:
+        return await self.inner.run(request, cancelled, has_slot=has_slot, background=background)

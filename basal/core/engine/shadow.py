@@ -22,14 +22,13 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from basal.core.decision.answers import NoulAnswer
-from basal.core.engine.front import EnginesFront, ModelInfo, Result
+from basal.core.engine.front import EnginesFront, Result, WrappedFront
 from basal.core.request.plan import DecisionRequest
 
 log = logging.getLogger(__name__)
@@ -146,12 +145,12 @@ def _type_summary(comparisons: Sequence[Comparison]) -> dict[str, Any]:
     }
 
 
-class ShadowFront:
+class ShadowFront(WrappedFront):
     """An `EnginesFront` that copies a sample of each shadowed model's online requests to its shadow, in the
     background, after the primary has answered; everything else is the wrapped front's."""
 
     def __init__(self, inner: EnginesFront, shadows: Sequence[Shadow], draw: Callable[[], float] = random.random):
-        self.inner = inner
+        super().__init__(inner)
         self.shadows = {s.primary: s for s in shadows}
         for s in shadows:
             for name in (s.primary, s.model):
@@ -165,55 +164,6 @@ class ShadowFront:
         self._draw = draw
         self._running: dict[str, int] = dict.fromkeys(self.shadows, 0)
         self._tasks: set[asyncio.Task] = set()
-
-    # -- the wrapped front, read through ------------------------------------------------------------------------
-
-    @property
-    def default(self) -> str:
-        return self.inner.default
-
-    @property
-    def metrics(self):
-        return self.inner.metrics
-
-    @property
-    def max_inflight(self) -> int:
-        return self.inner.max_inflight
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
-
-    @property
-    def draining(self) -> bool:
-        return self.inner.draining
-
-    @property
-    def progress(self) -> dict[str, str]:
-        return self.inner.progress
-
-    @property
-    def names(self) -> list[str]:
-        return self.inner.names
-
-    @property
-    def inflight(self) -> int:
-        return self.inner.inflight
-
-    def model_info(self, name: str) -> ModelInfo:
-        return self.inner.model_info(name)
-
-    def slot(self) -> AbstractContextManager[None]:
-        return self.inner.slot()
-
-    def begin_drain(self) -> None:
-        self.inner.begin_drain()
-
-    def ready(self) -> bool:
-        return self.inner.ready()
-
-    def start(self) -> None:
-        self.inner.start()
 
     def close(self, drain: bool = True, timeout: float = 30.0, abandon: bool = False) -> None:
         for task in list(self._tasks):  # shadows never hold up a shutdown
