@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from basal.core.engine.engines import Engines
 from basal.core.errors import ModelDirError
@@ -21,8 +21,11 @@ from basal.serve.config import ModelConfig
 log = logging.getLogger("basal")
 
 
-def reload_calibrations(engines: Engines, specs: Mapping[str, ModelConfig]) -> dict[str, str]:
-    """Re-read each loaded model's calibration; -> model name: what happened (changed, unchanged, or the error)."""
+def reload_calibrations(
+    engines: Engines, specs: Mapping[str, ModelConfig], on_change: Callable[[], None] = lambda: None
+) -> dict[str, str]:
+    """Re-read each loaded model's calibration; -> model name: what happened (changed, unchanged, or the error).
+    `on_change`: called once after any calibration changed (the answer cache forgets what the old one answered)."""
     outcome = {}
     for name, engine in list(engines.engines.items()):
         pipeline = engine.pipeline
@@ -40,16 +43,22 @@ def reload_calibrations(engines: Engines, specs: Mapping[str, ModelConfig]) -> d
         pipeline.model = dataclasses.replace(pipeline.model, calibration=new)
         log.info("%s: now serving the %s calibration %s (sha256 %s)", name, new.kind, new.path or "-", new.sha256[:12])
         outcome[name] = "changed"
+    if "changed" in outcome.values():
+        on_change()
     return outcome
 
 
-def reload_on_sighup(engines: Engines, specs: Mapping[str, ModelConfig]) -> None:
+def reload_on_sighup(
+    engines: Engines, specs: Mapping[str, ModelConfig], on_change: Callable[[], None] = lambda: None
+) -> None:
     """SIGHUP -> `reload_calibrations` on a thread of its own (the signal handler returns at once). Only the main
     thread may install a handler: a server started on another thread (an embedding program, the tests) says so
     in its log and reloads nothing."""
 
     def handler(_signum: int, _frame: object) -> None:
-        threading.Thread(target=reload_calibrations, args=(engines, specs), name="basal-reload", daemon=True).start()
+        threading.Thread(
+            target=reload_calibrations, args=(engines, specs, on_change), name="basal-reload", daemon=True
+        ).start()
 
     if threading.current_thread() is not threading.main_thread():
         log.info("not on the main thread: SIGHUP does not reload calibrations in this server")

@@ -402,7 +402,8 @@ def serve(config: ServeConfig) -> None:
         log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
 
     loader = threading.Thread(target=load, name="basal-load", daemon=True)
-    reload_on_sighup(engines, {model.name: spec for spec, model in sources})
+    forget = settings.answer_cache.clear if settings.answer_cache is not None else lambda: None
+    reload_on_sighup(engines, {model.name: spec for spec, model in sources}, on_change=forget)
     loader.start()
     server.run()
     if failed:

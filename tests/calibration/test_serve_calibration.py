@@ -243,3 +243,29 @@ def test_sighup_reloads_basal_serve(calibrated, tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def test_a_reload_that_changes_the_calibration_empties_the_answer_cache(calibrated, tmp_path) -> None:
+    """Answers computed under the old calibration are never served again once it changed (`on_change`)."""
+    from basal.api.settings import ApiSettings
+    from basal.core.engine.answer_cache import AnswerCache
+
+    model_path, doc = calibrated
+    config = ModelConfig(path=str(model_path), calibration=str(tmp_path / "mine.json"))
+    (tmp_path / "mine.json").write_text(json.dumps(doc))
+    model = model_directory(config)
+    engines = make_engines(model)
+    cache = AnswerCache(64, 1 << 20, 600.0)
+    body = {"model": "jev-latest", "state": "Customer 7 writes: refund please.", "questions": QUESTIONS}
+    with live_server(engines, ApiSettings(answer_cache=cache)) as url:
+        first = httpx.post(url + "/v1/systemone", json=body)
+        assert httpx.post(url + "/v1/systemone", json=body).headers["x-basal-cache"] == "hit"
+        assert reload_calibrations(engines, {model.name: config}, cache.clear) == {model.name: "unchanged"}
+        assert len(cache) == 1  # nothing changed: the answer stays
+        changed = dict(doc, temperature_per_prim=dict(doc["temperature_per_prim"], choice=2.5))
+        (tmp_path / "mine.json").write_text(json.dumps(changed))
+        assert reload_calibrations(engines, {model.name: config}, cache.clear) == {model.name: "changed"}
+        assert len(cache) == 0 and cache.identities == {}
+        again = httpx.post(url + "/v1/systemone", json=body)
+        assert again.headers["x-basal-cache"] == "miss"
+        assert again.json()["answers"]["team"] != first.json()["answers"]["team"]  # the new temperature's answer

@@ -262,11 +262,12 @@ class AnswerReuse:
             return None
         directives = {d.strip().lower() for d in request.headers.get("cache-control", "").split(",")}
         scope = plan.cache_scope or "shared"
-        info = engines.model_info(plan.model)  # plain data (a Ray front holds its replicas' copies)
-        known = (plan.model, info.calibration.sha256 or id(info.calibration))  # a reloaded calibration: a new key
-        identity = cache.identities.get(known)
-        if identity is None:
-            identity = cache.identities[known] = model_identity(info.name, info.version, info.calibration, info.compute)
+        identity = cache.identities.get(plan.model)
+        if identity is None:  # asked once per model (on Ray a call to a replica); a reloaded calibration clears it
+            info = engines.model_info(plan.model)
+            identity = cache.identities[plan.model] = model_identity(
+                info.name, info.version, info.calibration, info.compute
+            )
         encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
         key = request_key(dialect, scope, identity, plan.diagnostics, encoding, body)
         return cls(cache, key, "no-cache" not in directives, "no-store" not in directives)

@@ -92,9 +92,8 @@ class AnswerCache:
         self._lock = threading.Lock()
         self.bytes = 0
         self.counts = CacheCounts()
-        # (served name, its calibration's identity) -> `model_identity`, kept by the front: a calibration reloaded
-        # under the same name keys new answers
-        self.identities: dict[tuple[str, object], bytes] = {}
+        # served name -> `model_identity`, kept by the front; `clear` (a reloaded calibration) forgets them too
+        self.identities: dict[str, bytes] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
