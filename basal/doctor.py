@@ -89,7 +89,7 @@ def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool,
 
 
 def chunk_lines(facts: dict) -> list[str]:
-    """The GEMM row-chunk plan (and column blocks) per weight shape (torch backend), one line each."""
+    """The GEMM row-chunk sizes (and column blocks) per weight shape (torch backend), one line each."""
     chunks = facts.get("gemm_chunks")
     if not isinstance(chunks, dict):
         return [f"    GEMM row chunks: {chunks}"] if chunks else []

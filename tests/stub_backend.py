@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from basal.core.model.model_dir import ModelDir
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 Rule = Callable[[str, int], Sequence[float]]
 
@@ -25,10 +25,10 @@ class FakeBackend:
     reads_hidden_states = False
     caches_states = False  # a double that keeps prefixes with a base says so (StubBackend)
 
-    def prepare(self, batch: PackedBatch) -> None:
+    def prepare(self, batch: PackedForward) -> None:
         return None
 
-    def run_with_hidden(self, batch: PackedBatch):
+    def run_with_hidden(self, batch: PackedForward):
         raise RuntimeError(f"the {self.name} test backend reads no hidden states")
 
     def vocab_logsumexp(self, states):
@@ -57,7 +57,7 @@ class StubBackend(FakeBackend):
     def drop_prefix(self, key: str) -> None:
         self.prefixes.pop(key, None)
 
-    def _prompt(self, batch: PackedBatch, readout: int) -> str:
+    def _prompt(self, batch: PackedForward, readout: int) -> str:
         blocks = batch.chain(int(batch.block_of[readout]))
         root = blocks[0]
         ids = list(self.prefixes[batch.prefix_keys[batch.block_prefix[root]]]) if batch.block_prefix[root] >= 0 else []
@@ -67,7 +67,7 @@ class StubBackend(FakeBackend):
             ids += batch.tokens[start:end].tolist()
         return self.model.tokenizer._tk.decode(ids, skip_special_tokens=False)
 
-    def run(self, batch: PackedBatch, prepared=None, preemptible=False):
+    def run(self, batch: PackedForward, prepared=None, preemptible=False):
         out = np.full((len(batch.readouts), len(batch.letter_ids)), -1e4, dtype=np.float32)
         for r, flat in enumerate(batch.readouts):
             prompt = self._prompt(batch, int(flat))

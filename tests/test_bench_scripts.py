@@ -115,7 +115,7 @@ def test_gemm_columns_smoke(demo_model):
     body = {"model": "m", "state": "The door is open.", "questions": {"q": {"type": "noul", "instructions": "Open?"}}}
     ab = gemm_columns.forward_ab(pipeline, backend, parse_systemone(body, lambda m: m), 1)
     assert ab["same_bits"] and set(ab["seconds"]) == {"one call", "probed", "512 columns"}
-    plans = backend.net.chunks.plans  # the probed plans are back in place
+    plans = backend.net.chunks.sizes  # the probed chunk sizes are back in place
     assert {f"{k[0]}x{k[1]}": p.cols for k, p in plans.items()} == ab["probed_cols"]
 
 

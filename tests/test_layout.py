@@ -70,7 +70,11 @@ def copy(tmp_path_factory) -> Path:
         ("basal/batch/runner.py", "from basal.core.engine.engines import Engines", "batch imports basal.core.engine"),
         ("basal/batch/lines.py", "import basal.core.request.plan", "batch imports basal.core.request.plan"),
         ("basal/batch/store.py", "from basal.backends.load import load_backend", "batch imports basal.backends.load"),
-        ("basal/core/packing/tile_plan.py", "from basal.core.decision import answers", "the GPU path reaches msgspec"),
+        (
+            "basal/core/packing/tile_layout.py",
+            "from basal.core.decision import answers",
+            "the GPU path reaches msgspec",
+        ),
     ],
 )
 def test_a_planted_wrong_import_is_caught(copy, module, planted, expected):

@@ -1,1 +1,1 @@
-"""Compute backends: a `PackedBatch` in, letter logits out. They never choose what is in a batch."""
+"""Compute backends: a `PackedForward` in, letter logits out. They never choose what is in a forward."""

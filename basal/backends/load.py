@@ -1,6 +1,6 @@
 """Backend selection. The protocol itself (`Backend`) is in `basal.core.packing.backend`, so core can drive it.
 
-A backend loads a model directory, caches the K/V of the template prefixes once, and runs `PackedBatch`es.
+A backend loads a model directory, caches the K/V of the template prefixes once, and runs `PackedForward`es.
 `run` is a generator that yields after every layer (and may yield inside one), so that a long-lane job can pause
 at any yield (the engine drives it; a backend never sleeps or reorders), and returns ``float32[readouts, letters]``.
 """

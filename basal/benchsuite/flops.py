@@ -1,4 +1,4 @@
-"""FLOPs of a forward over a packed batch, counted from its tokens and the model's shape (issue 16: every benchmark
+"""FLOPs of a packed forward, counted from its tokens and the model's shape (issue 16: every benchmark
 reports the fraction of the machine's measured GEMM rate it reaches).
 
 Only useful work is counted — what the tree needs, not the padding of row chunks or key tiles — so the fraction
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from basal.core.model.model_dir import LlamaConfig
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 
 @dataclass(frozen=True)
@@ -51,17 +51,17 @@ def per_token_gemm_flops(cfg: LlamaConfig) -> dict[str, float]:
     return {name: 2.0 * n * k for name, (n, k) in gemm_shapes(cfg).items()}
 
 
-def forward_flops(cfg: LlamaConfig, batch: PackedBatch) -> Flops:
-    n_tokens, n_readouts = batch.n_tokens, len(batch.readouts)
+def forward_flops(cfg: LlamaConfig, packed: PackedForward) -> Flops:
+    n_tokens, n_readouts = packed.n_tokens, len(packed.readouts)
     per = per_token_gemm_flops(cfg)
     layer = sum(per.values())
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     kv_share = 2.0 * cfg.hidden_size * 2 * kv  # the K/V part of the fused q/k/v GEMM
     last = n_tokens * kv_share + n_readouts * (layer - kv_share)
-    head = n_readouts * 2.0 * cfg.hidden_size * len(batch.letter_ids)
+    head = n_readouts * 2.0 * cfg.hidden_size * len(packed.letter_ids)
     gemm = (cfg.num_hidden_layers - 1) * n_tokens * layer + last + head
     per_key = 4.0 * q  # q·k and p·v over every head, per (query, key) pair
-    keys_all = float(np.sum(batch.positions.astype(np.int64) + 1))
-    keys_readouts = float(np.sum(batch.positions[batch.readouts].astype(np.int64) + 1))
+    keys_all = float(np.sum(packed.positions.astype(np.int64) + 1))
+    keys_readouts = float(np.sum(packed.positions[packed.readouts].astype(np.int64) + 1))
     attention = per_key * ((cfg.num_hidden_layers - 1) * keys_all + keys_readouts)
     return Flops(gemm, attention)

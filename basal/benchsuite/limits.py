@@ -17,7 +17,7 @@ from basal.backends.cuda.model import TORCH_DTYPE
 from basal.benchsuite.flops import NO_FLOPS, Flops, forward_flops, gemm_shapes, per_token_gemm_flops
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import LlamaConfig
-from basal.core.packing.tree import plan_forwards
+from basal.core.packing.tree import split_forwards
 from basal.core.request.plan import DecisionRequest
 
 LIMIT_ROWS = 512  # rows per call: past this the CPU library's rate is flat (issue 16's table)
@@ -95,7 +95,7 @@ def _cuda_extra(dev: torch.device, dt: torch.dtype, sync) -> dict[str, float]:
 def request_flops(pipeline: Pipeline, request: DecisionRequest) -> Flops:
     """Useful FLOPs of answering `request` alone, from the same packing the pipeline runs."""
     tokenized = pipeline.tokenize([q for q in request.questions if q.needs_model])
-    forwards = plan_forwards(
+    forwards = split_forwards(
         tokenized,
         pipeline.letter_ids,
         pipeline.prefixes,
@@ -103,4 +103,4 @@ def request_flops(pipeline: Pipeline, request: DecisionRequest) -> Flops:
         pipeline.forward_max_tokens,
         share_across_questions=pipeline.share_across_questions,
     )
-    return sum((forward_flops(pipeline.model.config, f.batch) for f in forwards), NO_FLOPS)
+    return sum((forward_flops(pipeline.model.config, f.packed) for f in forwards), NO_FLOPS)

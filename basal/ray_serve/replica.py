@@ -34,7 +34,7 @@ class ReplicaAnswer:
     response: SystemOneResponse | BasalResponse | None = None
     queue_ms: float = 0.0
     compute_ms: float = 0.0
-    batch_requests: int = 0
+    pass_requests: int = 0
     error: tuple[str, Any] | None = None  # (kind, detail): request (status, body) | overloaded | closed | cancelled
     diagnostics: Diagnostics | None = None  # only when the request asked for them
 
@@ -54,7 +54,7 @@ class ReplicaAnswer:
             self.response,
             self.queue_ms,
             self.compute_ms,
-            self.batch_requests,
+            self.pass_requests,
             replica=self.replica,
             diagnostics=self.diagnostics,
         )
@@ -101,7 +101,7 @@ class BasalReplica:
             result.response,
             result.queue_ms,
             result.compute_ms,
-            result.batch_requests,
+            result.pass_requests,
             diagnostics=result.diagnostics,
         )
 

@@ -164,8 +164,7 @@ def device_memory(engines: Engines) -> list[CallbackCollector]:
     buffer cache. MLX's figures are the process's (its models share one allocator). No samples for torch on the
     CPU, whose memory is the process's `process_resident_memory_bytes`."""
 
-    def loaded() -> list[tuple[str, Any]]:
-        return [(name, e.pipeline.backend) for name, e in list(engines.engines.items())]
+    loaded = engines.backends
 
     def read_active():
         models = loaded()
@@ -311,7 +310,7 @@ def answer_cache_series(cache: AnswerCache) -> CacheCollector:
 
 
 STATE_CACHE_SERIES = {
-    "hits_total": "states found computed when their batch was packed",
+    "hits_total": "states found computed when their pass was packed",
     "partial_hits_total": "states extending a computed one (only the new tokens computed)",
     "misses_total": "states computed from the template prefix",
     "evictions_total": "states pushed out by the state_cache_mb budget (least recently used first)",

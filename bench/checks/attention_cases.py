@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from basal.core.packing.tile_plan import plan_tiles
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tile_layout import lay_out_tiles
+from basal.core.packing.tree import PackedForward
 
 
 @dataclass
@@ -71,7 +71,7 @@ def layout(chain: Chain, cuts: list[int], siblings: list[int], seed: int):
         return np.asarray(x, dtype=np.int32)
 
     n_tok = len(positions)
-    batch = PackedBatch(
+    batch = PackedForward(
         i32(np.zeros(n_tok)), i32(positions), i32(block_of), i32(starts), i32(lens), i32(parents),
         i32(prefix_of), ("pre",) if p0 else (), i32([row_of[n - 1]]), i32([]),
     )  # fmt: skip
@@ -79,11 +79,11 @@ def layout(chain: Chain, cuts: list[int], siblings: list[int], seed: int):
 
 
 def plan_tensors(
-    batch: PackedBatch, prefix: int, tokens_per_tile: int, readout_only: bool = False, row: int | None = None
+    batch: PackedForward, prefix: int, tokens_per_tile: int, readout_only: bool = False, row: int | None = None
 ):
     """Tile table, count and chain ranges as tensors; `row`: only the tile holding that flat row (tiles are
     independent programs, and the interpreter runs them one at a time)."""
-    plan = plan_tiles(batch, {"pre": (0, prefix)} if prefix else {}, tokens_per_tile)
+    plan = lay_out_tiles(batch, {"pre": (0, prefix)} if prefix else {}, tokens_per_tile)
     tiles = plan.readout_tiles if readout_only else plan.tiles
     if row is not None:
         tiles = tiles[(tiles[:, 0] <= row) & (row < tiles[:, 0] + tiles[:, 1])]

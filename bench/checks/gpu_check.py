@@ -508,7 +508,7 @@ def blob_count(count, readout_only: bool, device):
     readout count, 4 bytes in, runs another compiled variant than a tensor of its own would."""
     import torch
 
-    from basal.core.packing.tile_plan import COUNTS
+    from basal.core.packing.tile_layout import COUNTS
 
     i = 1 if readout_only else 0
     counts = torch.zeros(COUNTS, dtype=torch.int32, device=device)
@@ -619,13 +619,18 @@ def release_memory(device) -> None:
 def timed_decisions(be, qs, prefix, letters, device, dry: bool) -> dict:
     """decisions/s of one forward over `qs`, after an eager and a capturing warm-up (the replays are timed)."""
     from basal.core.packing.passes import run_to_end
-    from basal.core.packing.tree import plan_forwards
+    from basal.core.packing.tree import split_forwards
 
-    (fwd,) = plan_forwards(qs, letters, {"en": prefix})
+    (fwd,) = split_forwards(qs, letters, {"en": prefix})
     for _ in range(0 if dry else 2):
-        run_to_end(be.run(fwd.batch))
-    ms = statistics.median(cuda_timer(lambda: run_to_end(be.run(fwd.batch)), 1 if dry else 10, device))
-    return {"tokens": int(fwd.batch.n_tokens), "questions": len(qs), "ms": ms, "decisions_per_s": len(qs) / (ms * 1e-3)}
+        run_to_end(be.run(fwd.packed))
+    ms = statistics.median(cuda_timer(lambda: run_to_end(be.run(fwd.packed)), 1 if dry else 10, device))
+    return {
+        "tokens": int(fwd.packed.n_tokens),
+        "questions": len(qs),
+        "ms": ms,
+        "decisions_per_s": len(qs) / (ms * 1e-3),
+    }
 
 
 def overlap_check(be, batch, reference, device, dry: bool) -> dict:
@@ -676,7 +681,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
     import numpy as np
 
     from basal.core.packing.passes import run_to_end
-    from basal.core.packing.tree import plan_forwards
+    from basal.core.packing.tree import split_forwards
 
     started = time.perf_counter()
     be = synthetic_backend(size, device, dry)
@@ -688,25 +693,25 @@ def model_checks(size: str, device, dry: bool) -> dict:
     state_len = 8 if dry else 100
     single = questions(1, rng, prefix, state_len, vocab)
     others = questions(1 if dry else 15, rng, prefix, state_len, vocab)
-    (fwd,) = plan_forwards(single, letters, {"en": prefix})
-    eager = run_to_end(be.run(fwd.batch))  # first use: eager
-    graph = run_to_end(be.run(fwd.batch))  # second use: captured, then replayed (CUDA)
-    replay = run_to_end(be.run(fwd.batch))
-    bigger = run_to_end(be.run(fwd.batch, pad_to=2 * fwd.batch.n_tokens + 64))
+    (fwd,) = split_forwards(single, letters, {"en": prefix})
+    eager = run_to_end(be.run(fwd.packed))  # first use: eager
+    graph = run_to_end(be.run(fwd.packed))  # second use: captured, then replayed (CUDA)
+    replay = run_to_end(be.run(fwd.packed))
+    bigger = run_to_end(be.run(fwd.packed, pad_to=2 * fwd.packed.n_tokens + 64))
     residual = {}
     head = be.net.head
 
     def head_noting_the_residual(b, *args):  # eager only: reads a device value back
-        residual["max_abs"] = float(b.hr[: len(fwd.batch.readouts)].float().abs().max())
+        residual["max_abs"] = float(b.hr[: len(fwd.packed.readouts)].float().abs().max())
         return head(b, *args)
 
     be.net.head = head_noting_the_residual
     try:
-        with_hidden, _ = run_to_end(be.run_with_hidden(fwd.batch))
+        with_hidden, _ = run_to_end(be.run_with_hidden(fwd.packed))
     finally:
         be.net.head = head
-    (batched,) = plan_forwards(single + others, letters, {"en": prefix})
-    in_batch = run_to_end(be.run(batched.batch))
+    (batched,) = split_forwards(single + others, letters, {"en": prefix})
+    in_batch = run_to_end(be.run(batched.packed))
     row = batched.readout_of[(0, 0)]
     pairs = {
         "eager=graph": (eager, graph),
@@ -717,10 +722,10 @@ def model_checks(size: str, device, dry: bool) -> dict:
     }
     same, differences = bitwise(pairs)
     same["finite"] = bool(np.isfinite(eager).all() and np.isfinite(in_batch).all())
-    ms = cuda_timer(lambda b=fwd.batch, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
-    overlap = overlap_check(be, fwd.batch, eager, device, dry)
+    ms = cuda_timer(lambda b=fwd.packed, be=be: run_to_end(be.run(b)), 1 if dry else 100, device)
+    overlap = overlap_check(be, fwd.packed, eager, device, dry)
     same["=overlapped"] = overlap.pop("bitwise")
-    same["=interleaved"] = interleave_check(be, fwd.batch, batched.batch, eager, in_batch)
+    same["=interleaved"] = interleave_check(be, fwd.packed, batched.packed, eager, in_batch)
     throughput = {}
     for target in (64,) if dry else THROUGHPUT_TOKENS:
         n = max(2, target // (state_len + 12))  # each question: its state and two 6-token option tails
@@ -731,7 +736,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
     out = {
         "bitwise": same,
         **({"differences": differences} if differences else {}),
-        "single_tokens": int(fwd.batch.n_tokens),
+        "single_tokens": int(fwd.packed.n_tokens),
         "single_ms_median": statistics.median(ms),
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
         "throughput": throughput,
@@ -762,7 +767,7 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
     from basal.core.model.model_dir import ModelDir
     from basal.core.model.synth import synth_model
     from basal.core.packing.passes import run_to_end
-    from basal.core.packing.tree import plan_forwards
+    from basal.core.packing.tree import split_forwards
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu_check_model.") as tmp:
@@ -782,14 +787,14 @@ def checkpoint_checks(device, dry: bool, bias: bool) -> dict:
         state_len = 8 if dry else 100
         qs = questions(2, rng, prefix, state_len, vocab)
         letters = list(range(10))
-        (alone,) = plan_forwards(qs[:1], letters, {"en": prefix})
-        (both,) = plan_forwards(qs, letters, {"en": prefix})
-        first = run_to_end(be.run(alone.batch))  # a warm bucket on CUDA: replayed from its first use
-        eager = run_to_end(be.run(alone.batch, preemptible=True))  # the long lane's way: eager, layer by layer
-        in_batch = run_to_end(be.run(both.batch))
+        (alone,) = split_forwards(qs[:1], letters, {"en": prefix})
+        (both,) = split_forwards(qs, letters, {"en": prefix})
+        first = run_to_end(be.run(alone.packed))  # a warm bucket on CUDA: replayed from its first use
+        eager = run_to_end(be.run(alone.packed, preemptible=True))  # the long lane's way: eager, layer by layer
+        in_batch = run_to_end(be.run(both.packed))
         cpu = TorchBackend.load(model, dtype="f32", device="cpu") if device.type == "cuda" else picked  # f32, CPU
         cpu.prefix("en", prefix)
-        reference = run_to_end(cpu.run(both.batch))
+        reference = run_to_end(cpu.run(both.packed))
     error = float(np.abs(in_batch - reference).max()) / max(1.0, float(np.abs(reference).max()))
     row = both.readout_of[(0, 0)]
     same, differences = bitwise(

@@ -62,7 +62,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.prompt import option_orders, render_prompt
 from basal.core.model.synth import synth_model
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.tree import TokenizedQuestion, split_forwards
 from bench.checks.serve_check import serve_checks, serve_lines
 
 DEFAULT_REQUESTS = Path(__file__).resolve().parents[2] / "tests" / "data" / "export_requests.jsonl"
@@ -188,8 +188,8 @@ def paused_pass(s: Subject, qs: Questions) -> bool:
     """A pass paused at every layer while other batches run gives the same bits (the long lane)."""
     questions, interlopers = qs.make(4), qs.make(3)
     reference = s.logits(questions)
-    (forward,) = plan_forwards(questions, s.cached.letter_ids, s.cached.prefixes)
-    steps, result = s.backend.run(forward.batch), None
+    (forward,) = split_forwards(questions, s.cached.letter_ids, s.cached.prefixes)
+    steps, result = s.backend.run(forward.packed), None
     while result is None:
         try:
             next(steps)

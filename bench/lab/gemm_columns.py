@@ -90,7 +90,7 @@ def forward_ab(pipeline: Pipeline, backend: TorchBackend, request, reps: int) ->
     """Wall seconds of one request under each plan set, alternating; and whether the logit bits agree."""
     table = backend.net.chunks
     pipeline.decide(request)  # every shape the request calls (the letter head's too) gets its plan first
-    probed = dict(table.plans)
+    probed = dict(table.sizes)
     plans = {
         "one call": {k: replace(p, cols=0) for k, p in probed.items()},
         "probed": probed,
@@ -99,16 +99,16 @@ def forward_ab(pipeline: Pipeline, backend: TorchBackend, request, reps: int) ->
     bits, times = {}, {name: [] for name in plans}
     try:
         for name, plan in plans.items():
-            table.plans = plan
+            table.sizes = plan
             bits[name] = _logit_bits(pipeline, request)  # also the warm-up
         for _ in range(reps):
             for name, plan in plans.items():
-                table.plans = plan
+                table.sizes = plan
                 t = time.perf_counter()
                 pipeline.decide(request)
                 times[name].append(time.perf_counter() - t)
     finally:
-        table.plans = probed
+        table.sizes = probed
     return {
         "probed_cols": {f"{k[0]}x{k[1]}": p.cols for k, p in probed.items()},
         "same_bits": len(set(bits.values())) == 1,

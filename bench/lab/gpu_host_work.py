@@ -16,8 +16,8 @@ import numpy as np
 
 from basal.backends.cuda.gpu.buckets import layout_for
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
-from basal.core.packing.tile_plan import pack_blob, plan_tiles
-from basal.core.packing.tree import plan_forwards
+from basal.core.packing.tile_layout import lay_out_tiles, pack_blob
+from basal.core.packing.tree import split_forwards
 from bench.checks.gpu_check import questions
 
 
@@ -34,15 +34,15 @@ def main() -> None:
     for n in map(int, args.questions.split(",")):
         qs = questions(n, rng, prefix, 100, 32000)
         started = time.perf_counter()
-        (forward,) = plan_forwards(qs, list(range(10)), {"en": prefix})
+        (forward,) = split_forwards(qs, list(range(10)), {"en": prefix})
         packing = time.perf_counter() - started
-        batch = forward.batch
+        batch = forward.packed
         layout = layout_for(batch.n_tokens, len(batch.readouts), len(batch.block_start), per_tile)
         blob = np.zeros(layout.size, np.int32)
         times = []
         for _ in range(args.reps):
             started = time.perf_counter()
-            pack_blob(batch, plan_tiles(batch, {"en": (0, len(prefix))}, per_tile), layout, blob)
+            pack_blob(batch, lay_out_tiles(batch, {"en": (0, len(prefix))}, per_tile), layout, blob)
             times.append(time.perf_counter() - started)
         print(f"{n:9d}  {batch.n_tokens:6d}  {packing * 1e3:15.2f}  {statistics.median(times) * 1e3:10.3f}")
 

@@ -23,7 +23,7 @@ from basal.backends.mlx import native
 from basal.backends.mlx import ops as O
 from basal.core.model.synth import PRESETS
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import single_prompt_batch
+from basal.core.packing.tree import single_prompt_forward
 
 VIEWS = {"Broadcast", "BroadcastAxes", "Reshape", "Slice", "Split", "Transpose", "ExpandDims", "Squeeze", "View"}
 
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     a = ap.parse_args()
     cfg = PRESETS[a.preset].config
-    batch = single_prompt_batch(list(range(3, 3 + a.tokens)))
+    batch = single_prompt_forward(list(range(3, 3 + a.tokens)))
     h = mx.zeros((a.tokens, cfg.hidden_size), dtype=mx.float16)
     w = mx.zeros((cfg.hidden_size,), dtype=mx.float16)
     mx.eval(h, w)

@@ -75,7 +75,7 @@ def test_every_pinned_series_parses_with_its_kind_and_labels(client):
 
 def test_duration_buckets_are_the_rust_engines():
     m = Metrics()
-    for h in (m.http_duration, m.queue_duration, m.batch_duration):
+    for h in (m.http_duration, m.queue_duration, m.pass_duration):
         h.observe(*(["x"] * len(h._m._labelnames)), value=0.2)
     found = families(m.render())
     for name in ("basal_http_request_duration_seconds", "basal_queue_duration_seconds", "basal_batch_duration_seconds"):

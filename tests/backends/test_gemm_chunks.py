@@ -46,10 +46,10 @@ def test_choice_within_the_reference_class():
     # time per row: 16 -> 1/16, 64 -> 2/64, 256 -> 4/256 (fastest), 512 -> 9/512; 32 is in another class and
     # 128 is not invariant: neither may be used
     results = [_r(16, 1.0), _r(32, 1.0, b"b"), _r(64, 2.0), _r(256, 4.0), _r(512, 9.0), _r(128, 1.0, invariant=False)]
-    assert G.choose(results) == G.ChunkPlan(256, (16, 64, 256), True)
+    assert G.choose(results) == G.ChunkSizes(256, (16, 64, 256), True)
     # 512 rows at 8.4 s is within 10% of 256's time per row: the larger size is taken
     results[4] = _r(512, 8.4)
-    assert G.choose(results) == G.ChunkPlan(512, (16, 64, 256, 512), True)
+    assert G.choose(results) == G.ChunkSizes(512, (16, 64, 256, 512), True)
 
 
 def test_choice_weighs_padding_when_sizes_differ_in_bits():
@@ -58,9 +58,9 @@ def test_choice_weighs_padding_when_sizes_differ_in_bits():
     results = [_r(64, 1.0), _r(512, 4.0, b"b")]
     # cost(64)  = mean(ceil(n/64) * 1 / n)  = mean(1/16, 1/64, 4/256, 16/1024, 64/4096) = mean(.0625, 4 x .015625)
     # cost(512) = mean(ceil(n/512) * 4 / n) = mean(4/16, 4/64, 4/256, 8/1024, 32/4096)   = much more
-    assert G.choose(results) == G.ChunkPlan(64, (64,), True)
+    assert G.choose(results) == G.ChunkSizes(64, (64,), True)
     results = [_r(64, 1.0, invariant=False), _r(512, 4.0, b"b")]
-    assert G.choose(results) == G.ChunkPlan(512, (512,), False)  # the only invariant size; bits differ from 64's
+    assert G.choose(results) == G.ChunkSizes(512, (512,), False)  # the only invariant size; bits differ from 64's
 
 
 def test_a_busy_moment_does_not_pick_the_chunk_size():
@@ -75,7 +75,7 @@ def test_a_busy_moment_does_not_pick_the_chunk_size():
         calls[0] += 1
         return torch.nn.functional.linear(c, W)
 
-    def probe(sequential: bool) -> G.ChunkPlan:
+    def probe(sequential: bool) -> G.ChunkSizes:
         now[0], calls[0] = 0.0, 0
         if sequential:  # the probe before: four calls of one size, then the next size
             results = [
@@ -87,7 +87,7 @@ def test_a_busy_moment_does_not_pick_the_chunk_size():
         return G.choose(results)
 
     assert probe(sequential=True).rows == 64  # the burst fooled the sequential probe
-    assert probe(sequential=False) == G.ChunkPlan(512, (8, 64, 512), True)
+    assert probe(sequential=False) == G.ChunkSizes(512, (8, 64, 512), True)
 
 
 def test_one_lucky_short_call_does_not_pick_the_chunk_size():
@@ -105,11 +105,11 @@ def test_one_lucky_short_call_does_not_pick_the_chunk_size():
         return torch.nn.functional.linear(c, W)
 
     results = G.check_sizes(fn, (8, 64, 512), 128, torch.float32, clock=lambda: now[0])
-    assert G.choose(results) == G.ChunkPlan(512, (8, 64, 512), True)
+    assert G.choose(results) == G.ChunkSizes(512, (8, 64, 512), True)
 
 
 def test_calls_of_a_plan():
-    plan = G.ChunkPlan(256, (16, 64, 256), True)
+    plan = G.ChunkSizes(256, (16, 64, 256), True)
     assert plan.calls(600) == [256, 256, 256]  # 88 rows left: the smallest tail that holds them is 256
     assert plan.calls(520) == [256, 256, 16]
     assert plan.calls(10) == [16] and plan.calls(256) == [256] and plan.calls(0) == []
@@ -153,7 +153,7 @@ def test_column_blocks_give_the_whole_width_bits(dtype, bias):
     """A plan with column blocks (the last one narrower) gives every row the bits of the one-call path."""
     w = W.to(dtype)
     b = torch.randn(96, generator=torch.Generator().manual_seed(2)).to(dtype) if bias else None
-    whole = G.ChunkPlan(64, (8, 16, 64), True)
+    whole = G.ChunkSizes(64, (8, 16, 64), True)
     blocked = replace(whole, cols=40)
     x = torch.randn(300, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
     for n in (1, 5, 17, 64, 130, 300):
@@ -163,7 +163,7 @@ def test_column_blocks_give_the_whole_width_bits(dtype, bias):
 WIDE = torch.randn(1200, 64, generator=torch.Generator().manual_seed(3))  # wider than every column candidate
 
 
-def _whole_bits(plan: G.ChunkPlan, w: torch.Tensor = WIDE) -> dict[int, bytes]:
+def _whole_bits(plan: G.ChunkSizes, w: torch.Tensor = WIDE) -> dict[int, bytes]:
     sizes = sorted({plan.rows, *plan.tails})
     return {r.rows: r.bits for r in G.check_sizes(G._blocked_linear(w, None, 0), sizes, w.shape[1], w.dtype, 0)}
 
@@ -186,7 +186,7 @@ def _clocked(monkeypatch, seconds_per_call):
 
 
 def test_the_probe_takes_the_fastest_column_block(monkeypatch):
-    plan = G.ChunkPlan(64, (8, 64), True)
+    plan = G.ChunkSizes(64, (8, 64), True)
     bits = _whole_bits(plan)
     real = G._blocked_linear
     for seconds, cols in [
@@ -203,7 +203,7 @@ def test_the_probe_takes_the_fastest_column_block(monkeypatch):
 def test_the_probe_refuses_column_blocks_that_change_bits(monkeypatch):
     """Negative control: a block size whose calls round differently (here: its last block scaled by 1 + 2**-20)
     is never used, however fast: changed at every size, at the full size only or at a tail only."""
-    plan = G.ChunkPlan(64, (8, 64), True)
+    plan = G.ChunkSizes(64, (8, 64), True)
     bits = _whole_bits(plan)
     real = G._blocked_linear
 
@@ -236,7 +236,7 @@ def test_a_plan_cached_on_another_machine_is_probed_anew(monkeypatch, tmp_path):
     """The disk cache is trusted only under the key it was written with: another CPU's (or torch's, or thread
     count's, or basal release's) plan, here one whose column blocks would change the bits, is probed again."""
     table = G.ChunkTable(tmp_path / "chunks.json")
-    wrong = G.ChunkPlan(64, (8, 64), True, cols=7)
+    wrong = G.ChunkSizes(64, (8, 64), True, cols=7)
     monkeypatch.setattr(G, "machine_key", lambda: "another CPU")
     table._write((1200, 64, "float32", False), wrong)
     assert G.ChunkTable(tmp_path / "chunks.json").for_weight(WIDE) == wrong  # same key: used as it is

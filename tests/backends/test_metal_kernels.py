@@ -16,7 +16,7 @@ import pytest
 
 from basal.backends.mlx import metal
 from basal.backends.mlx import ops as O
-from basal.core.packing.attention_plan import QUERY_ROWS, plan_attention
+from basal.core.packing.attention_layout import QUERY_ROWS, lay_out_attention
 from tests.backends import metal_emulation as E
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
@@ -81,7 +81,7 @@ def pack(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int =
     root_prefix = np.asarray([roots.index(b) if world.parent[b] < 0 and cached_prefix else -1 for b in blocks])
     n = len(block_of)
     queries = np.asarray(starts + np.asarray(lens) - 1) if readouts else np.arange(n)  # readouts: last tokens
-    plan = plan_attention(
+    plan = lay_out_attention(
         block_of,
         positions,
         starts,

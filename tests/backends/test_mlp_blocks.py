@@ -10,7 +10,7 @@ import torch
 
 from basal.backends.cuda import ops as K
 from basal.backends.cuda.backend import TorchBackend
-from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+from basal.backends.cuda.cpu.gemm_chunks import ChunkSizes
 from basal.core.packing.passes import run_to_end
 
 
@@ -25,16 +25,16 @@ def test_blocks_give_the_whole_batch_bits(demo_model, dtype, up, down):
     lw = net.w.layers[0]
     table = net.chunks
     up_key, down_key = _key(lw.gate_up, lw.gate_up_bias), _key(lw.down, lw.down_bias)
-    saved = dict(table.plans)
-    table.plans[up_key] = ChunkPlan(up, tuple(s for s in (8, 16, 32, 64, 128) if s <= up), True, cols=24)
-    table.plans[down_key] = ChunkPlan(down, tuple(s for s in (8, 16, 32, 64, 128) if s <= down), True)
+    saved = dict(table.sizes)
+    table.sizes[up_key] = ChunkSizes(up, tuple(s for s in (8, 16, 32, 64, 128) if s <= up), True, cols=24)
+    table.sizes[down_key] = ChunkSizes(down, tuple(s for s in (8, 16, 32, 64, 128) if s <= down), True)
     x = torch.randn(700, lw.gate_up.shape[1], generator=torch.Generator().manual_seed(3)).to(lw.gate_up.dtype)
     try:
         with torch.inference_mode():
             for n in (0, 1, 5, up, 3 * max(up, down), 3 * max(up, down) + 7, 700):
-                gate_up = run_to_end(K.linear_steps(x[:n], lw.gate_up, lw.gate_up_bias, table.plans[up_key]))
+                gate_up = run_to_end(K.linear_steps(x[:n], lw.gate_up, lw.gate_up_bias, table.sizes[up_key]))
                 act = K.swiglu(gate_up)
-                whole = run_to_end(K.linear_steps(act, lw.down, lw.down_bias, table.plans[down_key]))
+                whole = run_to_end(K.linear_steps(act, lw.down, lw.down_bias, table.sizes[down_key]))
                 blocked = run_to_end(net._mlp(x[:n], lw, readout=False))
                 assert blocked.shape == whole.shape
                 assert torch.equal(
@@ -42,15 +42,15 @@ def test_blocks_give_the_whole_batch_bits(demo_model, dtype, up, down):
                     whole.view(torch.int16 if dtype == "bf16" else torch.int32),
                 ), n
     finally:
-        table.plans.clear()
-        table.plans.update(saved)
+        table.sizes.clear()
+        table.sizes.update(saved)
 
 
 def test_blocks_pause_between_them(demo_model):
     """A long batch still has pause points inside the MLP (the long lane steps aside there)."""
     net = TorchBackend.load(demo_model).net
     lw = net.w.layers[0]
-    plans = net.chunks.plans
+    plans = net.chunks.sizes
     saved = dict(plans)
     # 64-row chunks whose tail is padded to 64 (the probed plan's tails may all be shorter than 300 % 64 rows)
     plans[_key(lw.gate_up, lw.gate_up_bias)] = replace(saved[_key(lw.gate_up, lw.gate_up_bias)], rows=64, tails=(64,))

@@ -22,9 +22,9 @@ from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, plan_attention
+from basal.core.packing.attention_layout import KEY_TILE, QUERY_ROWS, lay_out_attention
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import single_prompt_batch
+from basal.core.packing.tree import single_prompt_forward
 
 
 def emulate_attention(launch: metal.Launch, q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_attention_launch_packs_what_the_portable_path_computes(rows):
     block_of, positions, starts, lens, parents = _tree()
     n, heads, kv_heads, dim = len(block_of), 4, 2, 16
     queries = np.arange(n) if rows > 1 else np.array([74, 114])  # readouts: the last token of each child
-    plan = plan_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, queries, rows)
+    plan = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, queries, rows)
     query_rows = np.full(n, -1)
     query_rows[queries] = np.arange(len(queries))
     q = rng.standard_normal((len(queries), heads, dim)).astype(np.float32)
@@ -88,7 +88,7 @@ def test_readout_launch_and_launch_checks():
     assert launch.output_shape == (3, 10) and launch.grid[0] >= 30 and launch.threadgroup == (64, 1, 1)
     assert launch.arrays["params"].size == metal.MIN_BUFFER  # 3 values, padded: never the constant address space
     block_of, positions, starts, lens, parents = _tree()
-    plan = plan_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, np.arange(3), 1)
+    plan = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, np.arange(3), 1)
     rows = np.arange(len(block_of))
     with pytest.raises(ValueError, match="MAX_HEAD_DIM"):
         metal.attention_launch(plan, rows, 3, 4, 2, 512)
@@ -165,10 +165,10 @@ def test_metal_native_ops_agree_with_the_portable_ones(demo_model):
     """The Metal path's norms and SwiGLU (`native.py`), run here on the CPU: same model, logits within f32 noise.
     (Their invariance is a Metal property; bench/checks/mac_check.py checks it there.)"""
     from basal.backends.mlx.model import MLXLlama
-    from basal.core.packing.tree import single_prompt_batch
+    from basal.core.packing.tree import single_prompt_forward
 
     tokens = demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie")
-    batch = single_prompt_batch(tokens)
+    batch = single_prompt_forward(tokens)
     letters = tuple(int(x) for x in batch.letter_ids) or (1, 2)
     net, results = MLXLlama(demo_model, "f32", use_metal=False, native_ops=False), []
     for native in (False, True):
@@ -182,18 +182,18 @@ def test_long_pass_steps_aside_inside_a_layer_with_the_same_bits(demo_model, mon
     """On the CPU, past STEP_ROWS rows a layer yields between row blocks and attention groups; the engine may
     pause at every yield, so another batch runs at each one here, and the bits must not change."""
     from basal.backends.mlx import model as mlx_model
-    from basal.core.packing.tree import plan_forwards
+    from basal.core.packing.tree import split_forwards
     from tests.determinism.harness import Harness
 
     h = Harness(demo_model, "mlx", "cpu", "f32")
     rng = random.Random(5)
     questions = [h.question(rng, "en", state_words=50) for _ in range(2)]
     interloper = [h.question(rng, "pl")]
-    (forward,) = plan_forwards(questions, h.cached.letter_ids, h.cached.prefixes)
-    assert forward.batch.n_tokens > 2 * 64
-    reference = run_to_end(h.backend.run(forward.batch))
+    (forward,) = split_forwards(questions, h.cached.letter_ids, h.cached.prefixes)
+    assert forward.packed.n_tokens > 2 * 64
+    reference = run_to_end(h.backend.run(forward.packed))
     monkeypatch.setattr(mlx_model, "STEP_ROWS", 64)
-    steps, yields, stepped = h.backend.run(forward.batch), 0, None
+    steps, yields, stepped = h.backend.run(forward.packed), 0, None
     while stepped is None:
         try:
             next(steps)
@@ -261,7 +261,7 @@ def test_backend_leaves_the_process_default_alone(demo_model, monkeypatch):
 
     monkeypatch.setattr(backend.net, "layer", spy)
     outside = _default_stream()
-    batch = single_prompt_batch(demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie"))
+    batch = single_prompt_forward(demo_model.tokenizer.encode("Czy paczka dotarła uszkodzona? A. tak B. nie"))
     batch = replace(batch, letter_ids=np.array([1, 2], dtype=np.int32))
     logits = run_to_end(backend.run(batch))
     assert seen == [backend.scope] * demo_model.config.num_hidden_layers

@@ -6,16 +6,16 @@ import numpy as np
 
 from basal.benchsuite.flops import forward_flops, per_token_gemm_flops
 from basal.core.model.model_dir import LlamaConfig
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 # hidden 8, intermediate 12, 2 layers, 2 heads of 4 (q width 8), 1 KV head (k, v width 4 each)
 CFG = LlamaConfig(8, 12, 2, 2, 1, 4, 100, 1e-5, 1e4, 64, False)
 
 
-def _batch(positions, block_of, starts, lens, parents, readouts, letters=3) -> PackedBatch:
+def _batch(positions, block_of, starts, lens, parents, readouts, letters=3) -> PackedForward:
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
     n = len(positions)
-    return PackedBatch(
+    return PackedForward(
         i32(range(n)), i32(positions), i32(block_of), i32(starts), i32(lens), i32(parents), i32([-1] * len(lens)),
         (), i32(readouts), i32(range(letters)),
     )  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from basal.backends.cuda import ops as K
-from basal.core.packing.attention_plan import plan_attention
+from basal.core.packing.attention_layout import lay_out_attention
 from basal.core.packing.passes import run_to_end
 from bench.lab.baselines import main_path
 from bench.lab.baselines.tiled_attention import tiled_tree_attention
@@ -31,7 +31,7 @@ def _tree_case(seed: int, block_len: list[int], parents: list[int], rows: int, q
         first_pos.append(0 if p < 0 else first_pos[p] + block_len[p])
     positions = np.concatenate([np.arange(f, f + m) for f, m in zip(first_pos, block_len, strict=True)])
     queries = np.arange(n) if queries is None else queries
-    plan = plan_attention(
+    plan = lay_out_attention(
         np.repeat(np.arange(len(block_len)), block_len).astype(np.int32),
         positions.astype(np.int32),
         starts,

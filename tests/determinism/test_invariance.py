@@ -12,7 +12,7 @@ import random
 import pytest
 
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.tree import TokenizedQuestion, split_forwards
 from tests.determinism.harness import WORDS, Harness, available, same_bits
 
 WORDS_PL = WORDS["pl"]
@@ -62,9 +62,9 @@ def test_tree_with_questions_on_the_same_state(harness, seed):
     alone = _alone(harness, [first, *siblings])
     together = harness.logits([first, *siblings])
     assert all(same_bits(a, b) for a, b in zip(alone, together, strict=True))
-    (forward,) = plan_forwards([first, *siblings], harness.cached.letter_ids, harness.cached.prefixes)
+    (forward,) = split_forwards([first, *siblings], harness.cached.letter_ids, harness.cached.prefixes)
     # the state was really shared: far fewer tokens than the prompts hold
-    assert forward.batch.n_tokens < 0.5 * sum(len(p) for q in [first, *siblings] for p in q.prompts)
+    assert forward.packed.n_tokens < 0.5 * sum(len(p) for q in [first, *siblings] for p in q.prompts)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -100,8 +100,8 @@ def test_paused_between_layers(harness):
     questions = _questions(harness, 11, 4)
     interlopers = _questions(harness, 12, 3)
     reference = harness.logits(questions)
-    (forward,) = plan_forwards(questions, harness.cached.letter_ids, harness.cached.prefixes)
-    steps = harness.backend.run(forward.batch)
+    (forward,) = split_forwards(questions, harness.cached.letter_ids, harness.cached.prefixes)
+    steps = harness.backend.run(forward.packed)
     paused = None
     while paused is None:
         try:
@@ -133,9 +133,9 @@ def test_negative_control_sees_a_difference(demo_model, combo):
 
 def test_run_to_end_matches_stepping(harness):
     questions = _questions(harness, 21, 3)
-    (forward,) = plan_forwards(questions, harness.cached.letter_ids, harness.cached.prefixes)
-    a = run_to_end(harness.backend.run(forward.batch))
-    b = run_to_end(harness.backend.run(forward.batch))
+    (forward,) = split_forwards(questions, harness.cached.letter_ids, harness.cached.prefixes)
+    a = run_to_end(harness.backend.run(forward.packed))
+    b = run_to_end(harness.backend.run(forward.packed))
     assert a.tobytes() == b.tobytes()
 
 
@@ -158,5 +158,5 @@ def test_multi_branches_and_act_alone_batched_and_in_a_tree(harness):
     assert all(same_bits(a, b) for a, b in zip(together, mixed, strict=True))
     for i in (0, 3, 4):  # a first and a last branch, the act readout
         assert same_bits(harness.logits([readouts[i]])[0], together[i])
-    (forward,) = plan_forwards(readouts, harness.cached.letter_ids, harness.cached.prefixes)
-    assert forward.batch.n_tokens < 0.5 * sum(len(p) for r in readouts for p in r.prompts)  # the state once
+    (forward,) = split_forwards(readouts, harness.cached.letter_ids, harness.cached.prefixes)
+    assert forward.packed.n_tokens < 0.5 * sum(len(p) for r in readouts for p in r.prompts)  # the state once

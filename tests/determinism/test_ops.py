@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from basal.backends.cuda import ops as K
-from basal.core.packing.attention_plan import plan_attention
+from basal.core.packing.attention_layout import lay_out_attention
 
 ROW_COUNTS = [1, 2, 3, 4, 7, 8, 15, 16, 17, 63, 64, 65, 131, 257]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -106,14 +106,14 @@ def test_det_exp_keeps_main_bits_in_blocks_and_nonpositive(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_chunk_outputs_keep_main_bits(dtype):
     """GEMM, norm and swiglu chunks written into one output give the bits of main's chunks joined by cat."""
-    from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+    from basal.backends.cuda.cpu.gemm_chunks import ChunkSizes
     from basal.core.packing.passes import run_to_end
     from bench.lab.baselines import main_path
 
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(333, 2 * 176, generator=g) * 4).to(dtype)
     w, bias = torch.randn(96, 2 * 176, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
-    for rows in (K.ROWS, ChunkPlan(128, (8, 32, 128), True)):
+    for rows in (K.ROWS, ChunkSizes(128, (8, 32, 128), True)):
         for b in (None, bias):
             new, old = K.linear(x, w, b, rows), run_to_end(main_path.linear_steps(x, w, b, rows))
             assert _bits(new) == _bits(old), (rows, b is None)
@@ -152,7 +152,7 @@ def test_attention_query_alone_vs_in_a_packed_tree(prefix):
             ]
         ).astype(np.int32)
         plan = K.to_torch(
-            plan_attention(
+            lay_out_attention(
                 block_of,
                 positions,
                 starts,

@@ -48,7 +48,7 @@ def test_miss_hit_and_cache_off_give_the_same_bits(harness, seed):
     assert all(same_bits(a, b) for a, b in zip(hits, off[1:], strict=True))
     # the hit really read the cache: its forward computed far fewer tokens than the prompt holds
     (forward,) = pipeline.pack_questions(pipeline_questions := questions[1:2])
-    assert forward.batch.n_tokens < 0.5 * len(pipeline_questions[0].prompts[0])
+    assert forward.packed.n_tokens < 0.5 * len(pipeline_questions[0].prompts[0])
 
 
 def test_hits_and_misses_batched_with_others(harness):

@@ -28,15 +28,15 @@ from basal.backends.cuda.gpu.graphs import GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION
 from basal.backends.cuda.gpu.readback import ONE_OFF, StagingSlots, numpy_buffers
 from basal.core import home
-from basal.core.packing.tile_plan import NO_RANGE, BlobLayout, pack_blob, plan_tiles, tile_capacity, unpack_blob
+from basal.core.packing.tile_layout import NO_RANGE, BlobLayout, lay_out_tiles, pack_blob, tile_capacity, unpack_blob
 from basal.core.packing.tree import (
     FORWARD_MAX_TOKENS,
     MAX_DEPTH,
     TREE_MAX_TOKENS,
-    PackedBatch,
+    PackedForward,
     TokenizedQuestion,
     pack_row,
-    plan_forwards,
+    split_forwards,
 )
 
 
@@ -61,13 +61,13 @@ def test_every_long_lane_chunk_is_a_probed_row_count():
 def _batch():
     q = TokenizedQuestion("en", "s", ((1, 2, 3, 4, 5, 6), (1, 2, 3, 9, 8), (1, 2, 7)))
     r = TokenizedQuestion("pl", "t", ((5, 5, 5, 1), (5, 5, 6)))
-    (forward,) = plan_forwards([q, r], [40, 41], {"en": (1, 2), "pl": (5,)})
-    return forward.batch
+    (forward,) = split_forwards([q, r], [40, 41], {"en": (1, 2), "pl": (5,)})
+    return forward.packed
 
 
-def test_tile_plan_covers_every_token_once_without_mixing_blocks():
+def test_tile_layout_covers_every_token_once_without_mixing_blocks():
     batch = _batch()
-    plan = plan_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=2)
+    plan = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=2)
     covered = []
     for q0, nq, pos0, block in plan.tiles:
         assert 1 <= nq <= 2 and batch.positions[q0] == pos0
@@ -80,7 +80,7 @@ def test_tile_plan_covers_every_token_once_without_mixing_blocks():
 def test_chain_ranges_map_every_position_to_its_key_row():
     batch = _batch()
     prefix_rows = {"en": (0, 2), "pl": (2, 1)}
-    plan = plan_tiles(batch, prefix_rows, tokens_per_tile=4)
+    plan = lay_out_tiles(batch, prefix_rows, tokens_per_tile=4)
     for b in range(len(batch.block_start)):
         chain = batch.chain(b)
         expected = []  # (buffer, row) of positions 0 .. end of block b
@@ -98,7 +98,7 @@ def test_chain_ranges_map_every_position_to_its_key_row():
 
 def test_blob_round_trip_and_no_stale_fields():
     batch = _batch()
-    plan = plan_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
+    plan = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
     layout = BlobLayout(32, 16, tile_capacity(32, 16, 3))
     blob = np.full(layout.size, 77, dtype=np.int32)
     pack_blob(batch, plan, layout, blob)
@@ -115,7 +115,7 @@ def test_blob_round_trip_and_no_stale_fields():
 # The tile capacity: the attention grid is ceil(T_b/NT) + min(T_b, 2·R_b) programs per KV head
 
 
-def _block_counts(batch: PackedBatch) -> tuple[np.ndarray, np.ndarray]:
+def _block_counts(batch: PackedForward) -> tuple[np.ndarray, np.ndarray]:
     """Per block: its number of children, and whether it ends a prompt (a readout is its last token)."""
     n_blocks = len(batch.block_start)
     children = np.bincount(batch.block_parent[batch.block_parent >= 0], minlength=n_blocks)
@@ -170,11 +170,11 @@ LADDER = [TokenizedQuestion("en", "s", ((7, 8, *[1] * k, 2), (7, 8, *[1] * k, 3)
 def test_the_packer_makes_at_most_two_blocks_per_readout(questions, tree_max, forward_max, share):
     """Every block ends a prompt or has two children or more, so a trie of R readouts has B <= 2R − 1 blocks; the
     readout bucket of a packed batch therefore never steps up for the tile capacity, and its blob always packs."""
-    forwards = plan_forwards(questions, [40, 41], LANGS, tree_max, forward_max, share_across_questions=share)
+    forwards = split_forwards(questions, [40, 41], LANGS, tree_max, forward_max, share_across_questions=share)
     if len(forwards) > 1:
         event("several forwards")
     for f in forwards:
-        b = f.batch
+        b = f.packed
         children, ends = _block_counts(b)
         assert np.all(ends | (children >= 2))
         assert set(b.readouts.tolist()) <= set((b.block_start + b.block_len - 1).tolist())  # a readout ends a block
@@ -196,7 +196,7 @@ def test_the_packer_makes_at_most_two_blocks_per_readout(questions, tree_max, fo
             layout = layout_for(batch.n_tokens, r, len(batch.block_start), 10)
             assert layout.readout_bucket == readout_bucket(r)
             rows = {k: (0, len(LANGS[k])) for k in batch.prefix_keys}
-            pack_blob(batch, plan_tiles(batch, rows, 10), layout)
+            pack_blob(batch, lay_out_tiles(batch, rows, 10), layout)
 
 
 @settings(max_examples=300, deadline=None)
@@ -205,7 +205,7 @@ def test_the_packer_makes_at_most_two_blocks_per_readout(questions, tree_max, fo
     st.integers(1, MAX_DEPTH),
 )
 def test_a_trie_row_at_any_depth_limit_has_at_most_two_blocks_per_prompt(prompts, max_depth):
-    """`pack_row` directly (plan_forwards always packs at MAX_DEPTH): B <= 2·prompts − roots at every limit."""
+    """`pack_row` directly (split_forwards always packs at MAX_DEPTH): B <= 2·prompts − roots at every limit."""
     unique = list(dict.fromkeys(prompts))
     row = pack_row(unique, max_depth=max_depth)
     parents = np.asarray([p for _, _, p in row.blocks])
@@ -238,16 +238,16 @@ def test_the_tile_capacity_counts_two_blocks_per_readout_not_one_per_token():
     rng = random.Random(0)
     prefix, state = tuple(rng.randrange(500) for _ in range(66)), tuple(rng.randrange(500) for _ in range(100))
     orders = tuple(prefix + state + tuple(rng.randrange(500) for _ in range(6)) for _ in range(2))
-    (forward,) = plan_forwards([TokenizedQuestion("en", "s", orders)], [40, 41], {"en": prefix})
-    b = forward.batch
+    (forward,) = split_forwards([TokenizedQuestion("en", "s", orders)], [40, 41], {"en": prefix})
+    b = forward.packed
     layout = layout_for(b.n_tokens, len(b.readouts), len(b.block_start), nt["mini"])
-    plan = plan_tiles(b, {"en": (0, 66)}, nt["mini"])
+    plan = lay_out_tiles(b, {"en": (0, 66)}, nt["mini"])
     assert (b.n_tokens, len(b.block_start), len(plan.tiles)) == (112, 3, 12)
     assert (layout.token_bucket, layout.readout_bucket, layout.tile_cap) == (128, 4, 21)  # was 141
     pack_blob(b, plan, layout)
 
 
-def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readouts: int) -> PackedBatch:
+def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readouts: int) -> PackedForward:
     """A batch no packer made: random parents (chains <= MAX_DEPTH), any block lengths, few readouts."""
     lens = rng.integers(1, max_len + 1, n_blocks)
     parents, depth, pos0 = [], [], []
@@ -263,7 +263,7 @@ def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readout
     def i32(x):
         return np.asarray(x, dtype=np.int32)
 
-    return PackedBatch(
+    return PackedForward(
         tokens=i32(rng.integers(0, 100, n)),
         positions=i32(np.concatenate([np.arange(p, p + n_) for p, n_ in zip(pos0, lens, strict=True)])),
         block_of=i32(np.repeat(np.arange(n_blocks), lens)),
@@ -278,7 +278,7 @@ def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readout
 
 
 def _preparer(tokens_per_tile: int):
-    """`GpuBackend.prepare` on a backend without a model: only its planning (`_layout`, plan_tiles, pack_blob)."""
+    """`GpuBackend.prepare` on a backend without a model: only its planning (`_layout`, lay_out_tiles, pack_blob)."""
     pytest.importorskip("triton")  # the GPU backend module imports Triton's kernels
     from basal.backends.cuda.gpu.backend import GpuBackend
 
@@ -316,7 +316,7 @@ def test_a_batch_of_many_blocks_and_few_readouts_gets_a_larger_readout_bucket():
     batch = _hand_built(np.random.default_rng(1), 600, 1, 1)
     assert (batch.n_tokens, len(batch.readouts)) == (600, 1)
     with pytest.raises(ValueError, match="600 tiles does not fit"):
-        pack_blob(batch, plan_tiles(batch, {}, 10), BlobLayout(640, 4, tile_capacity(640, 4, 10)))
+        pack_blob(batch, lay_out_tiles(batch, {}, 10), BlobLayout(640, 4, tile_capacity(640, 4, 10)))
     prepared = _preparer(10)(batch)
     assert (prepared.layout.token_bucket, prepared.layout.readout_bucket) == (640, 1024)  # ceil(600/2) -> 1024
     assert prepared.layout.tile_cap == 64 + 640 >= 600

@@ -75,7 +75,7 @@ def timing_headers(result: Result, rid: str) -> dict[str, str]:
     headers = {
         "x-basal-queue-ms": f"{result.queue_ms:.3f}",
         "x-basal-compute-ms": f"{result.compute_ms:.3f}",
-        "x-basal-batch-requests": str(result.batch_requests),
+        "x-basal-batch-requests": str(result.pass_requests),
         "x-request-id": rid,
         "x-typesafe-request-id": rid,
     }

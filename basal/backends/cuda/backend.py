@@ -1,4 +1,4 @@
-"""TorchBackend: loads a model directory and runs packed batches (CUDA, or CPU for development and CI)."""
+"""TorchBackend: loads a model directory and runs packed forwards (CUDA, or CPU for development and CI)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from basal.backends.cuda.cpu.threads import configure_threads
 from basal.backends.cuda.model import TORCH_DTYPE, LlamaWeights, TreeLlama, head_logsumexp
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.backend import Backend
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 log = logging.getLogger(__name__)
 # said where CUDA is there but Triton is not (the load's warning, `basal doctor`)
@@ -53,7 +53,7 @@ class TorchBackend:
 
     def describe(self) -> dict[str, object]:
         """What decides this backend's bits and speed on this machine: device, dtype, threads, and the GEMM
-        row-chunk plan per weight shape (for `basal doctor`, /v1/models and exports)."""
+        row-chunk sizes per weight shape (for `basal doctor`, /v1/models and exports)."""
         chunks = self.net.chunks
         return {
             "backend": self.name,
@@ -108,8 +108,8 @@ class TorchBackend:
     def drop_prefix(self, key: str) -> None:
         self.net.prefix_kv.pop(key, None)
 
-    def prepare(self, batch: PackedBatch) -> None:
-        """Nothing: this path reads the packed batch as it is, under the gate."""
+    def prepare(self, packed: PackedForward) -> None:
+        """Nothing: this path reads the packed forward as it is, under the gate."""
         return None
 
     def warm_up(self) -> int:
@@ -117,26 +117,26 @@ class TorchBackend:
         return 0
 
     def run(
-        self, batch: PackedBatch, prepared: None = None, preemptible: bool = False
+        self, packed: PackedForward, prepared: None = None, preemptible: bool = False
     ) -> Generator[None, None, np.ndarray]:
         """Every pass of this path can pause at any yield, so `preemptible` changes nothing here."""
         with torch.inference_mode():
-            t = self.net.inputs(batch)
-            tokens = torch.from_numpy(batch.tokens.astype(np.int64)).to(self.net.w.device)
-        letters = tuple(int(x) for x in batch.letter_ids)
+            t = self.net.inputs(packed)
+            tokens = torch.from_numpy(packed.tokens.astype(np.int64)).to(self.net.w.device)
+        letters = tuple(int(x) for x in packed.letter_ids)
         return (yield from self.net.forward(t, tokens, letters))
 
-    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
-        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+    def run_with_hidden(self, packed: PackedForward) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `packed.hidden`: the
         last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
-        wide = batch.with_hidden_as_readouts()
+        wide = packed.with_hidden_as_readouts()
         with torch.inference_mode():
             t = self.net.inputs(wide)
             tokens = torch.from_numpy(wide.tokens.astype(np.int64)).to(self.net.w.device)
-        letters = tuple(int(x) for x in batch.letter_ids)
+        letters = tuple(int(x) for x in packed.letter_ids)
         logits, states = yield from self.net.forward_with_states(t, tokens, letters)
         with torch.inference_mode():
-            return logits[: len(batch.readouts)], states.cpu().numpy()
+            return logits[: len(packed.readouts)], states.cpu().numpy()
 
     def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
         """The whole head, read from the memory map a chunk at a time (diagnostics only; nothing is kept)."""

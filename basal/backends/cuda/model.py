@@ -15,9 +15,9 @@ from basal.backends.cuda.cpu.gemm_chunks import ChunkTable
 from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_layer
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.safetensors_io import bf16_bits_to_f32
-from basal.core.packing.attention_plan import plan_batch
+from basal.core.packing.attention_layout import attention_layouts
 from basal.core.packing.passes import advance, run_to_end
-from basal.core.packing.tree import PackedBatch, continuation_batch, single_prompt_batch
+from basal.core.packing.tree import PackedForward, continuation_forward, single_prompt_forward
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -89,12 +89,12 @@ class LlamaWeights:
 
 @dataclass
 class TreeInputs:
-    """Per-batch tensors shared by every layer."""
+    """Per-forward tensors shared by every layer."""
 
     cos: torch.Tensor
     sin: torch.Tensor
-    plan: list  # all tokens as queries (layers before the last); see basal.core.packing.attention_plan
-    readout_plan: list  # readouts as queries (last layer)
+    layout: list  # all tokens as queries (layers before the last); see basal.core.packing.attention_layout
+    readout_layout: list  # readouts as queries (last layer)
     readouts: torch.Tensor
     all_rows: torch.Tensor  # flat index -> query row, all tokens
     readout_rows: torch.Tensor  # flat index -> query row, readouts (others -1)
@@ -102,8 +102,8 @@ class TreeInputs:
 
 
 class TreeLlama:
-    """The forward pass. `fixed_shapes=False` runs every op on the whole batch at once: the non-invariant
-    negative control of the determinism tests. `chunks`: GEMM row-chunk plans per weight shape (probed at load,
+    """The forward pass. `fixed_shapes=False` runs every op on the whole forward at once: the non-invariant
+    negative control of the determinism tests. `chunks`: GEMM row-chunk sizes per weight shape (probed at load,
     `gemm_chunks`); None: the fixed 64-row chunks (16 at the readouts) of the first version."""
 
     def __init__(self, weights: LlamaWeights, fixed_shapes: bool = True, chunks: ChunkTable | None = None):
@@ -142,7 +142,7 @@ class TreeLlama:
         return K.rms_norm(x, w, self.cfg.rms_norm_eps, rows, self.fixed)
 
     def _kv_buffers(self, layer: int, k: torch.Tensor, v: torch.Tensor, keys: tuple[str, ...]):
-        """Key/value buffer of a layer: a zero row, the cached prefixes used by the batch, the batch's tokens."""
+        """Key/value buffer of a layer: a zero row, the cached prefixes it uses, the forward's tokens."""
         zero = k.new_zeros(1, *k.shape[1:])
         ks = [zero] + [self.prefix_kv[p][layer][0] for p in keys] + [k]
         vs = [zero] + [self.prefix_kv[p][layer][1] for p in keys] + [v]
@@ -171,8 +171,8 @@ class TreeLlama:
         q_cos, q_sin = (t.cos, t.sin) if not last else (t.cos[t.readouts], t.sin[t.readouts])
         q = K.apply_rope(q.view(-1, nq, hd), q_cos, q_sin)
         key_buf, value_buf = self._kv_buffers(i, k, v, t.prefix_keys)
-        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        attn = yield from K.tree_attention_steps(q, key_buf, value_buf, plan, rows, self.fixed)
+        layout, rows = (t.readout_layout, t.readout_rows) if last else (t.layout, t.all_rows)
+        attn = yield from K.tree_attention_steps(q, key_buf, value_buf, layout, rows, self.fixed)
         attn = attn.to(h.dtype).view(q.shape[0], nq * hd)
         chunk = K.READOUT_ROWS if last else K.ROWS
         if last:
@@ -183,10 +183,10 @@ class TreeLlama:
         return h, (k, v)
 
     def _mlp(self, x: torch.Tensor, lw, readout: bool) -> Generator[None, None, torch.Tensor]:
-        """down(SwiGLU(gate_up(x))). With probed plans, one block of rows at a time through buffers every block
+        """down(SwiGLU(gate_up(x))). With probed chunk sizes, one block of rows at a time through buffers every block
         reuses: the [N, 2F] activation never exists whole, so a forward neither holds it (N x 2F floats) nor
         pays the page faults of a fresh tensor that size (on the CPU, 6-12% of the projection's time). A row's
-        bits do not depend on the block: every call keeps to the sizes of its weight's plan, whose rows all have
+        bits do not depend on the block: every call keeps to the sizes of its weight's layout, whose rows all have
         the same bits whatever the chunk (`gemm_chunks.py`), and SwiGLU is elementwise."""
         if self.chunks is None or not self.fixed:
             gate_up = yield from self._linear(x, lw.gate_up, lw.gate_up_bias, readout=readout)  # [N, 2F]
@@ -212,24 +212,26 @@ class TreeLlama:
 
     # -- whole passes ---------------------------------------------------------------------------------------
 
-    def inputs(self, batch: PackedBatch) -> TreeInputs:
-        """Per-batch tensors every layer reuses: RoPE rows, the attention plans, readout rows."""
+    def inputs(self, packed: PackedForward) -> TreeInputs:
+        """Per-forward tensors every layer reuses: RoPE rows, the attention layouts, readout rows."""
         dev = self.w.device
-        plan, readout_plan = plan_batch(batch, {k: self.prefix_kv[k][0][0].shape[0] for k in batch.prefix_keys})
-        n_tok = batch.n_tokens
-        readouts = torch.from_numpy(batch.readouts.astype(np.int64)).to(dev)
+        layout, readout_layout = attention_layouts(
+            packed, {k: self.prefix_kv[k][0][0].shape[0] for k in packed.prefix_keys}
+        )
+        n_tok = packed.n_tokens
+        readouts = torch.from_numpy(packed.readouts.astype(np.int64)).to(dev)
         readout_rows = torch.full((n_tok,), -1, dtype=torch.int64, device=dev)
         readout_rows[readouts] = torch.arange(len(readouts), device=dev)
-        pos = torch.from_numpy(batch.positions.astype(np.int64)).to(dev)
+        pos = torch.from_numpy(packed.positions.astype(np.int64)).to(dev)
         return TreeInputs(
             self.cos[pos],
             self.sin[pos],
-            K.to_torch(plan, dev),
-            K.to_torch(readout_plan, dev),
+            K.to_torch(layout, dev),
+            K.to_torch(readout_layout, dev),
             readouts,
             torch.arange(n_tok, device=dev),
             readout_rows,
-            batch.prefix_keys,
+            packed.prefix_keys,
         )
 
     def forward(
@@ -259,12 +261,12 @@ class TreeLlama:
         return logits.cpu().numpy(), x
 
     def compute_prefix(self, key: str, tokens: list[int], base: str | None = None) -> int:
-        """K/V of a prefix at positions 0..n-1, layer by layer, exactly as a batch would compute them -> the bytes
+        """K/V of a prefix at positions 0..n-1, layer by layer, exactly as a forward would compute them -> the bytes
         kept. `base`: a cached prefix that `tokens` follow (its K/V first, then theirs: a state extending another).
         The entry is set only once every layer is done, as its own tensors (no view into a larger buffer)."""
         start = 0 if base is None else self.prefix_kv[base][0][0].shape[0]
-        batch = single_prompt_batch(tokens) if base is None else continuation_batch(tokens, start, base)
-        t = self.inputs(batch)
+        packed = single_prompt_forward(tokens) if base is None else continuation_forward(tokens, start, base)
+        t = self.inputs(packed)
         h = self.w.embed[torch.from_numpy(np.asarray(tokens, dtype=np.int64)).to(self.w.device)]
         kv = []
         n_layers = self.cfg.num_hidden_layers

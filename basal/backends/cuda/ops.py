@@ -3,7 +3,7 @@
 Library kernels pick their reduction strategy from the shape (torch CPU f32 GEMM has row-count classes {1},
 {2,3}, {≥4}), so every op that reduces runs on **fixed-shape row chunks**: the rows are zero-padded to a
 multiple of `rows` and the op is called on `[rows, ...]` slices. A row's result then depends only on that row
-— not on how many other rows the batch has or where it sits — because every call has the same shape.
+— not on how many other rows the forward has or where it sits — because every call has the same shape.
 Elementwise ops (RoPE, SiLU, residual adds) are invariant at any shape.
 
 Transcendental elementwise ops are *not* invariant on the CPU: torch runs SIMD (Sleef) code for most elements
@@ -26,8 +26,8 @@ import torch
 
 from basal.backends.cuda import tile_rows
 from basal.backends.cuda.cpu import cpu_kernels
-from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan, column_spans, linear_into
-from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionPlan  # noqa: F401  (re-exported)
+from basal.backends.cuda.cpu.gemm_chunks import ChunkSizes, column_spans, linear_into
+from basal.core.packing.attention_layout import KEY_TILE, QUERY_ROWS, TILE_GROUP, AttentionLayout  # noqa: F401  (re-exported)
 from basal.core.packing.passes import run_to_end
 
 ROWS = 64  # fixed GEMM/norm chunk for all-token ops
@@ -35,15 +35,15 @@ READOUT_ROWS = 16  # fixed chunk for the last layer, which runs only at readout 
 
 
 def by_row_chunks(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkPlan, fixed: bool = True
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkSizes, fixed: bool = True
 ) -> torch.Tensor:
-    """Apply `fn` to `x` in zero-padded chunks of exactly `rows` rows, or as a `ChunkPlan` says (fixed=False: one
+    """Apply `fn` to `x` in zero-padded chunks of exactly `rows` rows, or as a `ChunkSizes` says (fixed=False: one
     call, the negative control)."""
     return run_to_end(row_chunk_steps(fn, x, rows, fixed))
 
 
 def row_chunk_steps(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkPlan, fixed: bool = True
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkSizes, fixed: bool = True
 ) -> Generator[None, None, torch.Tensor]:
     """`by_row_chunks`, yielding after every chunk (a pause point: the long lane may step aside there)."""
     if not fixed:
@@ -54,7 +54,7 @@ def row_chunk_steps(
 def _chunk_steps(
     fn_into: Callable[[torch.Tensor, torch.Tensor], object],
     x: torch.Tensor,
-    rows: int | ChunkPlan,
+    rows: int | ChunkSizes,
     width: int | None,
     dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
@@ -64,8 +64,8 @@ def _chunk_steps(
     (None: as `x`). `out`: a buffer to write into (at least `padded_rows(len(x), rows)` rows), else a new tensor.
     Returns the first `len(x)` rows of the output."""
     n = x.shape[0]
-    plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
-    sizes = plan.calls(n)
+    chunking = rows if isinstance(rows, ChunkSizes) else ChunkSizes(rows, (rows,), True)
+    sizes = chunking.calls(n)
     if out is None:
         out = x.new_empty((sum(sizes), *(x.shape[1:] if width is None else (width,))), dtype=dtype or x.dtype)
     start = 0
@@ -80,14 +80,14 @@ def _chunk_steps(
     return out[:n]
 
 
-def padded_rows(n: int, rows: int | ChunkPlan) -> int:
+def padded_rows(n: int, rows: int | ChunkSizes) -> int:
     """Rows `_chunk_steps` computes for `n` rows (the tail chunk padded): what an `out` buffer must hold."""
-    plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
-    return sum(plan.calls(n))
+    chunking = rows if isinstance(rows, ChunkSizes) else ChunkSizes(rows, (rows,), True)
+    return sum(chunking.calls(n))
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkPlan, fixed: bool = True
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, rows: int | ChunkSizes, fixed: bool = True
 ) -> torch.Tensor:
     return run_to_end(linear_steps(x, w, b, rows, fixed))
 
@@ -96,17 +96,17 @@ def linear_steps(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    rows: int | ChunkPlan,
+    rows: int | ChunkSizes,
     fixed: bool = True,
     out: torch.Tensor | None = None,
 ) -> Generator[None, None, torch.Tensor]:
-    """`F.linear` by row chunks, and by column blocks where the plan has them. Each chunk's GEMMs write into its
+    """`F.linear` by row chunks, and by column blocks where the chunk sizes have them. Each chunk's GEMMs write into its
     rows of the output (`mm`/`addmm` with `out=`: the kernels `F.linear` itself calls on 2-D inputs, so the bits
     are the same); `out`: a buffer for it (`_chunk_steps`)."""
     if not fixed:
         return torch.nn.functional.linear(x, w, b)
     w_t = w.t()
-    spans = column_spans(w.shape[0], rows.cols if isinstance(rows, ChunkPlan) else 0)
+    spans = column_spans(w.shape[0], rows.cols if isinstance(rows, ChunkSizes) else 0)
 
     def into(c: torch.Tensor, dest: torch.Tensor) -> None:
         linear_into(c, w_t, b, spans, dest)
@@ -235,7 +235,7 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True, out: torch.Tensor | None =
 
 def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [max_positions, head_dim] f32 (rotate-half layout, as transformers), computed once per model so a
-    position's values never depend on the batch that reads them."""
+    position's values never depend on the forward that reads them."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -265,8 +265,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 @dataclass(frozen=True)
 class AttentionGroup:
     """Query chunks that run together: all need the same number of key tiles, and only their first `rows_used`
-    rows hold queries. The tile GEMMs keep the plan's full chunk shape (their bits are the reference); every other
-    op runs on the used rows and the needed tiles only. Keys are the plan's ranges (`ChunkGroup`), expanded to
+    rows hold queries. The tile GEMMs keep the layout's full chunk shape (their bits are the reference); every other
+    op runs on the used rows and the needed tiles only. Keys are the layout's ranges (`ChunkGroup`), expanded to
     explicit rows by `key_rows` one group at a time."""
 
     q_idx: torch.Tensor  # [C, R] flat token index of each query row
@@ -293,17 +293,17 @@ class AttentionGroup:
 GROUP_PADDING = 1 / 8  # most padding rows a regrouped group may hold, as a share of its rows (speed only)
 
 
-def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
-    """The plan's chunks regrouped for the CPU kernel: by the key tiles each chunk needs (a tile past a chunk's
+def to_torch(layout: AttentionLayout, device: torch.device) -> list[AttentionGroup]:
+    """The layout's chunks regrouped for the CPU kernel: by the key tiles each chunk needs (a tile past a chunk's
     last query position is masked for every row, and a tile no row sees changes no bit, so it is left out) and,
-    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the plan, and a group
+    within that, by how many rows hold queries. Up to `TILE_GROUP` chunks per group, as in the layout, and a group
     ends where its padding (rows up to its widest chunk's) would pass `GROUP_PADDING` of its rows: a group runs
     every chunk at its widest chunk's rows, so a 64-row chunk in a group of 17-row questions nearly quadrupled
     the group's tile work. A chunk's rows have the same bits in any group (`tile_rows.py` proves the GEMMs'
     used-row counts; the rest is per row). Key ranges stay ranges: a chunk's keys past its needed tiles are past
-    its last query, so the plan's ranges already end there."""
+    its last query, so the layout's ranges already end there."""
     chunks = []
-    for g in plan.groups:
+    for g in layout.groups:
         for c in range(g.q_idx.shape[0]):
             used = int((g.q_pos[c] >= 0).sum())
             tiles = -(-(int(g.q_pos[c].max()) + 1) // KEY_TILE)
@@ -323,7 +323,7 @@ def to_torch(plan: AttentionPlan, device: torch.device) -> list[AttentionGroup]:
         n_ranges = max(len(c[4]) for c in part)
         k_row = np.zeros((len(part), n_ranges), dtype=np.int64)
         k_end = np.zeros((len(part), n_ranges), dtype=np.int64)
-        for i, c in enumerate(part):  # plan groups may differ in ranges: pad with empty ranges at the end
+        for i, c in enumerate(part):  # layout groups may differ in ranges: pad with empty ranges at the end
             k_row[i, : len(c[4])], k_end[i, : len(c[5])], k_end[i, len(c[5]) :] = c[4], c[5], c[5][-1]
         ranges = (torch.from_numpy(a).to(device) for a in (k_row, k_end))
         groups.append(AttentionGroup(q_idx, q_pos, *ranges, max(c[1] for c in part), part[0][0] * KEY_TILE))
@@ -338,21 +338,21 @@ def tree_attention(
     q: torch.Tensor,
     key_buf: torch.Tensor,
     value_buf: torch.Tensor,
-    plan: list[AttentionGroup],
+    groups: list[AttentionGroup],
     query_rows: torch.Tensor,
     fixed: bool = True,
 ) -> torch.Tensor:
     """Attention of the planned queries. q [Nq, H, D] f32 indexed by `query_rows` order; key/value buffers
-    [rows, KVH, D] f32. Returns [Nq, H, D] f32 in the order of `plan`'s query indices mapped through
+    [rows, KVH, D] f32. Returns [Nq, H, D] f32 in the order of `groups`' query indices mapped through
     `query_rows` (flat token index -> row of q)."""
-    return run_to_end(tree_attention_steps(q, key_buf, value_buf, plan, query_rows, fixed))
+    return run_to_end(tree_attention_steps(q, key_buf, value_buf, groups, query_rows, fixed))
 
 
 def tree_attention_steps(
     q: torch.Tensor,
     key_buf: torch.Tensor,
     value_buf: torch.Tensor,
-    plan: list[AttentionGroup],
+    groups: list[AttentionGroup],
     query_rows: torch.Tensor,
     fixed: bool = True,
 ) -> Generator[None, None, torch.Tensor]:
@@ -362,7 +362,7 @@ def tree_attention_steps(
     op for op,
     so the bits are the same: per 64-key tile the scores are one [G*R, D] x [D, 64] GEMM, the running max, the
     exps and the row sums are elementwise or per row. A span of tiles runs as one batched call of each op — the
-    tile GEMMs keep their shape, only the batch grows — and only the f32 recurrence l = l * alpha + sum(p),
+    tile GEMMs keep their shape, only the forward grows — and only the f32 recurrence l = l * alpha + sum(p),
     acc = acc * alpha + p @ v, which is sequential by nature, steps through the tiles. The running max is a
     cummax: max is exact, so batching it changes no bit. Between the two GEMMs only the group's used rows are
     kept (rows past them are padding: masked everywhere, their results dropped), and exp is
@@ -380,7 +380,7 @@ def tree_attention_steps(
     native = cpu_kernels.load() if fixed and q.device.type == "cpu" else None
     out = q.new_zeros(n_q, heads, dim)
     q_pad = torch.cat([q, q.new_zeros(1, heads, dim)])  # last row: the padding query
-    for g in plan:
+    for g in groups:
         q_idx, q_pos, k_idx, used = g.q_idx, g.q_pos, g.key_rows(), g.rows_used
         chunks, rows = q_idx.shape
         # the tile GEMMs' rows per chunk: the used ones where that keeps every row's bits (tile_rows.py), else all
@@ -474,7 +474,7 @@ def _native_span(
     """One span of `tree_attention_steps` with the compiled kernels: the same ops, with the mask, max, exps and
     the tile-by-tile recurrence each one pass in C (cpu_kernels.c); updates m, l_sum and acc in place.
     s [C, KVH, S, G*M, T] from the score GEMM (M rows per chunk); p_rows [C, KVH, S, G, M, T] with zero padding
-    rows; q_pos [C, q_rows] the plan's positions."""
+    rows; q_pos [C, q_rows] the layout's positions."""
     chunks, kv_heads, n_span, group, rows, tile = p_rows.shape
     dim = v.shape[-1]
     alpha = s.new_empty(chunks, kv_heads, n_span, group, used)

@@ -1,15 +1,15 @@
 """Whether attention's tile GEMMs may skip a query chunk's padding rows (issue 16), probed once per shape.
 
-The plan gives every query chunk `QUERY_ROWS` rows, and the two tile GEMMs (scores = q k^T, then p v) ran on all of
-them, padding included — on 25 questions over one state 43% of the rows were padding — because a row's bits may
-depend on how many rows the call has. On torch's CPU GEMMs they do not, from a few rows up (docs/determinism.md
-§1), but that is the library's choice, not a promise: so for the model's shapes the probe runs both GEMMs, shaped
-and batched as `kernels.tree_attention_steps` calls them, with every used-row count U = 1..R, and keeps the counts
-whose rows have the bits of the full R-row call. A chunk with such a U computes U rows only; any other U keeps the
-full shape. Same bits either way; the result is fixed for the process (cached per shape, device and thread
-count), and `describe()` reports it. On the CPU it is also kept on disk (`tile_rows.json` in the basal cache folder,
-keyed like the GEMM plans by CPU model and features, torch build and threads; none when $BASAL_GEMM_CACHE is "off"):
-the probe is a few hundred GEMMs, seconds at every start otherwise.
+The attention layout gives every query chunk `QUERY_ROWS` rows, and the two tile GEMMs (scores = q k^T, then p v)
+ran on all of them, padding included — on 25 questions over one state 43% of the rows were padding — because a row's
+bits may depend on how many rows the call has. On torch's CPU GEMMs they do not, from a few rows up
+(docs/determinism.md §1), but that is the library's choice, not a promise: so for the model's shapes the probe runs
+both GEMMs, shaped and batched as `kernels.tree_attention_steps` calls them, with every used-row count U = 1..R, and
+keeps the counts whose rows have the bits of the full R-row call. A chunk with such a U computes U rows only; any
+other U keeps the full shape. Same bits either way; the result is fixed for the process (cached per shape, device
+and thread count), and `describe()` reports it. On the CPU it is also kept on disk (`tile_rows.json` in the basal
+cache folder, keyed like the GEMM chunks by CPU model and features, torch build and threads; none when
+$BASAL_GEMM_CACHE is "off"): the probe is a few hundred GEMMs, seconds at every start otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from basal.backends.cuda.cpu.gemm_chunks import machine_key
 from basal.core.home import cache_dir, write_text_atomic
 from basal.core.model.model_dir import LlamaConfig
-from basal.core.packing.attention_plan import KEY_TILE, QUERY_ROWS
+from basal.core.packing.attention_layout import KEY_TILE, QUERY_ROWS
 
 PROBE_BATCHES = ((1, 1), (2, 3), (4, 2))  # (chunks, tiles per span) of the probe's calls
 PROBE_VERSION = 1  # in the disk cache key: results of an older probe are probed again
@@ -93,7 +93,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def for_model(cfg: LlamaConfig, device: torch.device | str) -> frozenset:
-    """The probe for a model's attention shape and the plan's query chunk (run at load, so no request waits)."""
+    """The probe for a model's attention shape and the layout's query chunk (run at load, so no request waits)."""
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     args = (group, cfg.head_dim, cfg.num_key_value_heads, QUERY_ROWS, KEY_TILE, str(device), torch.get_num_threads())
     return invariant_rows(*args)

@@ -11,7 +11,7 @@ from basal.backends.mlx.device_scope import Scope, on_device
 from basal.backends.mlx.model import MLXLlama
 from basal.backends.mlx.precision import require_full_f32
 from basal.core.model.model_dir import ModelDir
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 
 class MLXBackend:
@@ -51,8 +51,8 @@ class MLXBackend:
     def drop_prefix(self, key: str) -> None:
         self.net.prefix_kv.pop(key, None)
 
-    def prepare(self, batch: PackedBatch) -> None:
-        """Nothing: MLX builds its inputs from the packed batch under the gate."""
+    def prepare(self, packed: PackedForward) -> None:
+        """Nothing: MLX builds its inputs from the packed forward under the gate."""
         return None
 
     def warm_up(self) -> int:
@@ -70,29 +70,29 @@ class MLXBackend:
         }
 
     def run(
-        self, batch: PackedBatch, prepared: None = None, preemptible: bool = False
+        self, packed: PackedForward, prepared: None = None, preemptible: bool = False
     ) -> Generator[None, None, np.ndarray]:
         """Every pass can pause at any yield, so `preemptible` changes nothing here."""
-        return (yield from on_device(self.scope, self._run(batch)))
+        return (yield from on_device(self.scope, self._run(packed)))
 
-    def run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
-        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+    def run_with_hidden(self, packed: PackedForward) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `packed.hidden`: the
         last layer runs at those rows too (evidence questions only; the readouts keep their bits)."""
-        return (yield from on_device(self.scope, self._run_with_hidden(batch)))
+        return (yield from on_device(self.scope, self._run_with_hidden(packed)))
 
     def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
         """The whole head, a chunk of rows at a time (diagnostics only), on this backend's device."""
         with mx.stream(self.scope):
             return self.net.vocab_logsumexp(states)
 
-    def _run(self, batch: PackedBatch) -> Generator[None, None, np.ndarray]:
-        t = self.net.inputs(batch)
-        letters = tuple(int(x) for x in batch.letter_ids)
-        return (yield from self.net.forward(t, batch.tokens, letters))
+    def _run(self, packed: PackedForward) -> Generator[None, None, np.ndarray]:
+        t = self.net.inputs(packed)
+        letters = tuple(int(x) for x in packed.letter_ids)
+        return (yield from self.net.forward(t, packed.tokens, letters))
 
-    def _run_with_hidden(self, batch: PackedBatch) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
-        wide = batch.with_hidden_as_readouts()
+    def _run_with_hidden(self, packed: PackedForward) -> Generator[None, None, tuple[np.ndarray, np.ndarray]]:
+        wide = packed.with_hidden_as_readouts()
         t = self.net.inputs(wide)
-        letters = tuple(int(x) for x in batch.letter_ids)
+        letters = tuple(int(x) for x in packed.letter_ids)
         logits, states = yield from self.net.forward_with_states(t, wide.tokens, letters)
-        return logits[: len(batch.readouts)], np.array(states)
+        return logits[: len(packed.readouts)], np.array(states)

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from basal.core.packing.attention_plan import KEY_TILE, AttentionPlan
+from basal.core.packing.attention_layout import KEY_TILE, AttentionLayout
 
 KERNELS = Path(__file__).parent / "kernels"
 MAX_HEAD_DIM = 256
@@ -27,7 +27,7 @@ STAGE_FLOATS = 4096  # keys or values staged at a time in threadgroup memory (16
 READOUT_THREADGROUP = 64
 # MLX passes an input of fewer elements in the `constant` address space, and names the compiled kernel after it
 # (mlx/backend/metal/custom_kernel.cpp, max_constant_array_size): every index / parameter array is padded to this
-# many elements so that one compiled kernel serves every batch.
+# many elements so that one compiled kernel serves every forward.
 MIN_BUFFER = 8
 
 ATTENTION_INPUTS = ("q", "keys", "values", "key_idx", "group_queries", "group_chunk", "query_pos", "params")
@@ -91,9 +91,9 @@ class KernelCall:
 
 
 def attention_launch(
-    plan: AttentionPlan, query_rows: np.ndarray, n_queries: int, heads: int, kv_heads: int, dim: int
+    layout: AttentionLayout, query_rows: np.ndarray, n_queries: int, heads: int, kv_heads: int, dim: int
 ) -> Launch:
-    """Flatten the plan's chunk key lists into one [C, L] table, give every query its position, and cut every
+    """Flatten the layout's chunk key lists into one [C, L] table, give every query its position, and cut every
     chunk's queries into blocks of `QB`: one threadgroup per (block, key/value head) reads each key once for the
     block's QB queries x the group's heads (kernels/tree_attention.metal)."""
     if dim > MAX_HEAD_DIM:
@@ -103,17 +103,17 @@ def attention_launch(
     group = heads // kv_heads
     if group > ATTENTION_MAX_SIMDS:
         raise ValueError(f"{group} query heads per key/value head > {ATTENTION_MAX_SIMDS} simdgroups per threadgroup")
-    # queries per block: as many as fit, but no more than a chunk holds (a readout plan has one query per chunk,
+    # queries per block: as many as fit, but no more than a chunk holds (a readout layout has one query per chunk,
     # and idle simdgroups would only wait at the barriers). The bits do not depend on it.
-    per_chunk = max((int((g.q_pos >= 0).sum(axis=1).max()) for g in plan.groups if g.q_pos.size), default=1)
+    per_chunk = max((int((g.q_pos >= 0).sum(axis=1).max()) for g in layout.groups if g.q_pos.size), default=1)
     qb = max(1, min(ATTENTION_MAX_SIMDS // group, per_chunk))
-    width = max((g.width for g in plan.groups), default=KEY_TILE)
+    width = max((g.width for g in layout.groups), default=KEY_TILE)
     if width % KEY_TILE:
         raise ValueError(f"key lists of {width} keys are not whole tiles of {KEY_TILE}")
     pos_of = np.full(n_queries, -1, dtype=np.int32)
     blocks, block_chunk = [], []
     tables, base = [], 0
-    for q_idx, q_pos, k_idx in plan.explicit():
+    for q_idx, q_pos, k_idx in layout.explicit():
         table = np.zeros((k_idx.shape[0], width), dtype=np.int32)
         table[:, : k_idx.shape[1]] = k_idx
         tables.append(table)
@@ -129,7 +129,7 @@ def attention_launch(
         base += k_idx.shape[0]
     missing = np.flatnonzero(pos_of < 0)
     if missing.size:  # the kernel would never compute them: refuse before any launch
-        raise ValueError(f"{missing.size} queries (first: row {missing[0]}) are missing from the attention plan")
+        raise ValueError(f"{missing.size} queries (first: row {missing[0]}) are missing from the attention layout")
     key_idx = np.concatenate(tables) if tables else np.zeros((1, width), dtype=np.int32)
     group_queries = np.stack(blocks) if blocks else np.full((1, qb), -1, dtype=np.int32)
     group_chunk = np.asarray(block_chunk or [0], dtype=np.int32)
@@ -167,7 +167,7 @@ def _require_f32(**tensors: mx.array) -> None:
 
 
 class AttentionArgs:
-    """A batch's attention launch with its index arrays on the device: built once, reused by every layer."""
+    """A forward's attention launch with its index arrays on the device: built once, reused by every layer."""
 
     def __init__(self, launch: Launch):
         self.launch = launch

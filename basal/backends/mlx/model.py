@@ -24,9 +24,9 @@ from basal.backends.mlx import metal, native
 from basal.backends.mlx import ops as O
 from basal.core.model.checkpoint_names import EMBED, FINAL_NORM, LM_HEAD, fused_layer
 from basal.core.model.model_dir import ModelDir
-from basal.core.packing.attention_plan import AttentionPlan, plan_batch
+from basal.core.packing.attention_layout import AttentionLayout, attention_layouts
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import PackedBatch, continuation_batch, single_prompt_batch
+from basal.core.packing.tree import PackedForward, continuation_forward, single_prompt_forward
 
 # On the CPU a layer over more rows than this yields between blocks of this many rows (and between attention
 # groups), so a long-lane pass can step aside inside a layer and `long_slice_ms` holds on long prompts.
@@ -54,13 +54,13 @@ class Layer:
 class TreeInputs:
     cos: mx.array
     sin: mx.array
-    plan: AttentionPlan
-    readout_plan: AttentionPlan
+    layout: AttentionLayout
+    readout_layout: AttentionLayout
     readouts: np.ndarray
     all_rows: np.ndarray
     readout_rows: np.ndarray
     prefix_keys: tuple[str, ...]
-    attention: dict[bool, metal.AttentionArgs] | None = None  # Metal: launch per plan (last layer or not)
+    attention: dict[bool, metal.AttentionArgs] | None = None  # Metal: launch per layout (last layer or not)
 
 
 class MLXLlama:
@@ -149,31 +149,33 @@ class MLXLlama:
         top = both.max(axis=1, keepdims=True)
         return top[:, 0] + np.log(np.exp(both - top).sum(axis=1))
 
-    def inputs(self, batch: PackedBatch) -> TreeInputs:
-        plan, readout_plan = plan_batch(batch, {k: self.prefix_kv[k][0][0].shape[0] for k in batch.prefix_keys})
-        readouts = batch.readouts.astype(np.int64)
-        readout_rows = np.full(batch.n_tokens, -1, dtype=np.int64)
+    def inputs(self, packed: PackedForward) -> TreeInputs:
+        layout, readout_layout = attention_layouts(
+            packed, {k: self.prefix_kv[k][0][0].shape[0] for k in packed.prefix_keys}
+        )
+        readouts = packed.readouts.astype(np.int64)
+        readout_rows = np.full(packed.n_tokens, -1, dtype=np.int64)
         readout_rows[readouts] = np.arange(len(readouts))
-        pos = mx.array(batch.positions.astype(np.int32))
+        pos = mx.array(packed.positions.astype(np.int32))
         attention = None
         if self.use_metal:
             cfg = self.cfg
             shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
             attention = {
                 False: metal.AttentionArgs(
-                    metal.attention_launch(plan, np.arange(batch.n_tokens), batch.n_tokens, *shape)
+                    metal.attention_launch(layout, np.arange(packed.n_tokens), packed.n_tokens, *shape)
                 ),
-                True: metal.AttentionArgs(metal.attention_launch(readout_plan, readout_rows, len(readouts), *shape)),
+                True: metal.AttentionArgs(metal.attention_launch(readout_layout, readout_rows, len(readouts), *shape)),
             }
         return TreeInputs(
             self.cos[pos],
             self.sin[pos],
-            plan,
-            readout_plan,
+            layout,
+            readout_layout,
             readouts,
-            np.arange(batch.n_tokens),
+            np.arange(packed.n_tokens),
             readout_rows,
-            batch.prefix_keys,
+            packed.prefix_keys,
             attention,
         )
 
@@ -215,11 +217,11 @@ class MLXLlama:
     def _attention_steps(self, q, key_buf, value_buf, t: TreeInputs, last: bool) -> Generator[None, None, mx.array]:
         if t.attention is not None:
             return metal.tree_attention(q, key_buf, value_buf, t.attention[last])
-        plan, rows = (t.readout_plan, t.readout_rows) if last else (t.plan, t.all_rows)
-        if plan.n_queries <= STEP_ROWS:
-            return O.tree_attention(q, key_buf, value_buf, plan, rows)
+        layout, rows = (t.readout_layout, t.readout_rows) if last else (t.layout, t.all_rows)
+        if layout.n_queries <= STEP_ROWS:
+            return O.tree_attention(q, key_buf, value_buf, layout, rows)
         parts = []
-        for group in O.attention_groups(q, key_buf, value_buf, plan, rows):  # one group of query chunks at a time
+        for group in O.attention_groups(q, key_buf, value_buf, layout, rows):  # one group of query chunks at a time
             mx.eval(group[1])
             parts.append(group)
             yield
@@ -301,8 +303,8 @@ class MLXLlama:
         """K/V of a prefix at positions 0..n-1 (after the cached prefix `base`, whose K/V come first) -> bytes kept;
         the entry is set once every layer is evaluated."""
         start = 0 if base is None else self.prefix_kv[base][0][0].shape[0]
-        batch = single_prompt_batch(tokens) if base is None else continuation_batch(tokens, start, base)
-        t = self.inputs(batch)
+        packed = single_prompt_forward(tokens) if base is None else continuation_forward(tokens, start, base)
+        t = self.inputs(packed)
         h = self.embed[mx.array(np.asarray(tokens, dtype=np.int32))]
         kv = []
         for i in range(self.cfg.num_hidden_layers):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
-from basal.core.packing.attention_plan import KEY_TILE, AttentionPlan
+from basal.core.packing.attention_layout import KEY_TILE, AttentionLayout
 
 ROWS = 64
 READOUT_ROWS = 16
@@ -96,14 +96,14 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
 
 
 def tree_attention(
-    q: mx.array, key_buf: mx.array, value_buf: mx.array, plan: AttentionPlan, query_rows: np.ndarray
+    q: mx.array, key_buf: mx.array, value_buf: mx.array, layout: AttentionLayout, query_rows: np.ndarray
 ) -> mx.array:
     """q [Nq, H, D] f32; key/value buffers [rows, KVH, D] f32; `query_rows` maps flat token -> row of q."""
-    return gather_attention(list(attention_groups(q, key_buf, value_buf, plan, query_rows)), q.shape[1], q.shape[2])
+    return gather_attention(list(attention_groups(q, key_buf, value_buf, layout, query_rows)), q.shape[1], q.shape[2])
 
 
 def attention_groups(
-    q: mx.array, key_buf: mx.array, value_buf: mx.array, plan: AttentionPlan, query_rows: np.ndarray
+    q: mx.array, key_buf: mx.array, value_buf: mx.array, layout: AttentionLayout, query_rows: np.ndarray
 ) -> Iterator[tuple[np.ndarray, mx.array]]:
     """Per group of query chunks: (rows of q it answers, their outputs [n, H, D]). A group's result does not
     depend on the other groups, so they can be evaluated one at a time (the CPU's step-aside points)."""
@@ -112,7 +112,7 @@ def attention_groups(
     group = heads // kv_heads
     scale = dim**-0.5
     q_pad = mx.concatenate([q, mx.zeros((1, heads, dim), dtype=q.dtype)])
-    for q_idx, q_pos, k_idx in plan.explicit():  # each group's key rows built when it is reached
+    for q_idx, q_pos, k_idx in layout.explicit():  # each group's key rows built when it is reached
         chunks, rows = q_idx.shape
         rows_in_q = np.where(q_pos >= 0, query_rows[q_idx], n_q)
         qs = q_pad[mx.array(rows_in_q)].reshape(chunks, rows, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)

@@ -234,7 +234,7 @@ async def decide(
         response,
         queue_ms=sum(r.queue_ms for r in results),
         compute_ms=sum(r.compute_ms for r in results),
-        batch_requests=max(r.batch_requests for r in results),
+        pass_requests=max(r.pass_requests for r in results),
         replica=",".join(dict.fromkeys(r.replica for r in results if r.replica)),
         diagnostics=diagnostics,
         cascade=report,

@@ -174,8 +174,8 @@ class Lane:
     def _answer(self, jobs: list[Job], stats: Stats, started: float, outcome: str, rows: Any) -> None:
         engine, metrics = self.engine, self.engine.metrics
         seconds = time.perf_counter() - started
-        metrics.batch_duration.observe(engine.name, self.name, outcome, value=seconds)
-        metrics.batch_requests.observe(engine.name, self.name, value=len(jobs))
+        metrics.pass_duration.observe(engine.name, self.name, outcome, value=seconds)
+        metrics.pass_requests.observe(engine.name, self.name, value=len(jobs))
         engine.passes += 1
         if rows is None:
             engine.stopped_passes += 1

@@ -21,6 +21,7 @@ from basal.core.engine.metrics import Metrics
 from basal.core.engine.scheduler import Job
 from basal.core.engine.seam import Answer
 from basal.core.errors import EngineClosed
+from basal.core.packing.backend import Backend
 from basal.core.request.plan import DecisionRequest
 
 INLINE_ADMIT_CHARS = 8192  # requests this small are admitted on the event loop; larger ones in the admission pool
@@ -66,6 +67,10 @@ class Engines(InflightLimit):
             if self._started:
                 engine.start()
         self.progress.pop(engine.name, None)
+
+    def backends(self) -> list[tuple[str, Backend]]:
+        """Each served model's backend: what device-memory readings at scrape time ask."""
+        return [(name, e.pipeline.backend) for name, e in list(self.engines.items())]
 
     def model_info(self, name: str) -> ModelInfo:
         engine = self.engines[name]
@@ -124,7 +129,7 @@ class Engines(InflightLimit):
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
-            if chars <= INLINE_ADMIT_CHARS and not background:  # a few short prompts cost less than a hop; batch
+            if chars <= INLINE_ADMIT_CHARS and not background:  # a few short prompts cost less than a hop; Batch API
                 # lines are always admitted in the pool, so that the event loop stays with online requests
                 job = prepare()
             else:

@@ -30,7 +30,7 @@ class Result:
     response: SystemOneResponse | BasalResponse
     queue_ms: float
     compute_ms: float
-    batch_requests: int
+    pass_requests: int
     replica: str = ""  # the replica that answered, when scaled out (basal.ray_serve); "" in one process
     diagnostics: Diagnostics | None = None  # only when the request asked for them
     cascade: CascadeReport | None = None  # a cascade's request: who answered what (basal.core.engine.cascade)

@@ -113,13 +113,13 @@ class Metrics:
         self.output_tokens = Counter(r, "basal_output_tokens_total", "generated tokens (always 0)", ("model",))
         self.questions = Counter(r, "basal_questions_total", "questions answered", ("model",))
         self.queue_duration = Histogram(
-            r, "basal_queue_duration_seconds", "arrival to start of its batch", ("model", "lane")
+            r, "basal_queue_duration_seconds", "arrival to start of its pass", ("model", "lane")
         )
-        self.batch_duration = Histogram(
-            r, "basal_batch_duration_seconds", "one batch on the device", ("model", "lane", "outcome")
+        self.pass_duration = Histogram(
+            r, "basal_batch_duration_seconds", "one pass on the device", ("model", "lane", "outcome")
         )
-        self.batch_requests = Histogram(
-            r, "basal_batch_requests", "requests per batch", ("model", "lane"), SIZE_BUCKETS
+        self.pass_requests = Histogram(
+            r, "basal_batch_requests", "requests per pass", ("model", "lane"), SIZE_BUCKETS
         )
         # basal's own additions
         self.build_info = Gauge(

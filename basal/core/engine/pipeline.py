@@ -41,7 +41,7 @@ from basal.core.packing.tree import (
     StateRows,
     TokenizedQuestion,
     packed_tokens,
-    plan_forwards,
+    split_forwards,
 )
 from basal.core.request.limits import Limits
 from basal.core.request.plan import DecisionRequest, Question
@@ -318,7 +318,7 @@ class Pipeline:
         if self.state_cache is not None:  # STATE CACHE hook: questions on a cached (or to-be-cached) state read it
             tokenized, states, entries = self.state_cache.assign(tokenized)
             prefixes = {**prefixes, **states}
-        forwards = plan_forwards(
+        forwards = split_forwards(
             tokenized,
             self.letter_ids,
             prefixes,
@@ -330,7 +330,7 @@ class Pipeline:
             forwards = [self._with_states(f, entries, tokenized) for f in forwards]
         forwards = [self._with_letter_mass(f, tokenized) for f in forwards]
         forwards = [
-            f if f.hidden_of or f.letter_mass else replace(f, prepared=self.backend.prepare(f.batch)) for f in forwards
+            f if f.hidden_of or f.letter_mass else replace(f, prepared=self.backend.prepare(f.packed)) for f in forwards
         ]
         if stats is not None:
             stats.pack_ms += (time.perf_counter() - t0) * 1000
@@ -339,7 +339,7 @@ class Pipeline:
     @staticmethod
     def _with_states(f: Forward, entries: dict, tokenized: Sequence[TokenizedQuestion]) -> Forward:
         """The forward with the state cache entries it reads, and its questions' tokens served from them."""
-        states = tuple(entries[k] for k in f.batch.prefix_keys if k in entries)
+        states = tuple(entries[k] for k in f.packed.prefix_keys if k in entries)
         cached = {qi: tokenized[qi].cached_tokens for qi, _ in f.readout_of if tokenized[qi].cached_tokens}
         return replace(f, states=states, cached_tokens=cached)
 
@@ -370,7 +370,7 @@ class Pipeline:
                 out[qi].cached_tokens += f.cached_tokens.get(qi, 0)  # STATE CACHE hook: usage.cached_tokens
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
-                out[qi].states = StateRows(states, len(f.batch.readouts), rows, at)
+                out[qi].states = StateRows(states, len(f.packed.readouts), rows, at)
             if f.letter_mass:  # diagnostics: one vocabulary log-sum-exp per readout of the questions that ask
                 rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].ids))]
                 norms = iter(self.backend.vocab_logsumexp(states[rows]))
@@ -382,16 +382,16 @@ class Pipeline:
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
             stats.forwards += len(forwards)
-            stats.packed_tokens += sum(f.batch.n_tokens for f in forwards) + sum(filled)
+            stats.packed_tokens += sum(f.packed.n_tokens for f in forwards) + sum(filled)
             stats.prompt_tokens += sum(n for t in tokenized for n in t.lengths)
         return out
 
     def _run(self, f: Forward, preemptible: bool, computed: Callable[[int], None] = lambda n: None):
         """The backend's pass over one forward (a generator: nothing runs until it is driven)."""
         if f.hidden_of or f.letter_mass:  # evidence, diagnostics: final hidden states too (same readout bits)
-            steps = self.backend.run_with_hidden(f.batch)
+            steps = self.backend.run_with_hidden(f.packed)
         else:
-            steps = self.backend.run(f.batch, prepared=f.prepared, preemptible=preemptible)
+            steps = self.backend.run(f.packed, prepared=f.prepared, preemptible=preemptible)
         if f.states and self.state_cache is not None:  # STATE CACHE hook: its entries filled first, pinned in it
             return self.state_cache.around(f.states, steps, computed)
         return steps

@@ -55,7 +55,7 @@ class Rounds:
         return not self.asked
 
     def take(self, logits: Sequence[Logits], cancelled: Callable[[], bool] = lambda: False) -> None:
-        """The letter logits of every item of the round just run (in `asked` order); plans the next round.
+        """The letter logits of every item of the round just run (in `asked` order); sets up the next round.
         Large choices' fits ask `cancelled()` between their steps and raise `Cancelled` once it says True."""
         if len(logits) != len(self.asked):
             raise ValueError(f"{len(logits)} results for {len(self.asked)} items")

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from basal.core.model.model_dir import ModelDir
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
 
 class Backend(Protocol):
@@ -28,7 +28,7 @@ class Backend(Protocol):
 
     def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
         """Compute and keep the K/V of a prefix (positions 0..n-1: a template prefix, or a state with its template);
-        batches refer to it by `key`. `base`: a cached prefix that `tokens` continue (positions len(base)..), whose
+        forwards refer to it by `key`. `base`: a cached prefix that `tokens` continue (positions len(base)..), whose
         K/V the new entry starts with. Set only once complete. -> the bytes the entry holds."""
         ...
 
@@ -36,23 +36,23 @@ class Backend(Protocol):
         """Forget a cached prefix (the state cache evicts it); nothing if there is none."""
         ...
 
-    def prepare(self, batch: PackedBatch) -> Any:
-        """The host work of a pass, done while packing, before the device is taken (the GPU path: the tile plan
+    def prepare(self, packed: PackedForward) -> Any:
+        """The host work of a pass, done while packing, before the device is taken (the GPU path: the tile layout
         and the metadata blob); `run` gets it back as `prepared`. None from a backend that has no such work."""
         ...
 
     def run(
-        self, batch: PackedBatch, prepared: Any = None, preemptible: bool = False
+        self, packed: PackedForward, prepared: Any = None, preemptible: bool = False
     ) -> Generator[Any, None, np.ndarray]:
         """Forward over the packed tree; returns float32[readouts, letters].
 
-        Every yield is a pause point: the engine may run other batches there (a long lane steps aside for a main
+        Every yield is a pause point: the engine may run other passes there (a long lane steps aside for a main
         lane) before it resumes the pass. A backend yields at least after every layer, and may yield inside a
         layer too (the torch backend does between GEMM row chunks and key-tile spans, so that one long layer does
         not hold the device for seconds). A pause must never change the result: the pass keeps its tensors and
-        its arithmetic across it, and leaves no state behind that other batches would see.
+        its arithmetic across it, and leaves no state behind that other passes would see.
 
-        `prepared`: what `prepare(batch)` returned. `preemptible`: the long lane's pass, which must be able to
+        `prepared`: what `prepare(packed)` returned. `preemptible`: the long lane's pass, which must be able to
         pause between layers (the GPU path then replays no graph; same kernels, same bits).
 
         A backend on an asynchronous device may yield `passes.QUEUED` once instead of None, when all of the
@@ -61,8 +61,8 @@ class Backend(Protocol):
         give the same result."""
         ...
 
-    def run_with_hidden(self, batch: PackedBatch) -> Generator[Any, None, tuple[np.ndarray, np.ndarray]]:
-        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`
+    def run_with_hidden(self, packed: PackedForward) -> Generator[Any, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `packed.hidden`
         (evidence questions); the readouts keep the bits `run` gives them. Only called where
         `reads_hidden_states`."""
         ...
@@ -76,7 +76,7 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, object]:
         """What decides this backend's bits and speed here (backend, device, dtype, library versions, threads,
-        kernel plans): `basal doctor`, `/v1/models` and exports show it."""
+        kernel choices): `basal doctor`, `/v1/models` and exports show it."""
         ...
 
     def warm_up(self) -> int:

@@ -2,14 +2,14 @@
 before the last one's result is waited for.
 
 A backend whose device runs asynchronously (the CUDA path) yields `QUEUED` once per pass, at the moment all of the
-pass's device work is queued and only its readback is left. `overlapped` runs a batch's forwards in order and,
+pass's device work is queued and only its readback is left. `overlapped` runs a forward's forwards in order and,
 at that moment, starts the next forward: its host work (the metadata copy, the launches or the graph replay)
 happens while the device still computes the previous one, which it then follows in the stream with no gap. Only
 then is the previous forward's result waited for. A backend that computes synchronously (the CPUs) never yields
 `QUEUED`, and its passes run one after the other exactly as before.
 
 Every other yield is passed on unchanged (the engine's checkpoints), and `overlapped` yields `QUEUED` itself once
-only the last forward's readback is left, so a caller can treat a whole batch as one pass.
+only the last forward's readback is left, so a caller can treat all its forwards as one pass.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def overlapped(passes: Iterable[Pass[T]], collect: Callable[[int, T], None]) -> 
                 open_passes.remove(steps)
                 collect(i, result)
         if in_flight is not None:
-            yield QUEUED  # the batch's device work is all queued
+            yield QUEUED  # the forward's device work is all queued
             j, last = in_flight
             collect(j, (yield from to_end(last)))
             open_passes.remove(last)

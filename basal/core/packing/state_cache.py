@@ -3,14 +3,14 @@
 A prompt is the template prefix (cached at load), the state, then the question and its options. An entry holds the
 K/V of a prompt's template and state tokens for one language, under their exact token ids: a later question whose
 prompts start with the same ids reads them as a cached prefix, as every prompt reads the template prefix
-(`tree.plan_forwards`). The tokens after it keep their positions and read the cached keys in the same
+(`tree.split_forwards`). The tokens after it keep their positions and read the cached keys in the same
 position-ordered tiles, so a hit gives the bits a miss gives (`tests/determinism/test_state_cache.py`).
 
 An entry is computed once, under the gate, before the forward that needs it: after the template prefix, or after
 a cached entry it extends (a partial hit: an append-only conversation's next state). Its bytes are what the backend
 holds (`Backend.prefix` reports them). Entries are evicted least recently used first once the kept bytes pass
 the budget; an entry a running forward reads is pinned until that forward ends, so the kept bytes stay within the
-budget plus the states of the batches running at that moment. A pass stopped before an entry is complete leaves
+budget plus the states of the passes running at that moment. A pass stopped before an entry is complete leaves
 no entry: the backend sets it only once every layer is done.
 """
 
@@ -48,7 +48,7 @@ class Entry:
 
 @dataclass
 class StateCounts:
-    hits: int = 0  # states found computed when a batch was packed
+    hits: int = 0  # states found computed when a forward was packed
     partial_hits: int = 0  # states that extend a computed one: only the new tokens are computed
     misses: int = 0  # states computed from the template prefix
     evictions: int = 0
@@ -149,7 +149,7 @@ class StateCache:
 
     def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool) -> tuple[Entry, int]:
         """The entry of a state (new ones are computed when their forward runs) and the tokens of each prompt it
-        serves from the cache now. `first`: its first question in this batch (the counts count states)."""
+        serves from the cache now. `first`: its first question in this forward (the counts count states)."""
         template = len(self.templates[lang])
         with self._lock:
             entry = self._entries.get((scope, lang, ids))

@@ -1,6 +1,6 @@
 """Prefix-tree packing (docs/contract.md §3): prompts that share a prefix are computed once.
 
-All option-order prompts of a batch — both orders of a question, every question of a request, questions of
+All option-order prompts of a forward — both orders of a question, every question of a request, questions of
 different requests — go into a compressed prefix trie, flattened depth first into one token list without
 padding. A block is the common prefix of its member prompts from its parent's end; a token sees the tokens of
 its ancestor blocks and the earlier tokens of its own block, never a sibling's. Every token keeps its position in
@@ -30,7 +30,7 @@ FORWARD_MAX_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
-class PackedBatch:
+class PackedForward:
     """What a backend runs: flat ragged tokens of one or more trie rows. All arrays int32, no padding."""
 
     tokens: np.ndarray  # [N] token ids
@@ -46,15 +46,15 @@ class PackedBatch:
     readouts: np.ndarray  # [R] flat index of each readout token (the last token of a prompt)
     letter_ids: np.ndarray  # [L] letter token ids read at every readout
     # [H] flat index of further tokens whose final-normed hidden states are read (evidence: a question's state
-    # tokens); distinct, none of them a readout. Empty for every batch without an evidence question.
+    # tokens); distinct, none of them a readout. Empty for every forward without an evidence question.
     hidden: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
-    def with_hidden_as_readouts(self) -> PackedBatch:
-        """The batch whose readouts are the readouts followed by the hidden rows: a backend runs its last layer at
+    def with_hidden_as_readouts(self) -> PackedForward:
+        """The forward whose readouts are the readouts followed by the hidden rows: a backend runs its last layer at
         these rows (rows are computed independently, so the first R rows keep their bits) and reads the states of
         rows R.. as the hidden states."""
         return replace(self, readouts=np.concatenate([self.readouts, self.hidden]).astype(np.int32), hidden=_NONE)
@@ -71,19 +71,19 @@ class PackedBatch:
 _NONE = np.zeros(0, dtype=np.int32)
 
 
-def single_prompt_batch(tokens: Sequence[int]) -> PackedBatch:
+def single_prompt_forward(tokens: Sequence[int]) -> PackedForward:
     """One prompt at positions 0..n-1 in one block, read out at its last token (template-prefix K/V)."""
     n = len(tokens)
 
     def i32(x):
         return np.asarray(x, dtype=np.int32)
 
-    return PackedBatch(
+    return PackedForward(
         i32(tokens), i32(range(n)), i32([0] * n), i32([0]), i32([n]), i32([-1]), i32([-1]), (), i32([n - 1]), i32([])
     )
 
 
-def continuation_batch(tokens: Sequence[int], start: int, base: str) -> PackedBatch:
+def continuation_forward(tokens: Sequence[int], start: int, base: str) -> PackedForward:
     """One prompt's tokens at positions start..start+n-1, in one block after the cached prefix `base` (which holds
     positions 0..start-1), read out at its last token: a state cache entry extending another."""
     n = len(tokens)
@@ -91,7 +91,7 @@ def continuation_batch(tokens: Sequence[int], start: int, base: str) -> PackedBa
     def i32(x):
         return np.asarray(x, dtype=np.int32)
 
-    return PackedBatch(
+    return PackedForward(
         i32(tokens),
         i32(range(start, start + n)),
         i32([0] * n),
@@ -271,9 +271,9 @@ class StateRows:
     each question holds a few references, not a copy of the state's hidden states. `np.asarray` gives the rows of
     its state tokens, then its order-0 readout's row, float32 [n + 1, d] (a new array each time)."""
 
-    states: np.ndarray  # [R + H, d] the forward's final-normed hidden states: its R readouts, then `batch.hidden`
-    first: int  # R: the row of `batch.hidden`'s first token in `states`
-    rows: np.ndarray  # rows of `batch.hidden` for the question's state tokens, in token order (shared)
+    states: np.ndarray  # [R + H, d] the forward's final-normed hidden states: its R readouts, then `packed.hidden`
+    first: int  # R: the row of `packed.hidden`'s first token in `states`
+    rows: np.ndarray  # rows of `packed.hidden` for the question's state tokens, in token order (shared)
     query: int  # row of its order-0 readout in `states`
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
@@ -297,9 +297,9 @@ class ItemLogits(list):
 class Forward:
     """One backend call and where each (question, order) reads its letter logits."""
 
-    batch: PackedBatch
+    packed: PackedForward
     readout_of: dict[tuple[int, int], int]  # (question index, order index) -> readout row
-    hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `batch.hidden`
+    hidden_of: dict[int, np.ndarray] = field(default_factory=dict)  # question index -> rows of `packed.hidden`
     prepared: object = None  # host work a backend did for this forward before the device is taken (`prepare`)
     letter_mass: tuple[int, ...] = ()  # question indices whose readouts' vocabulary log-sum-exp is computed
     states: tuple = ()  # state cache entries its rows start with (`state_cache.Entry`), filled before it runs
@@ -422,10 +422,10 @@ def pack_fields(prompts: Sequence[Sequence[int]]) -> dict[str, object]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A batch of questions -> forwards
+# Questions -> forwards
 
 
-def plan_forwards(
+def split_forwards(
     questions: Sequence[TokenizedQuestion],
     letter_ids: Sequence[int],
     prefixes: dict[str, tuple[int, ...]] | None = None,
@@ -524,7 +524,7 @@ def _flat_positions(row: _RowBuilder, end: int, positions: Sequence[int]) -> lis
                 out.append(start + p - first)
                 break
         else:
-            raise ValueError(f"prompt position {p} is not computed in this batch (inside the cached prefix)")
+            raise ValueError(f"prompt position {p} is not computed in this forward (inside the cached prefix)")
     return out
 
 
@@ -565,7 +565,7 @@ def _assemble(group, letter_ids) -> Forward:
     def i32(x):
         return np.asarray(x, dtype=np.int32)
 
-    batch = PackedBatch(
+    packed = PackedForward(
         i32(tokens),
         i32(positions),
         i32(block_of),
@@ -578,4 +578,4 @@ def _assemble(group, letter_ids) -> Forward:
         i32(letter_ids),
         i32(list(hidden)),
     )
-    return Forward(batch, readout_of, hidden_of)
+    return Forward(packed, readout_of, hidden_of)

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 import torch
 
 from basal.backends.cuda import ops as K
-from basal.backends.cuda.cpu.gemm_chunks import ChunkPlan
+from basal.backends.cuda.cpu.gemm_chunks import ChunkSizes
 from basal.backends.cuda.ops import _EXP_MAX, _EXP_MIN, _EXP_TAYLOR, _LN2_HI, _LN2_LO, _LOG2E, KEY_TILE
-from basal.core.packing.attention_plan import AttentionPlan
+from basal.core.packing.attention_layout import AttentionLayout
 from basal.core.packing.passes import run_to_end
 
 ATTENTION_SPAN_BYTES = 192 << 20
@@ -28,13 +28,13 @@ def by_row_chunks(
 
 
 def row_chunk_steps(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkPlan, fixed: bool = True
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int | ChunkSizes, fixed: bool = True
 ) -> Generator[None, None, torch.Tensor]:
     """`by_row_chunks`, yielding after every chunk (a pause point: the long lane may step aside there)."""
     n = x.shape[0]
     if not fixed:
         return fn(x)
-    plan = rows if isinstance(rows, ChunkPlan) else ChunkPlan(rows, (rows,), True)
+    plan = rows if isinstance(rows, ChunkSizes) else ChunkSizes(rows, (rows,), True)
     sizes = plan.calls(n)
     padded = sum(sizes) - n
     if padded:
@@ -52,7 +52,7 @@ def linear_steps(
     x: torch.Tensor,
     w: torch.Tensor,
     b: torch.Tensor | None,
-    rows: int | ChunkPlan,
+    rows: int | ChunkSizes,
     fixed: bool = True,
     out: torch.Tensor | None = None,
 ) -> Generator[None, None, torch.Tensor]:
@@ -106,7 +106,7 @@ def swiglu(gate_up: torch.Tensor, fixed: bool = True, out: torch.Tensor | None =
     return by_row_chunks(one, gate_up, ROWS)
 
 
-def to_torch(plan: AttentionPlan, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def to_torch(plan: AttentionLayout, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     return [tuple(torch.from_numpy(a).to(device) for a in group) for group in plan.explicit()]
 
 

@@ -145,7 +145,7 @@ def test_hidden_rows_are_the_state_tokens_and_questions_on_one_state_share_them(
     pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
     rounds = pipeline.admit(_evidence_request("Paczka dotarła uszkodzona, klient chce zwrotu.", "a", "b")).state
     (forward,) = pipeline.pack_questions(rounds.tokenized)
-    batch = forward.batch
+    batch = forward.packed
     assert set(forward.hidden_of) == {0, 1} and len(batch.hidden) == len(rounds.tokenized[0].hidden)  # shared
     assert not set(batch.hidden.tolist()) & set(batch.readouts.tolist())
     for qi, tokenized in enumerate(rounds.tokenized):
@@ -169,7 +169,7 @@ def test_a_state_found_inside_the_template_is_computed_without_the_prefix_cache(
     rounds = cached.admit(request).state
     assert rounds.tokenized[0].hidden[0] < len(cached.prefixes["en"])  # inside the cached prefix
     (forward,) = cached.pack_questions(rounds.tokenized)
-    assert forward.batch.prefix_keys == ()
+    assert forward.packed.prefix_keys == ()
     answers = [msgspec.to_builtins(p.decide(request))["answers"]["q"] for p in (cached, uncached)]
     assert answers[0] == answers[1] and answers[0]["evidence"]
 

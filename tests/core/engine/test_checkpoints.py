@@ -33,13 +33,13 @@ def test_batch_is_packed_before_the_device_is_taken(plain, monkeypatch):
     engines = plain
     gate = engines.engines[DEMO].gate
     held_while_packing = []
-    plan_forwards = pipeline_module.plan_forwards
+    split_forwards = pipeline_module.split_forwards
 
     def recording(*args, **kwargs):
         held_while_packing.append(gate._held)
-        return plan_forwards(*args, **kwargs)
+        return split_forwards(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline_module, "plan_forwards", recording)
+    monkeypatch.setattr(pipeline_module, "split_forwards", recording)
     asyncio.run(engines.run(request(20, 3)))
     assert held_while_packing == [False]
 
@@ -87,7 +87,7 @@ def test_a_batch_with_a_live_client_runs_to_the_end_with_the_same_bits(demo_mode
         gone.set()  # one client leaves mid-pass: the other still waits, so the pass goes on
         await asyncio.gather(doomed, return_exceptions=True)
         result = await kept
-        assert result.batch_requests == 2
+        assert result.pass_requests == 2
         return result
 
     assert asyncio.run(main()).response == alone

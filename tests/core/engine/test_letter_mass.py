@@ -12,7 +12,7 @@ import pytest
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.safetensors_io import bf16_bits_to_f32
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import single_prompt_batch
+from basal.core.packing.tree import single_prompt_forward
 from basal.core.request.dialects import parse_basal
 
 QUESTIONS = {
@@ -81,7 +81,7 @@ def test_letter_mass_is_the_full_vocabulary_softmax_mass_of_the_letters(demo_mod
             k = len(item.keys)
             for perm, order in zip(item.orders, readout.orders, strict=True):
                 ids = demo_model.tokenizer.encode(item.prompt(perm, demo_model.bos))
-                batch = replace(single_prompt_batch(ids), letter_ids=np.asarray(pipeline.letter_ids[:k], np.int32))
+                batch = replace(single_prompt_forward(ids), letter_ids=np.asarray(pipeline.letter_ids[:k], np.int32))
                 _, states = run_to_end(backend.run_with_hidden(batch))
                 z = head @ states[0].astype(np.float64)  # every row of the head, independently of the backend
                 p = np.exp(z - z.max())

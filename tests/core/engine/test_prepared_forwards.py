@@ -48,10 +48,10 @@ def test_prepare_runs_while_packing_and_reaches_the_forward(demo_model):
     pipeline = Pipeline(demo_model, backend, tree_max_tokens=200, forward_max_tokens=200)  # several forwards
     qs = questions(demo_model, 6)
     forwards = pipeline.pack_questions(qs)
-    assert len(forwards) > 1 and backend.prepared == [f.batch.n_tokens for f in forwards]
+    assert len(forwards) > 1 and backend.prepared == [f.packed.n_tokens for f in forwards]
     assert not backend.received  # nothing has run yet: packing is host work
     with_plan = run_to_end(pipeline.run_forwards(qs, forwards))
-    assert backend.received == [("plan", f.batch.n_tokens) for f in forwards]
+    assert backend.received == [("plan", f.packed.n_tokens) for f in forwards]
     plain = run_to_end(
         Pipeline(
             demo_model, StubBackend(demo_model, uniform), tree_max_tokens=200, forward_max_tokens=200

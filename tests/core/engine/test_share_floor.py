@@ -19,7 +19,7 @@ from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 from tests.core.engine.test_scheduling import request
 from tests.stub_backend import StubBackend
 
@@ -153,7 +153,7 @@ class TimedStub(StubBackend):
         self.long_running = False
         self.shorts_during_long = 0
 
-    def run(self, batch: PackedBatch, prepared=None, preemptible=False):
+    def run(self, batch: PackedForward, prepared=None, preemptible=False):
         if threading.current_thread().name.endswith(("-long", "-background")):  # lane threads: basal-MODEL-LANE
             self.long_running = True
             try:

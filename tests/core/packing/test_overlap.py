@@ -97,7 +97,7 @@ def test_pipeline_overlaps_a_batchs_forwards_with_the_same_answers(demo_model):
     forwards = pipeline.pack_questions(qs)
     assert len(forwards) > 2
     overlapped_logits = run_to_end(pipeline.run_forwards(qs, forwards))
-    sizes = [f.batch.n_tokens for f in forwards]
+    sizes = [f.packed.n_tokens for f in forwards]
     assert backend.log[:3] == [f"launch {sizes[0]}", f"launch {sizes[1]}", f"read {sizes[0]}"]
     plain = run_to_end(
         Pipeline(

@@ -17,7 +17,7 @@ from basal.core.packing.tree import (
     as_tuple,
     common_prefix,
     lcp,
-    plan_forwards,
+    split_forwards,
 )
 from tests.core.many_questions import pipeline_and_items, traced
 
@@ -89,13 +89,13 @@ def test_shared_prompts_pack_into_the_same_batches():
             as_tuples = [TokenizedQuestion("en", t.state, tuple(prefix + p for p in t.prompts)) for t in as_tuples]
             share = PromptSharer()
             shared = [TokenizedQuestion("en", t.state, tuple(share(t.state, p) for p in t.prompts)) for t in as_tuples]
-        a = plan_forwards(as_tuples, [1, 2], prefixes, tree_max_tokens=900, forward_max_tokens=1500)
-        b = plan_forwards(shared, [1, 2], prefixes, tree_max_tokens=900, forward_max_tokens=1500)
+        a = split_forwards(as_tuples, [1, 2], prefixes, tree_max_tokens=900, forward_max_tokens=1500)
+        b = split_forwards(shared, [1, 2], prefixes, tree_max_tokens=900, forward_max_tokens=1500)
         assert len(a) == len(b) > 1
         for fa, fb in zip(a, b, strict=True):
             assert fa.readout_of == fb.readout_of
             for name in ("tokens", "positions", "block_of", "block_start", "block_len", "block_parent", "readouts"):
-                np.testing.assert_array_equal(getattr(fa.batch, name), getattr(fb.batch, name))
+                np.testing.assert_array_equal(getattr(fa.packed, name), getattr(fb.packed, name))
 
 
 def test_a_tokenized_request_grows_with_its_packed_tokens(demo_model, monkeypatch):
@@ -123,11 +123,11 @@ def test_costing_and_planning_do_not_rebuild_every_prompt(demo_model, monkeypatc
         packed = pipeline.cost(tokenized)
         cost_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
-        forwards = plan_forwards(tokenized, [1, 2])
+        forwards = split_forwards(tokenized, [1, 2])
         plan_peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert sum(f.batch.n_tokens for f in forwards) >= packed
+    assert sum(f.packed.n_tokens for f in forwards) >= packed
     prompt_bytes = 8 * sum(n for t in tokenized for n in t.lengths)
     assert prompt_bytes > 40 * 8 * packed
     assert cost_peak < 16 * packed, (cost_peak, packed)

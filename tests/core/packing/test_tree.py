@@ -14,7 +14,7 @@ from basal.core.packing.tree import (
     pack_fields,
     pack_row,
     packed_tokens,
-    plan_forwards,
+    split_forwards,
 )
 from tests.conftest import golden_records
 
@@ -50,9 +50,9 @@ def test_identical_prompts_share_one_readout():
         TokenizedQuestion("en", "s", ((1, 2, 3, 4), (1, 2, 3, 5))),
         TokenizedQuestion("en", "s", ((1, 2, 3, 4), (1, 2, 3, 6))),
     ]
-    (f,) = plan_forwards(qs, LETTERS)
+    (f,) = split_forwards(qs, LETTERS)
     assert f.readout_of[(0, 0)] == f.readout_of[(1, 0)]
-    assert len(f.batch.readouts) == 3 and f.batch.n_tokens == 6
+    assert len(f.packed.readouts) == 3 and f.packed.n_tokens == 6
 
 
 def _reconstruct(batch, readout: int) -> tuple[list[int], list[int]]:
@@ -81,8 +81,8 @@ def test_every_readout_sees_exactly_its_prompt(questions, cache):
     """The ancestor chain of every readout is its own prompt, at positions 0..n-1, whatever the tree."""
     qs = [TokenizedQuestion("en", str(i % 3), ps) for i, ps in enumerate(questions)]
     prefixes = {"en": (7,)} if cache else None
-    for f in plan_forwards(qs, LETTERS, prefixes, tree_max_tokens=40, forward_max_tokens=60):
-        b = f.batch
+    for f in split_forwards(qs, LETTERS, prefixes, tree_max_tokens=40, forward_max_tokens=60):
+        b = f.packed
         assert np.all(b.block_len > 0)
         assert all(len(b.chain(i)) <= MAX_DEPTH for i in range(len(b.block_len)))
         for (qi, order), r in f.readout_of.items():
@@ -92,12 +92,12 @@ def test_every_readout_sees_exactly_its_prompt(questions, cache):
             assert positions == list(range(1 if cache else 0, len(qs[qi].prompts[order])))
 
 
-def test_plan_forwards_keeps_its_depth_limit():
+def test_split_forwards_keeps_its_depth_limit():
     """`max_depth` reaches the trie: a ladder of questions `1^k 2` / `1^k 3` nests k deep without it."""
     ladder = [TokenizedQuestion("en", "s", ((7, *[1] * k, 2), (7, *[1] * k, 3))) for k in range(6)]
     for depth in (2, 3, MAX_DEPTH):
-        (f,) = plan_forwards(ladder, LETTERS, max_depth=depth)
-        deepest = max(len(f.batch.chain(i)) for i in range(len(f.batch.block_len)))
+        (f,) = split_forwards(ladder, LETTERS, max_depth=depth)
+        deepest = max(len(f.packed.chain(i)) for i in range(len(f.packed.block_len)))
         assert deepest == min(depth, 7), depth
 
 
@@ -125,11 +125,11 @@ def test_depth_limit_stops_sharing():
 def test_rows_split_by_language_and_group_states():
     en = [TokenizedQuestion("en", s, ((1, 2, 3 + i), (1, 2, 9 + i))) for i, s in enumerate("abab")]
     pl = [TokenizedQuestion("pl", "c", ((5, 6, 7), (5, 6, 8)))]
-    forwards = plan_forwards([en[0], pl[0], *en[1:]], LETTERS, tree_max_tokens=9, forward_max_tokens=1000)
+    forwards = split_forwards([en[0], pl[0], *en[1:]], LETTERS, tree_max_tokens=9, forward_max_tokens=1000)
     (f,) = forwards
-    roots = np.flatnonzero(f.batch.block_parent < 0)
+    roots = np.flatnonzero(f.packed.block_parent < 0)
     # every row holds one language; en questions on state "a" (0, 2) come before those on "b"
-    row_tokens = [set(f.batch.tokens[s : s + 3].tolist()) for s in f.batch.block_start[roots]]
+    row_tokens = [set(f.packed.tokens[s : s + 3].tolist()) for s in f.packed.block_start[roots]]
     assert len(roots) >= 3 and {5, 6} <= row_tokens[-1]
     order = sorted(f.readout_of, key=f.readout_of.get)
     assert [q for q, _ in order][:4] == [0, 0, 3, 3]  # input index 3 = en[2] (state "a") right after en[0]
@@ -137,21 +137,21 @@ def test_rows_split_by_language_and_group_states():
 
 def test_forward_and_row_limits():
     qs = [TokenizedQuestion("en", str(i), ((i, 1, 2, 3, 4), (i, 1, 2, 3, 5))) for i in range(20)]
-    forwards = plan_forwards(qs, LETTERS, tree_max_tokens=18, forward_max_tokens=30)
+    forwards = split_forwards(qs, LETTERS, tree_max_tokens=18, forward_max_tokens=30)
     assert len(forwards) > 1
     for f in forwards:
-        assert f.batch.n_tokens <= 30
+        assert f.packed.n_tokens <= 30
     assert sorted(k for f in forwards for k in f.readout_of) == [(i, o) for i in range(20) for o in (0, 1)]
 
 
 def test_cached_prefix_must_match():
     with pytest.raises(ValueError, match="template prefix"):
-        plan_forwards([TokenizedQuestion("en", "s", ((1, 2, 3), (1, 2, 4)))], LETTERS, {"en": (9,)})
+        split_forwards([TokenizedQuestion("en", "s", ((1, 2, 3), (1, 2, 4)))], LETTERS, {"en": (9,)})
 
 
 def test_tree_off_baseline_puts_each_question_in_its_own_row():
     qs = [TokenizedQuestion("en", "s", ((1, 2, 3, 4, 5 + i), (1, 2, 3, 4, 9 + i))) for i in range(3)]
-    (shared,) = plan_forwards(qs, LETTERS)
-    (alone,) = plan_forwards(qs, LETTERS, share_across_questions=False)
-    assert int((alone.batch.block_parent < 0).sum()) == 3 and int((shared.batch.block_parent < 0).sum()) == 1
-    assert alone.batch.n_tokens == 3 * 6 and shared.batch.n_tokens == 4 + 6
+    (shared,) = split_forwards(qs, LETTERS)
+    (alone,) = split_forwards(qs, LETTERS, share_across_questions=False)
+    assert int((alone.packed.block_parent < 0).sum()) == 3 and int((shared.packed.block_parent < 0).sum()) == 1
+    assert alone.packed.n_tokens == 3 * 6 and shared.packed.n_tokens == 4 + 6

@@ -17,7 +17,7 @@ from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.backends.cuda.gpu.triton_gemm import linear
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.tree import TokenizedQuestion, split_forwards
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -87,9 +87,9 @@ def short_batches(biased_model):
 
     qs = [question(0), question(1)]
     letters = [5, 6, 7]
-    alone = [plan_forwards([q], letters, {})[0].batch for q in qs]
-    (together,) = plan_forwards(qs, letters, {})
-    return alone, together.batch
+    alone = [split_forwards([q], letters, {})[0].packed for q in qs]
+    (together,) = split_forwards(qs, letters, {})
+    return alone, together.packed
 
 
 def test_a_biased_checkpoint_gives_the_same_bits_alone_and_in_a_batch(biased_model, short_batches):

@@ -17,7 +17,7 @@ from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.core.model.model_dir import LlamaConfig
 from basal.core.packing.passes import overlapped, run_to_end
-from basal.core.packing.tree import TokenizedQuestion, plan_forwards
+from basal.core.packing.tree import TokenizedQuestion, split_forwards
 
 CPU = torch.device("cpu")
 LETTERS = {3: [0, 1, 2], 5: [5, 6, 7, 8, 9]}
@@ -37,8 +37,8 @@ def backend(weights, graphs: bool) -> GpuBackend:
 def batch(letters: list[int], seed: int = 1, orders: int = 2, shared: int = 9):
     rng = random.Random(seed)
     prompts = tuple((*(rng.randrange(64) for _ in range(shared)), i) for i in range(orders))
-    (forward,) = plan_forwards([TokenizedQuestion("en", "s", prompts)], letters, {})
-    return forward.batch
+    (forward,) = split_forwards([TokenizedQuestion("en", "s", prompts)], letters, {})
+    return forward.packed
 
 
 @pytest.fixture(scope="module")

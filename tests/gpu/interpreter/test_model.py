@@ -13,7 +13,7 @@ from basal.backends.cuda.backend import TorchBackend
 from basal.backends.cuda.gpu.backend import GpuBackend
 from basal.core.engine.pipeline import Pipeline
 from basal.core.packing.passes import run_to_end
-from basal.core.packing.tree import plan_forwards
+from basal.core.packing.tree import split_forwards
 from tests.determinism.harness import Harness, same_bits
 
 pytestmark = pytest.mark.slow  # minutes under the interpreter; gpu_check.py --cpu-dry-run covers a toy model
@@ -52,9 +52,9 @@ def test_alone_tree_batch_and_cache_give_the_same_bits(demo_model, gpu, cached, 
 
 def test_larger_bucket_gives_the_same_bits(gpu, cached, questions):
     pipeline = cached
-    (forward,) = plan_forwards(questions[:1], pipeline.letter_ids, pipeline.prefixes)
-    small = run_to_end(gpu.run(forward.batch))
-    large = run_to_end(gpu.run(forward.batch, pad_to=2 * forward.batch.n_tokens + 40))
+    (forward,) = split_forwards(questions[:1], pipeline.letter_ids, pipeline.prefixes)
+    small = run_to_end(gpu.run(forward.packed))
+    large = run_to_end(gpu.run(forward.packed, pad_to=2 * forward.packed.n_tokens + 40))
     assert small.tobytes() == large.tobytes()
 
 
@@ -71,11 +71,11 @@ def test_evidence_rows_keep_the_logits_and_match_the_torch_cpu_rows(demo_model, 
     final-normed hidden states, closely."""
     from dataclasses import replace
 
-    (forward,) = plan_forwards(questions[:1], cached.letter_ids, cached.prefixes)
+    (forward,) = split_forwards(questions[:1], cached.letter_ids, cached.prefixes)
     hidden = np.arange(3, dtype=np.int32)  # three tokens of the row that are not readouts
-    batch = replace(forward.batch, hidden=hidden)
+    batch = replace(forward.packed, hidden=hidden)
     logits, states = run_to_end(gpu.run_with_hidden(batch))
-    assert logits.tobytes() == run_to_end(gpu.run(forward.batch)).tobytes()
+    assert logits.tobytes() == run_to_end(gpu.run(forward.packed)).tobytes()
     cpu = TorchBackend.load(demo_model, dtype="f32", device="cpu")
     Pipeline(demo_model, cpu)  # the same template prefixes
     cpu_logits, cpu_states = run_to_end(cpu.run_with_hidden(batch))

@@ -11,7 +11,7 @@
  *   alpha, ps [C, KVH, S, G, U]     the rescale factor and the row sum of p of each tile
  *   active    [C, KVH, S, G, U]     the row sees a key in this tile
  *   m, l      [C, KVH, G, U]        running max / running sum, acc [C, KVH, G, U, D]
- *   q_pos     [C, q_rows]           the plan's query positions (-1: padding); R <= q_rows rows are in the GEMMs
+ *   q_pos     [C, q_rows]           the layout's query positions (-1: padding); R <= q_rows rows are in the GEMMs
  * A "row" is one (c, kvh, g, u); callers split [0, C*KVH*G*U) among threads.
  */
 #include <math.h>

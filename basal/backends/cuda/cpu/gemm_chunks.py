@@ -8,25 +8,25 @@ counts and keeps those that pass two bitwise checks:
 - **invariant**: an anchor row gives the same bits alone (zero padding), first, in the middle and last among
   random rows — the check the determinism suite makes;
 - **same class as the reference** (64 rows, the numerics basal has always had): the anchor's bits equal the
-  reference chunk's. On torch 2.13 CPU f32 every M >= 4 is one class (§6), so a batch can run its full chunks at
+  reference chunk's. On torch 2.13 CPU f32 every M >= 4 is one class (§6), so a forward can run its full chunks at
   the fastest size and its tail at a smaller one, with no padding waste and bits identical to the 64-row path.
 
-The plan: full chunks of `rows` (the largest class member within 10% of the lowest time per row), the tail
+The chunk sizes: full chunks of `rows` (the largest class member within 10% of the lowest time per row), the tail
 zero-padded to the smallest class member that holds it. If no other size shares the reference's class (another
-library), the plan is a single fixed size, picked by the lowest expected time per useful row over `EXPECTED_ROWS` —
+library), the sizes are a single fixed size, picked by the lowest expected time per useful row over `EXPECTED_ROWS` —
 padding counted as wasted work: cost(R) = mean over n of ceil(n / R) * t(R) / n.
 
 Column blocks: once the rows are chosen, the probe also times the chosen size with the weight split into blocks of
 `COLUMN_CANDIDATES` output columns (one library call per block, each writing its columns of the output). A wide
 weight (the MLP's gate/up projection, 17,920 columns on the mini shapes) ran 8-23% faster in 1,024- or 512-column
 blocks on the 2026 development machines, whose caches do not hold a whole row chunk's output. A block size is used
-only where every size of the plan gives the whole-width call's bits with it.
+only where every size of the choice gives the whole-width call's bits with it.
 
 Which size is fastest only changes speed, never bits, when the chosen sizes share the reference's class; the
-`describe()` dict says whether they do (`reference_bits`). Results are kept once per process (one plan per shape
+`describe()` dict says whether they do (`reference_bits`). Results are kept once per process (one choice per shape
 and dtype) and cached on disk keyed by CPU model and features, torch version, thread count, basal's version, dtype
-and shape: a restart on the same machine uses the cached plan as it is (probing or re-checking a real model's
-plans costs seconds of GEMMs at every start); another machine, torch, thread count or basal release probes anew.
+and shape: a restart on the same machine uses the cached choice as it is (probing or re-checking a real model's
+choices costs seconds of GEMMs at every start); another machine, torch, thread count or basal release probes anew.
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ REFERENCE_ROWS = 64  # the chunk of basal's first CPU path; its bits are the ref
 CANDIDATE_ROWS = (8, 16, 32, 64, 128, 256, 512)
 EXPECTED_ROWS = (16, 64, 256, 1024, 4096)  # rows a GEMM sees per forward (readouts .. a long document)
 NEAR_BEST = 1.1  # sizes within 10% of the fastest time per row count as equally fast; the largest is taken
-PROBE_VERSION = 4  # in the disk cache key: plans timed by an older probe are timed again
+PROBE_VERSION = 4  # in the disk cache key: choices timed by an older probe are timed again
 TIMING_ROUNDS = 2  # round-robin calls of every size after the four bitwise checks, for timing only
 COLUMN_CANDIDATES = (1024, 512)  # output columns per library call, tried on weights wider than the block
 COLUMNS_NEAR_BEST = 1.03  # blocks within 3% of the fastest count as equally fast; the fewest calls are taken
 
 
 @dataclass(frozen=True)
-class ChunkPlan:
+class ChunkSizes:
     """Full chunks of `rows` rows, the tail zero-padded to the smallest of `tails` that holds it."""
 
     rows: int
@@ -76,7 +76,7 @@ class ChunkPlan:
         return out
 
 
-FIXED = ChunkPlan(REFERENCE_ROWS, (REFERENCE_ROWS,), True)  # no probe: the first version's 64-row chunks
+FIXED = ChunkSizes(REFERENCE_ROWS, (REFERENCE_ROWS,), True)  # no probe: the first version's 64-row chunks
 
 
 @dataclass(frozen=True)
@@ -192,8 +192,8 @@ def check_cases(
     ]
 
 
-def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> ChunkPlan:
-    """The plan from probe results (see the module docstring)."""
+def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> ChunkSizes:
+    """The chunk sizes from probe results (see the module docstring)."""
     ok = {r.rows: r for r in results if r.invariant}
     ref = ok.get(reference)
     if ref is not None:
@@ -203,7 +203,7 @@ def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> Ch
             # the largest size within NEAR_BEST of the fastest per row: one lucky short call on a busy machine
             # must not pick a tiny chunk (bits are the same either way; only speed is at stake)
             rows = max(s for s in same if ok[s].seconds / s <= NEAR_BEST * best)
-            return ChunkPlan(rows, tuple(s for s in same if s <= rows), True)
+            return ChunkSizes(rows, tuple(s for s in same if s <= rows), True)
     if not ok:
         raise RuntimeError(
             "no candidate GEMM row count is batch-invariant on this machine; basal cannot guarantee bitwise "
@@ -215,49 +215,51 @@ def choose(results: Sequence[SizeResult], reference: int = REFERENCE_ROWS) -> Ch
 
     rows = min(ok, key=lambda s: (cost(s), s))
     ref_bits = ref is not None and ok[rows].bits == ref.bits
-    return ChunkPlan(rows, (rows,), ref_bits)
+    return ChunkSizes(rows, (rows,), ref_bits)
 
 
 def probe_linear(
     weight: torch.Tensor, bias: torch.Tensor | None = None, candidates: Sequence[int] = CANDIDATE_ROWS
-) -> ChunkPlan:
+) -> ChunkSizes:
     """Probe `F.linear(x, weight, bias)` at each candidate row count (about 6 * sum(candidates) rows of GEMM), then
     column blocks at the chosen one (`probe_columns`)."""
     with torch.inference_mode():
         results = check_sizes(_blocked_linear(weight, bias, 0), candidates, weight.shape[1], weight.dtype)
-        plan = choose(results)
-        return probe_columns(weight, bias, plan, {r.rows: r.bits for r in results})
+        sizes = choose(results)
+        return probe_columns(weight, bias, sizes, {r.rows: r.bits for r in results})
 
 
 def probe_columns(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    plan: ChunkPlan,
+    sizes: ChunkSizes,
     whole_bits: dict[int, bytes],
     clock: Callable[[], float] = time.perf_counter,
-) -> ChunkPlan:
-    """`plan` with the fastest column block (`COLUMN_CANDIDATES`) whose calls give the whole-width bits at every
-    size of the plan (`whole_bits`: the anchor's bits per size, one call per weight); unchanged if none is faster."""
+) -> ChunkSizes:
+    """`sizes` with the fastest column block (`COLUMN_CANDIDATES`) whose calls give the whole-width bits at every
+    size of the choice (`whole_bits`: the anchor's bits per size, one call per weight); unchanged if none is faster."""
     n, width = weight.shape
     blocks = [c for c in COLUMN_CANDIDATES if c < n]
     if not blocks:
-        return plan
+        return sizes
     variants = [0, *blocks]
-    cases = [(_blocked_linear(weight, bias, c), plan.rows) for c in variants]
+    cases = [(_blocked_linear(weight, bias, c), sizes.rows) for c in variants]
     timed = check_cases(cases, width, weight.dtype, clock=clock)
-    ok = {c: r.seconds for c, r in zip(variants, timed, strict=True) if r.invariant and r.bits == whole_bits[plan.rows]}
+    ok = {
+        c: r.seconds for c, r in zip(variants, timed, strict=True) if r.invariant and r.bits == whole_bits[sizes.rows]
+    }
     if 0 not in ok or len(ok) == 1:
-        return plan
+        return sizes
     best = min(ok.values())
     # the widest block within COLUMNS_NEAR_BEST of the fastest: fewer calls where the difference is noise
     cols = max(ok, key=lambda c: (ok[c] <= COLUMNS_NEAR_BEST * best, c == 0, c))
     if cols == 0:
-        return plan
-    tails = [s for s in plan.tails if s != plan.rows]
+        return sizes
+    tails = [s for s in sizes.tails if s != sizes.rows]
     checked = check_sizes(_blocked_linear(weight, bias, cols), tails, width, weight.dtype, timing_rounds=0)
     if all(r.invariant and r.bits == whole_bits[r.rows] for r in checked):
-        return replace(plan, cols=cols)
-    return plan
+        return replace(sizes, cols=cols)
+    return sizes
 
 
 @functools.cache
@@ -289,20 +291,21 @@ def machine_key() -> str:
 
 
 class ChunkTable:
-    """One plan per (shape, dtype) for this process, cached on disk between processes (None: no disk cache)."""
+    """One choice of chunk sizes per (shape, dtype) for this process, kept on disk between processes (None: no disk
+    cache)."""
 
     def __init__(self, cache_file: Path | None):
         self.cache_file = cache_file
-        self.plans: dict[tuple[int, int, str, bool], ChunkPlan] = {}  # (N, K, dtype, has bias) -> plan
+        self.sizes: dict[tuple[int, int, str, bool], ChunkSizes] = {}  # (N, K, dtype, has bias) -> chunk sizes
         self.source: dict[tuple[int, int, str, bool], str] = {}  # "probed" | "cached"
         self._lock = threading.Lock()
 
-    def for_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> ChunkPlan:
+    def for_weight(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> ChunkSizes:
         key = (weight.shape[0], weight.shape[1], str(weight.dtype).removeprefix("torch."), bias is not None)
         with self._lock:
-            if key not in self.plans:
-                self.plans[key], self.source[key] = self._load_or_probe(key, weight, bias)
-            return self.plans[key]
+            if key not in self.sizes:
+                self.sizes[key], self.source[key] = self._load_or_probe(key, weight, bias)
+            return self.sizes[key]
 
     def _disk_key(self, key: tuple[int, int, str, bool]) -> str:
         text = f"{machine_key()}|{key}|probe {PROBE_VERSION}|basal {basal.__version__}"
@@ -316,20 +319,20 @@ class ChunkTable:
         except (OSError, ValueError):
             return {}
 
-    def _load_or_probe(self, key, weight, bias) -> tuple[ChunkPlan, str]:
+    def _load_or_probe(self, key, weight, bias) -> tuple[ChunkSizes, str]:
         cached = self._read().get(self._disk_key(key))
         if cached:
-            plan = ChunkPlan(cached["rows"], tuple(cached["tails"]), cached["reference_bits"], cached.get("cols", 0))
-            return plan, "cached"
-        plan = probe_linear(weight, bias)
-        self._write(key, plan)
-        return plan, "probed"
+            sizes = ChunkSizes(cached["rows"], tuple(cached["tails"]), cached["reference_bits"], cached.get("cols", 0))
+            return sizes, "cached"
+        sizes = probe_linear(weight, bias)
+        self._write(key, sizes)
+        return sizes, "probed"
 
-    def _write(self, key, plan: ChunkPlan) -> None:
+    def _write(self, key, sizes: ChunkSizes) -> None:
         if self.cache_file is None:
             return
         data = self._read()
-        data[self._disk_key(key)] = {**asdict(plan), "shape": list(key), "machine": machine_key()}
+        data[self._disk_key(key)] = {**asdict(sizes), "shape": list(key), "machine": machine_key()}
         with contextlib.suppress(OSError):
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp")
@@ -339,13 +342,13 @@ class ChunkTable:
     def describe(self, weights: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str, dict[str, object]]:
         """`{"NxK dtype[+bias]": {"rows", "tails", "reference_bits", "cols"}}` (weight [N, K]) of the given GEMMs, for
         doctor, /v1/models and exports: only what the machine decides, so two runs on one machine describe alike
-        (whether a plan was probed or read from the cache is in `source`)."""
+        (whether a choice was probed or read from the cache is in `source`)."""
         out = {}
         for w, b in weights:
-            plan = self.for_weight(w, b)
+            sizes = self.for_weight(w, b)
             key = (w.shape[0], w.shape[1], str(w.dtype).removeprefix("torch."), b is not None)
             label = f"{key[0]}x{key[1]} {key[2]}{'+bias' if b is not None else ''}"
-            out[label] = {**asdict(plan), "tails": list(plan.tails)}
+            out[label] = {**asdict(sizes), "tails": list(sizes.tails)}
         return out
 
 

@@ -1,8 +1,8 @@
 """GpuBackend: the torch backend's path on CUDA (it also runs under the Triton interpreter on the CPU, for tests).
 
-Per forward: plan the tiles (numpy, in core), pack the metadata blob into a free staging slot, one H2D copy, the
+Per forward: lay out the tiles (numpy, in core), pack the metadata blob into a free staging slot, one H2D copy, the
 forward — a CUDA graph replay for buckets seen before, eager layers otherwise — a non-blocking D2H copy of the
-letter logits into the slot and an event; `run()` yields `QUEUED` (the pipeline queues the batch's next forward
+letter logits into the slot and an event; `run()` yields `QUEUED` (the pipeline queues the pass's next forward
 behind it) and then yields while the event is pending. The GEMM of every weight shape comes from the
 startup probe (gemm_table).
 """
@@ -36,8 +36,8 @@ from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import TORCH_DTYPE, head_logsumexp, inference_steps
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.passes import QUEUED, Queued, run_to_end
-from basal.core.packing.tile_plan import BlobLayout, pack_blob, plan_tiles
-from basal.core.packing.tree import PackedBatch, single_prompt_batch
+from basal.core.packing.tile_layout import BlobLayout, lay_out_tiles, pack_blob
+from basal.core.packing.tree import PackedForward, single_prompt_forward
 
 log = logging.getLogger(__name__)
 GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run as graphs, longer ones eagerly
@@ -57,7 +57,7 @@ def keep_table(table: gt.GemmTable, path) -> bool:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A forward's tile plan packed into its metadata blob, on the host (`GpuBackend.prepare`)."""
+    """A forward's tile layout packed into its metadata blob, on the host (`GpuBackend.prepare`)."""
 
     layout: BlobLayout
     blob: np.ndarray  # int32 [layout.size]
@@ -185,9 +185,9 @@ class GpuBackend:
     def _event(self):
         return torch.cuda.Event(blocking=True) if self.dev.type == "cuda" else DoneEvent()
 
-    def _layout(self, batch: PackedBatch, pad_to: int = 0) -> BlobLayout:
+    def _layout(self, packed: PackedForward, pad_to: int = 0) -> BlobLayout:
         return layout_for(
-            max(batch.n_tokens, pad_to), len(batch.readouts), len(batch.block_start), self.net.tokens_per_tile
+            max(packed.n_tokens, pad_to), len(packed.readouts), len(packed.block_start), self.net.tokens_per_tile
         )
 
     # -- the Backend protocol -----------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class GpuBackend:
         prefixes only (`caches_states` is False): a `base` is refused."""
         if base is not None:
             raise ValueError("the GPU path keeps template prefixes only (no state cache)")
-        batch = single_prompt_batch(list(tokens))
+        packed = single_prompt_forward(list(tokens))
         n = len(tokens)
         kv: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -205,10 +205,10 @@ class GpuBackend:
             kv.append((k[:n].clone(), v[:n].clone()))
 
         with torch.inference_mode():
-            run_to_end(self._forward(batch, on_kv=keep, eager=True))
+            run_to_end(self._forward(packed, on_kv=keep, eager=True))
             self._prefix_kv[key] = kv
             self.net.set_prefixes(self._prefix_kv)
-            self._prefix_version += 1  # plans prepared before point at the old prefix rows
+            self._prefix_version += 1  # forwards prepared before point at the old prefix rows
         self.graphs.clear()  # graphs captured the old prefix buffers' addresses
         if isinstance(self._capture, CudaCapture):  # and a new pool: the old one still holds the cuBLAS workspace
             self._capture = CudaCapture(self.dev)  # that a capture allocated in it, which a new capture would trip on
@@ -225,7 +225,7 @@ class GpuBackend:
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
         """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops
         every graph), so no request pays a bucket's eager first pass and its capture: the p99 spike of a new
-        bucket. Each pair runs twice over a dummy batch: eager (compiles the kernels), then captured and replayed.
+        bucket. Each pair runs twice over a dummy forward: eager (compiles the kernels), then captured and replayed.
         -> the number of graphs captured (0 without graphs: the CPU, the interpreter)."""
         if not self.use_graphs:
             return 0
@@ -233,7 +233,7 @@ class GpuBackend:
         pairs = [(t, r) for t, r in warm_buckets(min(max_tokens, self.arena_tokens)) if r <= READOUT_CAP]
         for tokens, readouts in tqdm(pairs, desc="CUDA graphs", unit="graph", disable=not self.progress):
             dummy = replace(
-                single_prompt_batch([0] * tokens), readouts=np.arange(tokens - readouts, tokens, dtype=np.int32)
+                single_prompt_forward([0] * tokens), readouts=np.arange(tokens - readouts, tokens, dtype=np.int32)
             )
             for _ in range(2):
                 run_to_end(self.run(dummy))
@@ -245,32 +245,32 @@ class GpuBackend:
         )
         return len(pairs)
 
-    def prepare(self, batch: PackedBatch, pad_to: int = 0) -> Prepared:
+    def prepare(self, packed: PackedForward, pad_to: int = 0) -> Prepared:
         """The forward's host work, done before the device is taken (the pipeline calls it while packing): the
-        tile plan and the metadata blob. Under the gate only a copy of the blob is left."""
+        tile layout and the metadata blob. Under the gate only a copy of the blob is left."""
         table = self.net.cfg.max_position_embeddings  # the RoPE table's rows, which its kernel reads unmasked
-        if batch.n_tokens and int(batch.positions.max()) >= table:
-            raise ValueError(f"a token at position {int(batch.positions.max())} is past the model's {table} positions")
-        layout = self._layout(batch, pad_to)
+        if packed.n_tokens and int(packed.positions.max()) >= table:
+            raise ValueError(f"a token at position {int(packed.positions.max())} is past the model's {table} positions")
+        layout = self._layout(packed, pad_to)
         blob = np.zeros(layout.size, dtype=np.int32)
-        pack_blob(batch, plan_tiles(batch, self.net.prefix_rows, self.net.tokens_per_tile), layout, blob)
+        pack_blob(packed, lay_out_tiles(packed, self.net.prefix_rows, self.net.tokens_per_tile), layout, blob)
         return Prepared(layout, blob, self._prefix_version)
 
     def run(
-        self, batch: PackedBatch, prepared: Prepared | None = None, preemptible: bool = False, *, pad_to: int = 0
+        self, packed: PackedForward, prepared: Prepared | None = None, preemptible: bool = False, *, pad_to: int = 0
     ) -> Generator[Queued | None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
-        `prepared`: what `prepare(batch, pad_to)` returned. `preemptible` (the long lane): eager layers, paced, so
+        `prepared`: what `prepare(packed, pad_to)` returned. `preemptible` (the long lane): eager layers, paced, so
         the pass can step aside between layers; a graph replay cannot pause (the same kernels, the same bits)."""
-        return (yield from self._forward(batch, pad_to=pad_to, prepared=prepared, eager=preemptible))
+        return (yield from self._forward(packed, pad_to=pad_to, prepared=prepared, eager=preemptible))
 
-    def run_with_hidden(self, batch: PackedBatch) -> Generator[Queued | None, None, tuple[np.ndarray, np.ndarray]]:
-        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `batch.hidden`: the
+    def run_with_hidden(self, packed: PackedForward) -> Generator[Queued | None, None, tuple[np.ndarray, np.ndarray]]:
+        """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `packed.hidden`: the
         last layer runs at those rows too, eagerly (evidence questions only; every row is computed on its own, so
         the readouts keep their bits)."""
         states: list[np.ndarray] = []
-        logits = yield from self._forward(batch.with_hidden_as_readouts(), eager=True, states=states)
-        return logits[: len(batch.readouts)], states[0]
+        logits = yield from self._forward(packed.with_hidden_as_readouts(), eager=True, states=states)
+        return logits[: len(packed.readouts)], states[0]
 
     def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
         """The whole head, a chunk at a time from the memory map (diagnostics only; nothing is kept)."""
@@ -278,7 +278,7 @@ class GpuBackend:
 
     def _forward(
         self,
-        batch: PackedBatch,
+        packed: PackedForward,
         on_kv=None,
         eager: bool = False,
         pad_to: int = 0,
@@ -287,7 +287,7 @@ class GpuBackend:
     ) -> Generator[Queued | None, None, np.ndarray]:
         """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass."""
         if prepared is None or prepared.prefix_version != self._prefix_version:
-            prepared = self.prepare(batch, pad_to)
+            prepared = self.prepare(packed, pad_to)
         layout = prepared.layout
         slot = self.slots.acquire(layout.size)
         try:
@@ -302,7 +302,7 @@ class GpuBackend:
                 # between layers) must not free the slot while the copy may still read the pinned blob
                 slot.event.record()
                 meta = layout.views(blob)
-                letters = tuple(int(x) for x in batch.letter_ids)
+                letters = tuple(int(x) for x in packed.letter_ids)
                 letter_rows = self.weights.letter_rows(letters)  # [16, hidden], zero past the letters
             if step == "eager":  # own buffers: a pass paused between layers must not share the arena with others
                 buffers = self.net.allocate(layout.token_bucket, layout.readout_bucket)
@@ -311,13 +311,13 @@ class GpuBackend:
                 logits = yield from self._eager(buffers, meta, on_kv)
                 if states is not None:
                     with torch.inference_mode():
-                        states.append(buffers.xr[: len(batch.readouts)].float().cpu().numpy())
+                        states.append(buffers.xr[: len(packed.readouts)].float().cpu().numpy())
             else:  # captured or replayed as a whole, so the arena is never shared mid-pass
                 buffers = self.arena.view(layout.token_bucket, layout.readout_bucket)
                 with torch.inference_mode():
                     buffers.letters.copy_(letter_rows)  # in stream order: after the last replay read them
                     logits = self._graph(step, key, buffers, meta)
-            r = len(batch.readouts)
+            r = len(packed.readouts)
             if r > READOUT_CAP:  # a long-lane forward with more readouts than a slot holds: read back directly
                 with torch.inference_mode():
                     return logits[:r, : len(letters)].cpu().numpy()
@@ -325,7 +325,7 @@ class GpuBackend:
                 slot.out[:r].copy_(logits[:r], non_blocking=True)
                 slot.event.record()
             yield QUEUED  # the pipeline may queue its next forward behind this one now (core/packing/passes.py)
-            yield from until_done(slot.event)  # the planners prepare the next batch meanwhile
+            yield from until_done(slot.event)  # the lanes pack and prepare the next forward meanwhile
             return slot.out[:r, : len(letters)].numpy().copy()
         finally:
             if not slot.event.query():  # closed early: the copies into this slot must land before it is reused
@@ -343,7 +343,7 @@ class GpuBackend:
 
     def _eager(self, buffers: Buffers, meta, on_kv) -> Generator[None, None, torch.Tensor]:
         """Layer by layer, pausing outside inference mode (the long lane's path), at most LAYERS_AHEAD layers queued
-        on the device at a pause, so a main-lane batch waits behind no more than that (pacing.py)."""
+        on the device at a pause, so a main-lane pass waits behind no more than that (pacing.py)."""
         steps = inference_steps(self.net.forward(buffers, meta, on_kv))
         return (yield from paced(steps, self._event))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from basal.core.packing.tile_plan import BlobLayout, tile_capacity
+from basal.core.packing.tile_layout import BlobLayout, tile_capacity
 
 # multiples of 16, each step <= 1.5x: padded GEMM work <= 50 %, ~15 % on average
 TOKEN_BUCKETS = (32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072)
@@ -49,7 +49,7 @@ WARM_TOKENS = 2048  # graphs captured at start: every token bucket up to this
 
 def warm_buckets(max_tokens: int = WARM_TOKENS) -> list[tuple[int, int]]:
     """(token bucket, readout bucket) pairs to capture at start: every token bucket up to `max_tokens` with 4
-    readouts (one or two questions), with 16 from 128 tokens and 64 from 512 (batches of about 8 and 32
+    readouts (one or two questions), with 16 from 128 tokens and 64 from 512 (forwards of about 8 and 32
     questions: a question is two option orders of 60+ tokens each)."""
     return [(t, r) for t in TOKEN_BUCKETS if t <= max_tokens for r in (4, 16, 64) if t >= 8 * r]
 
@@ -57,6 +57,6 @@ def warm_buckets(max_tokens: int = WARM_TOKENS) -> list[tuple[int, int]]:
 def layout_for(tokens: int, readouts: int, blocks: int, tokens_per_tile: int) -> BlobLayout:
     """The metadata blob's layout of a forward of `tokens` tokens, `readouts` readouts and `blocks` blocks: its
     buckets' sizes. The readout bucket also covers half the blocks, since the tile capacity counts on 2 blocks per
-    readout at most; a packed batch never needs more (core/packing/tree.py), a hand-built one gets a larger bucket."""
+    readout at most; a packed forward never needs more (core/packing/tree.py), a hand-built one gets a larger bucket."""
     t_b, r_b = token_bucket(tokens), readout_bucket(max(readouts, -(-blocks // 2)))
     return BlobLayout(t_b, r_b, tile_capacity(t_b, r_b, tokens_per_tile))

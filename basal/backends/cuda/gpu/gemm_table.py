@@ -2,7 +2,7 @@
 
 Candidates: `lt` (cuBLASLt through torch under the R7 settings: split-K off, 1 KiB workspace) and `tri` (our
 fixed-order Triton GEMM). A shape may use a GEMM only after the probe showed, on this device, that every row's
-bits are the same at every row count the process will pass (the buckets) and at another offset in its batch.
+bits are the same at every row count the process will pass (the buckets) and at another offset in its pass.
 The fastest GEMM that passes wins (timed only where more than one passes). The table is keyed by GPU, driver,
 library versions and dtype; a stored table whose key differs from the running process is stale and refused (the
 probe then runs again). A model with biases (basal-1.0) is probed with them: a library's bias epilogue may be

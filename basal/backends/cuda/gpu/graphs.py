@@ -54,9 +54,9 @@ class CudaCapture:
     """Captures a forward into a CUDA graph on a side stream; every graph shares one memory pool.
 
     The capture is thread-local: `basal serve` captures a new bucket on one lane's thread while another lane's
-    thread may poll the event of a batch still in flight (`pacing.until_done`) or pin a one-off staging slot. In
+    thread may poll the event of a forward still in flight (`pacing.until_done`) or pin a one-off staging slot. In
     CUDA's default (global) mode such a call from any thread during a capture invalidates it, failing both
-    batches; thread-local mode forbids unsafe calls only on the capturing thread, which makes none.
+    forwards; thread-local mode forbids unsafe calls only on the capturing thread, which makes none.
     """
 
     MODE = "thread_local"

@@ -2,7 +2,7 @@
 the offline compile check and gpu_check.py.
 
 A configuration is part of the numerics: Triton's `tl.sum` order follows the register layout, which follows the
-tile shape and warp count, so these are constants per (shape, dtype) and never chosen from the batch (R2, R6).
+tile shape and warp count, so these are constants per (shape, dtype) and never chosen from the forward (R2, R6).
 `gemm_tiles` is the one configuration the invariant path ships per weight shape; `GEMM_REGIMES` are the
 candidates the H200 run compares (they may be mixed only where the device probe proves equal bits).
 """

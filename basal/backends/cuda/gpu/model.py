@@ -1,7 +1,7 @@
 """Llama over a packed tree on the GPU kernels (docs/gpu-path.md §4-§5). Reads top to bottom like the torch CPU model:
 the same layers, the same rounding points, the last layer at readout rows only — but every op is one fixed Triton
 kernel (or a probed cuBLASLt GEMM) writing into preallocated buffers, so a forward can be captured as a CUDA graph
-and padding a batch to a bucket changes nothing but M.
+and padding a forward to a bucket changes nothing but M.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each slot holds a host metadata blob and a host output [R_cap, 16] f32, pinned on CUDA and allocated once. A
 forward takes a free slot, copies the blob to the device, runs, copies the logits back without blocking and
-records the slot's event; `run()` yields while the event is pending, so the CPU plans the next batch meanwhile.
+records the slot's event; `run()` yields while the event is pending, so the CPU prepares the next forward meanwhile.
 A slot is reused only after its own event completed and its result was read (the race vLLM documents).
 """
 

@@ -1,6 +1,6 @@
 """Tree attention with key tiles anchored at position 0 (docs/gpu-path.md §3.2, rule R3).
 
-Grid `(tile capacity, KV heads)`: a program takes one query tile of `basal.core.packing.tile_plan` — up to NT tokens
+Grid `(tile capacity, KV heads)`: a program takes one query tile of `basal.core.packing.tile_layout` — up to NT tokens
 of one block, × the G query heads that share this KV head = BM rows — and walks its keys in logical tiles
 `[j·BN, (j+1)·BN)` for j = 0 … last position // BN. Each key position is mapped to its physical row through the
 block's chain ranges (a static loop over `RANGES` range starts), so a query reads its cached prefix, its ancestors
@@ -8,7 +8,7 @@ and its own block in position order, wherever the packer put them. A row's arith
 query and its keys in logical order only: alone, in a tree, read out alone or regrouped, the bits are the same.
 
 A tile past a row's last key is an exact no-op for that row: every update is guarded with `where(active, new,
-old)` (multiplying by 1.0 would turn −0.0 into +0.0). Programs past the batch's tile count do nothing, so the grid
+old)` (multiplying by 1.0 would turn −0.0 into +0.0). Programs past the forward's tile count do nothing, so the grid
 is a bucket constant and safe to capture in a CUDA graph.
 
 `ANCHOR_AT_QUERY` anchors the key tiles at the query tile's first position instead: the negative control of the
@@ -25,14 +25,14 @@ import triton.language as tl
 
 from basal.backends.cuda.gpu.kernel_configs import AttentionConfig
 from basal.backends.cuda.gpu.row_chunks import OFFSET_LIMIT
-from basal.core.packing.tile_plan import RANGES
+from basal.core.packing.tile_layout import RANGES
 
 
 @triton.jit
 def tree_attention_kernel(
     q_ptr,  # [T, H, D] f32 (precision f32) or compute dtype
-    k_ptr,  # [T, KVH, D] batch keys (as q)
-    v_ptr,  # [T, KVH, D] batch values, compute dtype
+    k_ptr,  # [T, KVH, D] the forward's keys (as q)
+    v_ptr,  # [T, KVH, D] the forward's values, compute dtype
     pk_ptr,  # [P, KVH, D] cached-prefix keys of this layer
     pv_ptr,  # [P, KVH, D] cached-prefix values
     out_ptr,  # [T, H, D] compute dtype

@@ -2,7 +2,7 @@
 (docs/gpu-path.md §3.3-§3.4, rules R2 and R4).
 
 Every reduction is one program per row with a block size and warp count fixed per model shape, never derived from
-the batch, so a row's bits do not depend on how many rows run with it. The rounding points follow the torch CPU
+the forward, so a row's bits do not depend on how many rows run with it. The rounding points follow the torch CPU
 path (`basal.backends.cuda.ops`): normalise in f32, round to the compute dtype, multiply by the weight; silu in
 f32, round, multiply by up; the residual add rounded once.
 """

@@ -1,7 +1,7 @@
 // Letter logits at the readout positions, f32: logits[r, j] = sum_d x[r, d] * head[j, d].
 //
 // One thread per (readout, letter), summing over d in order: a readout's logits never depend on how many
-// readouts the batch has (MLX's own matmul picks a kernel by the row count on Metal).
+// readouts the forward has (MLX's own matmul picks a kernel by the row count on Metal).
 //
 // inputs: x [R, D], head [Lt, D] (f32), params = {R, Lt, D}; output: out [R, Lt] f32.
 uint gid = thread_position_in_grid.x;

@@ -14,7 +14,7 @@
 //      lane adds p * v for its own dims (d = lane, lane+32, ...) key by key in position order; the running sum is
 //      added in the same order.
 // So every number is the same sequence of f32 operations as one thread per (query, head) would do, whatever the
-// batch, the block layout or the number of threads. A simdgroup's control flow is uniform (its query and head
+// forward, the block layout or the number of threads. A simdgroup's control flow is uniform (its query and head
 // are fixed), and every thread of the threadgroup runs the same tile and stage loops, so no barrier is divergent.
 //
 // inputs: q [Nq, H, D], keys/values [Nk, KVH, D] (f32), key_idx [C, L], group_queries [NG, QB] (query rows, -1:

@@ -2,9 +2,9 @@
 
 Queries are grouped by block into chunks of a fixed number of rows; every chunk reads its keys in position order
 (ancestor blocks, then its own block; a cached template prefix first), padded to whole key tiles. Keys live in one
-buffer per layer: row 0 is zeros (padding), then the cached prefixes, then the batch's own tokens.
+buffer per layer: row 0 is zeros (padding), then the cached prefixes, then the forward's own tokens.
 
-A chunk's keys are a few contiguous runs of buffer rows (one per block of its chain), so the plan keeps them as
+A chunk's keys are a few contiguous runs of buffer rows (one per block of its chain), so the layout keeps them as
 ranges: many questions on one state then cost a few integers per chunk, not a copy of the state's key rows each.
 `key_rows` expands one group to explicit rows when a backend wants them, one group at a time.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from basal.core.packing.tree import PackedBatch
+from basal.core.packing.tree import PackedForward
 
-KEY_TILE = 64  # attention key tile, anchored at position 0 — part of the numerics, never change it per batch
+KEY_TILE = 64  # attention key tile, anchored at position 0 — part of the numerics, never change it per forward
 QUERY_ROWS = 64  # attention query chunk (inside one block)
 TILE_GROUP = 32  # query chunks processed together per key tile (memory bound, not numerics)
 
@@ -71,8 +71,8 @@ def stack_ranges(ranges: list[tuple[tuple[int, int], ...]]) -> tuple[np.ndarray,
 
 
 @dataclass(frozen=True)
-class AttentionPlan:
-    """Groups of up to `TILE_GROUP` query chunks with their key ranges. Built once per batch, reused by every
+class AttentionLayout:
+    """Groups of up to `TILE_GROUP` query chunks with their key ranges. Built once per packed, reused by every
     layer."""
 
     groups: list[ChunkGroup]
@@ -84,7 +84,7 @@ class AttentionPlan:
             yield g.q_idx, g.q_pos, g.key_rows()
 
 
-def plan_attention(
+def lay_out_attention(
     block_of: np.ndarray,
     positions: np.ndarray,
     block_start: np.ndarray,
@@ -95,7 +95,7 @@ def plan_attention(
     flat_offset: int,
     queries: np.ndarray,
     rows: int,
-) -> AttentionPlan:
+) -> AttentionLayout:
     """Key index lists for `queries` (flat token indices), grouped by block into chunks of `rows` queries.
 
     `prefix_offset[p]` = (first buffer row, length) of cached prefix p; flat token i is buffer row flat_offset + i.
@@ -103,7 +103,7 @@ def plan_attention(
     chain: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def ranges_of(block: int) -> tuple[tuple[int, int], ...]:  # (first buffer row, rows) of positions 0 .. end
-        if block not in chain:  # of `block`, in position order: ranges, not rows, so that a plan of many
+        if block not in chain:  # of `block`, in position order: ranges, not rows, so that a layout of many
             parent = int(block_parent[block])  # questions on one state holds no copy of the state's keys per block
             if parent >= 0:
                 head = ranges_of(parent)
@@ -137,7 +137,7 @@ def plan_attention(
             q_pos[c, : len(qs)] = pos
         k_row, k_end = stack_ranges([_cut(ranges, n_keys) for _, _, ranges, n_keys in part])
         groups.append(ChunkGroup(q_idx, q_pos, k_row, k_end, width))
-    return AttentionPlan(groups, len(queries))
+    return AttentionLayout(groups, len(queries))
 
 
 def _cut(ranges: tuple[tuple[int, int], ...], n_keys: int) -> tuple[tuple[int, int], ...]:
@@ -152,24 +152,24 @@ def _cut(ranges: tuple[tuple[int, int], ...], n_keys: int) -> tuple[tuple[int, i
     return tuple(out)
 
 
-def plan_batch(batch: PackedBatch, prefix_lengths: dict[str, int]) -> tuple[AttentionPlan, AttentionPlan]:
-    """Both plans a forward needs: every token as a query (layers before the last) and the readouts only (the last
+def attention_layouts(packed: PackedForward, prefix_lengths: dict[str, int]) -> tuple[AttentionLayout, AttentionLayout]:
+    """Both layouts a forward needs: every token as a query (layers before the last) and the readouts only (the last
     layer). `prefix_lengths` = tokens of each cached template prefix."""
     offsets, row = {}, 1
-    for j, key in enumerate(batch.prefix_keys):
+    for j, key in enumerate(packed.prefix_keys):
         offsets[j] = (row, prefix_lengths[key])
         row += prefix_lengths[key]
     args = (
-        batch.block_of,
-        batch.positions,
-        batch.block_start,
-        batch.block_len,
-        batch.block_parent,
-        batch.block_prefix,
+        packed.block_of,
+        packed.positions,
+        packed.block_start,
+        packed.block_len,
+        packed.block_parent,
+        packed.block_prefix,
         offsets,
         row,
     )
     return (
-        plan_attention(*args, np.arange(batch.n_tokens), QUERY_ROWS),
-        plan_attention(*args, batch.readouts.astype(np.int64), 1),
+        lay_out_attention(*args, np.arange(packed.n_tokens), QUERY_ROWS),
+        lay_out_attention(*args, packed.readouts.astype(np.int64), 1),
     )

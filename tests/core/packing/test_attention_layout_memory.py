@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from basal.backends.cuda import ops as K
-from basal.core.packing.attention_plan import KEY_TILE, TILE_GROUP, plan_attention
+from basal.core.packing.attention_layout import KEY_TILE, TILE_GROUP, lay_out_attention
 from tests.core.many_questions import traced
 
 CPU = torch.device("cpu")
@@ -61,7 +61,7 @@ def test_the_plan_reads_the_same_keys_as_the_tree():
     args = _tree(questions=40, state=300, suffix=7)
     n = len(args[0])
     for queries, rows in ((np.arange(n), 64), (np.arange(300, n, 7), 1)):
-        plan = plan_attention(*args, queries, rows)
+        plan = lay_out_attention(*args, queries, rows)
         want = _reference(args, queries, rows)
         assert len(plan.groups) == len(want)
         for (q_idx, q_pos, k_idx), chunks in zip(plan.explicit(), want, strict=True):
@@ -81,8 +81,8 @@ def test_planning_memory_grows_with_packed_tokens(state):
     args = _tree(questions=512, state=state, suffix=4)
     n = len(args[0])
     readouts = np.arange(state + 3, n, 4)
-    plan_attention(*args, np.arange(n), 64)  # warm up
-    plans, _, peak = traced(lambda: (plan_attention(*args, np.arange(n), 64), plan_attention(*args, readouts, 1)))
+    lay_out_attention(*args, np.arange(n), 64)  # warm up
+    plans, _, peak = traced(lambda: (lay_out_attention(*args, np.arange(n), 64), lay_out_attention(*args, readouts, 1)))
     assert peak < PER_TOKEN * n, (peak, n)
     kept = sum(t.nbytes for p in plans for g in K.to_torch(p, CPU) for t in (g.q_idx, g.q_pos, g.k_row, g.k_end))
     assert kept < PER_TOKEN * n, (kept, n)
@@ -93,7 +93,7 @@ def test_torch_groups_read_the_plans_keys():
     args = _tree(questions=40, state=300, suffix=7)
     n = len(args[0])
     for queries, rows in ((np.arange(n), 64), (np.arange(306, n, 7), 1)):
-        plan = plan_attention(*args, queries, rows)
+        plan = lay_out_attention(*args, queries, rows)
         want = {}
         for q_idx, _, k_idx in plan.explicit():
             for c in range(len(q_idx)):
