@@ -1,5 +1,5 @@
 """GEMM row chunks chosen per weight shape: the probe's bitwise checks (with a negative control), the choice,
-the plans' bits against the 64-row reference, the disk cache and what the backend reports."""
+the choices' bits against the 64-row reference, the disk cache and what the backend reports."""
 
 from __future__ import annotations
 
@@ -108,37 +108,37 @@ def test_one_lucky_short_call_does_not_pick_the_chunk_size():
     assert G.choose(results) == G.ChunkSizes(512, (8, 64, 512), True)
 
 
-def test_calls_of_a_plan():
-    plan = G.ChunkSizes(256, (16, 64, 256), True)
-    assert plan.calls(600) == [256, 256, 256]  # 88 rows left: the smallest tail that holds them is 256
-    assert plan.calls(520) == [256, 256, 16]
-    assert plan.calls(10) == [16] and plan.calls(256) == [256] and plan.calls(0) == []
+def test_calls_of_a_chunk_sizes():
+    sizes = G.ChunkSizes(256, (16, 64, 256), True)
+    assert sizes.calls(600) == [256, 256, 256]  # 88 rows left: the smallest tail that holds them is 256
+    assert sizes.calls(520) == [256, 256, 16]
+    assert sizes.calls(10) == [16] and sizes.calls(256) == [256] and sizes.calls(0) == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_probed_plan_gives_the_reference_bits(dtype):
-    """The probed plan of a shape runs full chunks and tails of several sizes; every row's bits equal the
+def test_probed_chunk_sizes_give_the_reference_bits(dtype):
+    """The probed sizes of a shape runs full chunks and tails of several sizes; every row's bits equal the
     64-row reference path, whatever the batch size."""
     w = W.to(dtype)
     probed = [G.check_size(lambda c: torch.nn.functional.linear(c, w), s, 128, dtype) for s in (8, 16, 64, 128)]
     # the same time per row for every size: which size wins is a matter of speed (timed on a shared machine, a
     # lucky 8-row call once won and left no tails to test); the bits under test are the probe's own
-    plan = G.choose([replace(r, seconds=r.rows * 1e-6) for r in probed])
-    assert plan.reference_bits and len(plan.tails) > 1
+    sizes = G.choose([replace(r, seconds=r.rows * 1e-6) for r in probed])
+    assert sizes.reference_bits and len(sizes.tails) > 1
     x = torch.randn(300, 128, generator=torch.Generator().manual_seed(1)).to(dtype)
     for n in (1, 5, 17, 64, 130, 300):
-        assert _bits(K.linear(x[:n], w, None, plan)) == _bits(K.linear(x[:n], w, None, K.ROWS)), n
+        assert _bits(K.linear(x[:n], w, None, sizes)) == _bits(K.linear(x[:n], w, None, K.ROWS)), n
 
 
 def test_disk_cache_is_reused(tmp_path):
     first = G.ChunkTable(tmp_path / "chunks.json")
-    plan = first.for_weight(W)
+    sizes = first.for_weight(W)
     assert first.source[(96, 128, "float32", False)] == "probed" and (tmp_path / "chunks.json").is_file()
     second = G.ChunkTable(tmp_path / "chunks.json")
-    assert second.for_weight(W) == plan and second.source[(96, 128, "float32", False)] == "cached"
+    assert second.for_weight(W) == sizes and second.source[(96, 128, "float32", False)] == "cached"
     (label, entry), *_ = second.describe([(W, None)]).items()
     assert label == "96x128 float32"
-    assert entry == {"rows": plan.rows, "tails": list(plan.tails), "reference_bits": True, "cols": plan.cols}
+    assert entry == {"rows": sizes.rows, "tails": list(sizes.tails), "reference_bits": True, "cols": sizes.cols}
 
 
 def test_column_spans():
@@ -150,7 +150,7 @@ def test_column_spans():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_column_blocks_give_the_whole_width_bits(dtype, bias):
-    """A plan with column blocks (the last one narrower) gives every row the bits of the one-call path."""
+    """A sizes with column blocks (the last one narrower) gives every row the bits of the one-call path."""
     w = W.to(dtype)
     b = torch.randn(96, generator=torch.Generator().manual_seed(2)).to(dtype) if bias else None
     whole = G.ChunkSizes(64, (8, 16, 64), True)
@@ -163,8 +163,8 @@ def test_column_blocks_give_the_whole_width_bits(dtype, bias):
 WIDE = torch.randn(1200, 64, generator=torch.Generator().manual_seed(3))  # wider than every column candidate
 
 
-def _whole_bits(plan: G.ChunkSizes, w: torch.Tensor = WIDE) -> dict[int, bytes]:
-    sizes = sorted({plan.rows, *plan.tails})
+def _whole_bits(sizes: G.ChunkSizes, w: torch.Tensor = WIDE) -> dict[int, bytes]:
+    sizes = sorted({sizes.rows, *sizes.tails})
     return {r.rows: r.bits for r in G.check_sizes(G._blocked_linear(w, None, 0), sizes, w.shape[1], w.dtype, 0)}
 
 
@@ -186,8 +186,8 @@ def _clocked(monkeypatch, seconds_per_call):
 
 
 def test_the_probe_takes_the_fastest_column_block(monkeypatch):
-    plan = G.ChunkSizes(64, (8, 64), True)
-    bits = _whole_bits(plan)
+    sizes = G.ChunkSizes(64, (8, 64), True)
+    bits = _whole_bits(sizes)
     real = G._blocked_linear
     for seconds, cols in [
         ({0: 3.0, 1024: 1.0, 512: 1.5}, 1024),
@@ -197,14 +197,14 @@ def test_the_probe_takes_the_fastest_column_block(monkeypatch):
     ]:
         monkeypatch.setattr(G, "_blocked_linear", real)
         clock = _clocked(monkeypatch, lambda c, rows, seconds=seconds: seconds[c])
-        assert G.probe_columns(WIDE, None, plan, bits, clock=clock) == replace(plan, cols=cols), seconds
+        assert G.probe_columns(WIDE, None, sizes, bits, clock=clock) == replace(sizes, cols=cols), seconds
 
 
 def test_the_probe_refuses_column_blocks_that_change_bits(monkeypatch):
     """Negative control: a block size whose calls round differently (here: its last block scaled by 1 + 2**-20)
     is never used, however fast: changed at every size, at the full size only or at a tail only."""
-    plan = G.ChunkSizes(64, (8, 64), True)
-    bits = _whole_bits(plan)
+    sizes = G.ChunkSizes(64, (8, 64), True)
+    bits = _whole_bits(sizes)
     real = G._blocked_linear
 
     def changes_bits(only_rows=None):
@@ -225,16 +225,16 @@ def test_the_probe_refuses_column_blocks_that_change_bits(monkeypatch):
     for only in (None, 64, 8):
         monkeypatch.setattr(G, "_blocked_linear", changes_bits(only))
         clock = _clocked(monkeypatch, fast_blocks)
-        assert G.probe_columns(WIDE, None, plan, bits, clock=clock) == plan, only
+        assert G.probe_columns(WIDE, None, sizes, bits, clock=clock) == sizes, only
     # the same blocks without the change are taken (the control: the test can tell the two apart)
     monkeypatch.setattr(G, "_blocked_linear", real)
     clock = _clocked(monkeypatch, fast_blocks)
-    assert G.probe_columns(WIDE, None, plan, bits, clock=clock).cols > 0
+    assert G.probe_columns(WIDE, None, sizes, bits, clock=clock).cols > 0
 
 
-def test_a_plan_cached_on_another_machine_is_probed_anew(monkeypatch, tmp_path):
+def test_chunk_sizes_cached_on_another_machine_is_probed_anew(monkeypatch, tmp_path):
     """The disk cache is trusted only under the key it was written with: another CPU's (or torch's, or thread
-    count's, or basal release's) plan, here one whose column blocks would change the bits, is probed again."""
+    count's, or basal release's) sizes, here one whose column blocks would change the bits, is probed again."""
     table = G.ChunkTable(tmp_path / "chunks.json")
     wrong = G.ChunkSizes(64, (8, 64), True, cols=7)
     monkeypatch.setattr(G, "machine_key", lambda: "another CPU")
@@ -252,7 +252,7 @@ def test_the_machine_key_names_the_cpu_features():
     assert f"features {G._cpu_features()}|" in G.machine_key() and G._cpu_features() != "unknown"
 
 
-def test_backend_reports_its_plans(demo_model):
+def test_backend_reports_its_chunk_sizes(demo_model):
     described = TorchBackend.load(demo_model).describe()
     assert described["device"] == "cpu" and described["threads"] == torch.get_num_threads()
     assert described["cpu_kernels"] == cpu_kernels.kind() and described["cpu_kernels"] in {
@@ -267,7 +267,7 @@ def test_backend_reports_its_plans(demo_model):
     assert fixed["gemm_chunks"].startswith("fixed 64 rows")
 
 
-def test_models_endpoint_and_doctor_report_the_plans(demo_model):
+def test_models_endpoint_and_doctor_report_the_chunk_sizes(demo_model):
     from basal.doctor import chunk_lines
     from tests.servers import make_engines
 

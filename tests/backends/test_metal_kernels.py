@@ -81,7 +81,7 @@ def pack(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int =
     root_prefix = np.asarray([roots.index(b) if world.parent[b] < 0 and cached_prefix else -1 for b in blocks])
     n = len(block_of)
     queries = np.asarray(starts + np.asarray(lens) - 1) if readouts else np.arange(n)  # readouts: last tokens
-    plan = lay_out_attention(
+    layout = lay_out_attention(
         block_of,
         positions,
         starts,
@@ -102,15 +102,15 @@ def pack(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int =
     keys += [world.k[b][o][None] for b, o in tokens]
     values += [world.v[b][o][None] for b, o in tokens]
     q = np.stack([world.q[tokens[i][0]][tokens[i][1]] for i in queries])
-    return plan, query_rows, q, np.concatenate(keys), np.concatenate(values), [tokens[i] for i in queries]
+    return layout, query_rows, q, np.concatenate(keys), np.concatenate(values), [tokens[i] for i in queries]
 
 
 def attention_call(world: Logical, blocks: list[int], readouts: bool, cached_prefix: int = 0):
-    plan, query_rows, q, keys, values, labels = pack(world, blocks, readouts, cached_prefix)
+    layout, query_rows, q, keys, values, labels = pack(world, blocks, readouts, cached_prefix)
     heads, kv_heads, dim = q.shape[1], keys.shape[1], q.shape[2]
-    args = metal.AttentionArgs(metal.attention_launch(plan, query_rows, len(q), heads, kv_heads, dim))
+    args = metal.AttentionArgs(metal.attention_launch(layout, query_rows, len(q), heads, kv_heads, dim))
     call = metal.attention_call(mx.array(q), mx.array(keys), mx.array(values), args)
-    return call, plan, query_rows, labels
+    return call, layout, query_rows, labels
 
 
 def by_token(out: np.ndarray, labels) -> dict:
@@ -136,9 +136,9 @@ def test_tree_attention_kernel_is_invariant_and_agrees_with_the_portable_path(sh
     chain = [0, 1, 4, 5, 6, 7, 8, 9, 10, 11]
     alone = {}
     for readouts in (False, True):
-        call, plan, rows, labels = attention_call(world, chain, readouts)
+        call, layout, rows, labels = attention_call(world, chain, readouts)
         out = E.run(call, build_dir)
-        portable = np.array(O.tree_attention(*call.inputs[:3], plan, rows))
+        portable = np.array(O.tree_attention(*call.inputs[:3], layout, rows))
         np.testing.assert_allclose(out, portable, rtol=1e-5, atol=2e-6)
         alone.update(by_token(out, labels))
     assert len(alone) > 100

@@ -1,5 +1,5 @@
 """The MLP in row blocks (`TreeLlama._mlp`): every row gets the bits of gate/up, SwiGLU and down over the whole
-batch at once, for batches of one block, several, and a short last block, whatever the two weights' plans."""
+batch at once, for batches of one block, several, and a short last block, whatever the two weights' choices."""
 
 from __future__ import annotations
 
@@ -50,11 +50,11 @@ def test_blocks_pause_between_them(demo_model):
     """A long batch still has pause points inside the MLP (the long lane steps aside there)."""
     net = TorchBackend.load(demo_model).net
     lw = net.w.layers[0]
-    plans = net.chunks.sizes
-    saved = dict(plans)
-    # 64-row chunks whose tail is padded to 64 (the probed plan's tails may all be shorter than 300 % 64 rows)
-    plans[_key(lw.gate_up, lw.gate_up_bias)] = replace(saved[_key(lw.gate_up, lw.gate_up_bias)], rows=64, tails=(64,))
-    plans[_key(lw.down, lw.down_bias)] = replace(saved[_key(lw.down, lw.down_bias)], rows=64, tails=(64,))
+    choices = net.chunks.sizes
+    saved = dict(choices)
+    # 64-row chunks whose tail is padded to 64 (the probed sizes's tails may all be shorter than 300 % 64 rows)
+    choices[_key(lw.gate_up, lw.gate_up_bias)] = replace(saved[_key(lw.gate_up, lw.gate_up_bias)], rows=64, tails=(64,))
+    choices[_key(lw.down, lw.down_bias)] = replace(saved[_key(lw.down, lw.down_bias)], rows=64, tails=(64,))
     try:
         with torch.inference_mode():
             steps = net._mlp(torch.zeros(300, lw.gate_up.shape[1], dtype=lw.gate_up.dtype), lw, readout=False)
@@ -67,5 +67,5 @@ def test_blocks_pause_between_them(demo_model):
                 pass
         assert pauses >= 4  # five blocks of 64 rows
     finally:
-        plans.clear()
-        plans.update(saved)
+        choices.clear()
+        choices.update(saved)

@@ -68,18 +68,18 @@ def test_attention_launch_packs_what_the_portable_path_computes(rows):
     block_of, positions, starts, lens, parents = _tree()
     n, heads, kv_heads, dim = len(block_of), 4, 2, 16
     queries = np.arange(n) if rows > 1 else np.array([74, 114])  # readouts: the last token of each child
-    plan = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, queries, rows)
+    layout = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, queries, rows)
     query_rows = np.full(n, -1)
     query_rows[queries] = np.arange(len(queries))
     q = rng.standard_normal((len(queries), heads, dim)).astype(np.float32)
     keys = np.concatenate([np.zeros((1, kv_heads, dim)), rng.standard_normal((n, kv_heads, dim))]).astype(np.float32)
     values = np.concatenate([np.zeros((1, kv_heads, dim)), rng.standard_normal((n, kv_heads, dim))]).astype(np.float32)
-    launch = metal.attention_launch(plan, query_rows, len(queries), heads, kv_heads, dim)
-    assert dict(launch.template)["QB"] == (8 if rows > 1 else 1)  # 16 simdgroups of 2 heads; a readout plan: 1
+    launch = metal.attention_launch(layout, query_rows, len(queries), heads, kv_heads, dim)
+    assert dict(launch.template)["QB"] == (8 if rows > 1 else 1)  # 16 simdgroups of 2 heads; a readout layout: 1
     assert launch.output_shape == (len(queries), heads, dim) and launch.arrays["key_idx"].dtype == np.int32
     assert launch.arrays["key_idx"].shape[1] % KEY_TILE == 0
     emulated = emulate_attention(launch, q, keys, values)
-    portable = np.array(O.tree_attention(mx.array(q), mx.array(keys), mx.array(values), plan, query_rows))
+    portable = np.array(O.tree_attention(mx.array(q), mx.array(keys), mx.array(values), layout, query_rows))
     np.testing.assert_allclose(portable, emulated, atol=2e-5)
 
 
@@ -88,18 +88,18 @@ def test_readout_launch_and_launch_checks():
     assert launch.output_shape == (3, 10) and launch.grid[0] >= 30 and launch.threadgroup == (64, 1, 1)
     assert launch.arrays["params"].size == metal.MIN_BUFFER  # 3 values, padded: never the constant address space
     block_of, positions, starts, lens, parents = _tree()
-    plan = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, np.arange(3), 1)
+    layout = lay_out_attention(block_of, positions, starts, lens, parents, np.full(3, -1), {}, 1, np.arange(3), 1)
     rows = np.arange(len(block_of))
     with pytest.raises(ValueError, match="MAX_HEAD_DIM"):
-        metal.attention_launch(plan, rows, 3, 4, 2, 512)
+        metal.attention_launch(layout, rows, 3, 4, 2, 512)
     with pytest.raises(ValueError, match="key/value heads"):
-        metal.attention_launch(plan, rows, 3, 6, 4, 16)
-    # a query the plan does not cover would read chunk 0's keys: refused before any launch
-    with pytest.raises(ValueError, match="missing from the attention plan"):
-        metal.attention_launch(plan, rows, 4, 4, 2, 16)
-    launch = metal.attention_launch(plan, rows, 3, 4, 2, 16)
+        metal.attention_launch(layout, rows, 3, 6, 4, 16)
+    # a query the layout does not cover would read chunk 0's keys: refused before any launch
+    with pytest.raises(ValueError, match="missing from the attention layout"):
+        metal.attention_launch(layout, rows, 4, 4, 2, 16)
+    launch = metal.attention_launch(layout, rows, 3, 4, 2, 16)
     assert all(a.size >= metal.MIN_BUFFER and a.dtype == np.int32 for a in launch.arrays.values())
-    # one query per chunk in this plan: blocks of one query (no idle simdgroups), 2 heads per key/value head
+    # one query per chunk in this layout: blocks of one query (no idle simdgroups), 2 heads per key/value head
     assert dict(launch.template) == {"KEY_TILE": KEY_TILE, "MAX_D": 32, "QB": 1, "GROUP": 2, "STAGE": 32}
     args = metal.AttentionArgs(launch)
     q16 = mx.zeros((3, 4, 16), dtype=mx.float16)

@@ -31,7 +31,7 @@ def _tree_case(seed: int, block_len: list[int], parents: list[int], rows: int, q
         first_pos.append(0 if p < 0 else first_pos[p] + block_len[p])
     positions = np.concatenate([np.arange(f, f + m) for f, m in zip(first_pos, block_len, strict=True)])
     queries = np.arange(n) if queries is None else queries
-    plan = lay_out_attention(
+    layout = lay_out_attention(
         np.repeat(np.arange(len(block_len)), block_len).astype(np.int32),
         positions.astype(np.int32),
         starts,
@@ -49,7 +49,7 @@ def _tree_case(seed: int, block_len: list[int], parents: list[int], rows: int, q
     q = torch.randn(len(queries), heads, dim, generator=g)
     rows_of = torch.full((n,), -1, dtype=torch.int64)
     rows_of[torch.from_numpy(queries.astype(np.int64))] = torch.arange(len(queries))
-    return q, k, v, plan, rows_of
+    return q, k, v, layout, rows_of
 
 
 CASES = [
@@ -64,10 +64,10 @@ CASES = [
 CPU = torch.device("cpu")
 
 
-def _three_ways(q, k, v, plan, rows_of, fixed=True):
-    """(current, main's batched, first tile loop) on one numpy plan."""
-    new = K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of, fixed)
-    old_plan = main_path.to_torch(plan, CPU)
+def _three_ways(q, k, v, layout, rows_of, fixed=True):
+    """(current, main's batched, first tile loop) on one numpy layout."""
+    new = K.tree_attention(q, k, v, K.to_torch(layout, CPU), rows_of, fixed)
+    old_plan = main_path.to_torch(layout, CPU)
     main = run_to_end(main_path.tree_attention_steps(q, k, v, old_plan, rows_of, fixed))
     return new, main, tiled_tree_attention(q, k, v, old_plan, rows_of, fixed)
 
@@ -80,19 +80,19 @@ def _int(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [K.QUERY_ROWS, 1])
 def test_attention_equals_main_and_the_tile_loop(case, rows):
     block_len, parents = CASES[case]
-    readouts = np.cumsum(block_len) - 1  # rows=1 is the last layer's plan: the readouts, one per chunk
-    q, k, v, plan, rows_of = _tree_case(case, block_len, parents, rows, None if rows > 1 else readouts)
-    new, main, tiled = _three_ways(q, k, v, plan, rows_of)
+    readouts = np.cumsum(block_len) - 1  # rows=1 is the last layer's layout: the readouts, one per chunk
+    q, k, v, layout, rows_of = _tree_case(case, block_len, parents, rows, None if rows > 1 else readouts)
+    new, main, tiled = _three_ways(q, k, v, layout, rows_of)
     assert _int(new).equal(_int(main)) and _int(main).equal(_int(tiled))
 
 
 def test_attention_regroups_by_needed_tiles_and_used_rows():
-    """The many-questions case: chunks of one group in the plan need different numbers of key tiles and hold
-    different numbers of queries; the regrouped plan keeps only what is needed, and every query once."""
+    """The many-questions case: chunks of one group in the layout need different numbers of key tiles and hold
+    different numbers of queries; the regrouped layout keeps only what is needed, and every query once."""
     block_len, parents = CASES[-1]
-    _, _, _, plan, _ = _tree_case(0, block_len, parents, K.QUERY_ROWS)
-    groups = K.to_torch(plan, CPU)
-    assert len(plan.groups) == 1 < len(groups)
+    _, _, _, layout, _ = _tree_case(0, block_len, parents, K.QUERY_ROWS)
+    groups = K.to_torch(layout, CPU)
+    assert len(layout.groups) == 1 < len(groups)
     for g in groups:
         last = g.q_pos.max(dim=1).values
         assert g.n_keys == g.key_rows().shape[1] == -(-(int(last.max()) + 1) // K.KEY_TILE) * K.KEY_TILE
@@ -105,29 +105,29 @@ def test_attention_regroups_by_needed_tiles_and_used_rows():
 def test_library_exp_is_seen():
     """Negative control: the comparison catches an attention whose exp is torch's (not bitwise det_exp)."""
     block_len, parents = CASES[3]
-    q, k, v, plan, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
-    library = K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of, fixed=False)
-    main = run_to_end(main_path.tree_attention_steps(q, k, v, main_path.to_torch(plan, CPU), rows_of))
+    q, k, v, layout, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
+    library = K.tree_attention(q, k, v, K.to_torch(layout, CPU), rows_of, fixed=False)
+    main = run_to_end(main_path.tree_attention_steps(q, k, v, main_path.to_torch(layout, CPU), rows_of))
     assert not _int(library).equal(_int(main))
 
 
 def test_attention_equals_main_across_spans(monkeypatch):
     """A span budget of one tile and of a few tiles: the split into spans changes no bit."""
-    q, k, v, plan, rows_of = _tree_case(9, [3 * K.KEY_TILE + 3, 20], [-1, 0], K.QUERY_ROWS)
-    _, main, _ = _three_ways(q, k, v, plan, rows_of)
+    q, k, v, layout, rows_of = _tree_case(9, [3 * K.KEY_TILE + 3, 20], [-1, 0], K.QUERY_ROWS)
+    _, main, _ = _three_ways(q, k, v, layout, rows_of)
     for budget in (1, 1_700_000, 1 << 40):  # spans of 1, a few and all 4 tiles
         monkeypatch.setattr(K, "ATTENTION_SPAN_BYTES", budget)
-        new = K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of)
+        new = K.tree_attention(q, k, v, K.to_torch(layout, CPU), rows_of)
         assert _int(new).equal(_int(main)), budget
 
 
 def test_attention_equals_main_across_exp_blocks(monkeypatch):
     """det_exp's block size (an odd size, the default, the whole tensor) changes no bit."""
-    q, k, v, plan, rows_of = _tree_case(3, [2 * K.KEY_TILE + 5, 30, 40, 3], [-1, 0, 0, 2], K.QUERY_ROWS)
-    _, main, _ = _three_ways(q, k, v, plan, rows_of)
+    q, k, v, layout, rows_of = _tree_case(3, [2 * K.KEY_TILE + 5, 30, 40, 3], [-1, 0, 0, 2], K.QUERY_ROWS)
+    _, main, _ = _three_ways(q, k, v, layout, rows_of)
     for block in (777, K.EXP_BLOCK, 1 << 40):
         monkeypatch.setattr(K, "EXP_BLOCK", block)
-        assert _int(K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of)).equal(_int(main)), block
+        assert _int(K.tree_attention(q, k, v, K.to_torch(layout, CPU), rows_of)).equal(_int(main)), block
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
@@ -167,10 +167,10 @@ def test_a_readout_within_one_tile_alone_equals_batched():
     prompt: main's kernel ran the first as a transposed GEMM (the permuted key view was a valid strided batch) and
     got other bits where the BLAS reads strided batches otherwise; the current one copies the keys to one layout in
     every group. Control: on such a machine main differs (elsewhere main has nothing to show)."""
-    q, k, v, plan, rows_of = _tree_case(3, [40], [-1], 1, np.array([39]))
+    q, k, v, layout, rows_of = _tree_case(3, [40], [-1], 1, np.array([39]))
     q2, k2, v2, plan2, rows2 = _tree_case(3, [40, 30], [-1, -1], 1, np.array([39, 69]))
     q2[:1], k2[:41], v2[:41] = q, k, v
-    alone, main_alone, _ = _three_ways(q, k, v, plan, rows_of)
+    alone, main_alone, _ = _three_ways(q, k, v, layout, rows_of)
     batched, main_batched, _ = _three_ways(q2, k2, v2, plan2, rows2)
     assert _int(alone[0]).equal(_int(batched[0])) and _int(batched).equal(_int(main_batched))
     main_differs = not _int(main_alone[0]).equal(_int(main_batched[0]))

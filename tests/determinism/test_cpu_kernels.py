@@ -82,8 +82,8 @@ def test_rope_matches_the_torch_ops(dtype):
         assert np.array_equal(_bits(native), _bits(ops))
 
 
-def _attention(q, k, v, plan, rows_of) -> torch.Tensor:
-    return K.tree_attention(q, k, v, K.to_torch(plan, CPU), rows_of)
+def _attention(q, k, v, layout, rows_of) -> torch.Tensor:
+    return K.tree_attention(q, k, v, K.to_torch(layout, CPU), rows_of)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
@@ -91,39 +91,39 @@ def _attention(q, k, v, plan, rows_of) -> torch.Tensor:
 def test_attention_matches_the_torch_ops(case, rows):
     block_len, parents = CASES[case]
     readouts = np.cumsum(block_len) - 1
-    q, k, v, plan, rows_of = _tree_case(case, block_len, parents, rows, None if rows > 1 else readouts)
-    native = _attention(q, k, v, plan, rows_of)
+    q, k, v, layout, rows_of = _tree_case(case, block_len, parents, rows, None if rows > 1 else readouts)
+    native = _attention(q, k, v, layout, rows_of)
     with cpu_kernels.suspended():
-        ops = _attention(q, k, v, plan, rows_of)
+        ops = _attention(q, k, v, layout, rows_of)
     assert np.array_equal(_bits(native), _bits(ops))
 
 
 def test_attention_matches_across_spans(monkeypatch):
-    q, k, v, plan, rows_of = _tree_case(9, [3 * K.KEY_TILE + 3, 20], [-1, 0], K.QUERY_ROWS)
+    q, k, v, layout, rows_of = _tree_case(9, [3 * K.KEY_TILE + 3, 20], [-1, 0], K.QUERY_ROWS)
     with cpu_kernels.suspended():
-        ops = _attention(q, k, v, plan, rows_of)
+        ops = _attention(q, k, v, layout, rows_of)
     for budget in (1, 1_700_000, 1 << 40):  # spans of 1, a few and all 4 tiles
         monkeypatch.setattr(K, "ATTENTION_SPAN_BYTES", budget)
-        assert np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops)), budget
+        assert np.array_equal(_bits(_attention(q, k, v, layout, rows_of)), _bits(ops)), budget
 
 
 def test_attention_groups_end_at_their_padding_with_the_same_bits(monkeypatch):
     """Questions of many lengths on one state: the regrouped groups hold at most `GROUP_PADDING` padding rows,
     and every query keeps the bits of the grouping by tile count and `TILE_GROUP` alone (compiled and torch ops)."""
     lens = [K.KEY_TILE + 7, 1, 2, 3, 5, 9, 17, 17, 18, 20, 33, 40, 64, 64, 70, 130]
-    q, k, v, plan, rows_of = _tree_case(11, lens, [-1, *[0] * (len(lens) - 1)], K.QUERY_ROWS)
-    groups = K.to_torch(plan, CPU)
+    q, k, v, layout, rows_of = _tree_case(11, lens, [-1, *[0] * (len(lens) - 1)], K.QUERY_ROWS)
+    groups = K.to_torch(layout, CPU)
     for g in groups:
         padding = int((g.q_pos[:, : g.rows_used] < 0).sum())
         assert padding <= K.GROUP_PADDING * g.q_pos.shape[0] * g.rows_used, (g.q_pos.shape, g.rows_used)
-    new = _attention(q, k, v, plan, rows_of)
+    new = _attention(q, k, v, layout, rows_of)
     with cpu_kernels.suspended():
-        new_ops = _attention(q, k, v, plan, rows_of)
+        new_ops = _attention(q, k, v, layout, rows_of)
     monkeypatch.setattr(K, "GROUP_PADDING", 1.0)  # no cut by padding: the groups before
-    assert len(K.to_torch(plan, CPU)) < len(groups)
-    old = _attention(q, k, v, plan, rows_of)
+    assert len(K.to_torch(layout, CPU)) < len(groups)
+    old = _attention(q, k, v, layout, rows_of)
     with cpu_kernels.suspended():
-        old_ops = _attention(q, k, v, plan, rows_of)
+        old_ops = _attention(q, k, v, layout, rows_of)
     for t in (new, new_ops, old_ops):
         assert np.array_equal(_bits(t), _bits(old))
 
@@ -157,9 +157,9 @@ def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
     x = _exp_inputs()
     assert not np.array_equal(_bits(_c_exp(lib.basal_exp, x)), _bits(K.det_exp(x)))
     block_len, parents = CASES[3]
-    q, k, v, plan, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
+    q, k, v, layout, rows_of = _tree_case(4, block_len, parents, K.QUERY_ROWS)
     with cpu_kernels.suspended():
-        ops = _attention(q, k, v, plan, rows_of)
+        ops = _attention(q, k, v, layout, rows_of)
     x = torch.randn(64, 4, 128, generator=torch.Generator().manual_seed(4)) * 3
     cos, sin = K.rope_tables(64, 128, 10000.0)
     with cpu_kernels.suspended():
@@ -167,7 +167,7 @@ def test_negative_control_a_build_with_fused_multiply_adds_is_caught(tmp_path):
     saved = cpu_kernels._loaded
     try:
         cpu_kernels._loaded = lib
-        assert not np.array_equal(_bits(_attention(q, k, v, plan, rows_of)), _bits(ops))
+        assert not np.array_equal(_bits(_attention(q, k, v, layout, rows_of)), _bits(ops))
         assert not np.array_equal(_bits(K.apply_rope(x, cos, sin)), _bits(rope_ops))
     finally:
         cpu_kernels._loaded = saved

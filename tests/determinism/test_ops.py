@@ -151,7 +151,7 @@ def test_attention_query_alone_vs_in_a_packed_tree(prefix):
                 )
             ]
         ).astype(np.int32)
-        plan = K.to_torch(
+        layout = K.to_torch(
             lay_out_attention(
                 block_of,
                 positions,
@@ -169,7 +169,7 @@ def test_attention_query_alone_vs_in_a_packed_tree(prefix):
         zero = torch.zeros(1, kv_heads, dim)
         rows_of = torch.full((n,), -1, dtype=torch.int64)
         rows_of[torch.from_numpy(queries.astype(np.int64))] = torch.arange(len(queries))
-        return K.tree_attention(q[queries], torch.cat([zero, k]), torch.cat([zero, v]), plan, rows_of)
+        return K.tree_attention(q[queries], torch.cat([zero, k]), torch.cat([zero, v]), layout, rows_of)
 
     alone = run([prefix + 1], [-1], np.asarray([prefix]), K.QUERY_ROWS)[0]
     # the same tokens as root [0, prefix - 3) + child [prefix - 3, prefix + 1) + a sibling: query = last child token

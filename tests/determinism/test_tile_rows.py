@@ -24,8 +24,8 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_used_rows_give_the_bits_of_full_rows(case, compiled, monkeypatch):
     block_len, parents = CASES[case]
-    q, k, v, plan, rows_of = _tree_case(case, block_len, parents, K.QUERY_ROWS)
-    groups = K.to_torch(plan, CPU)
+    q, k, v, layout, rows_of = _tree_case(case, block_len, parents, K.QUERY_ROWS)
+    groups = K.to_torch(layout, CPU)
     with nullcontext() if compiled else cpu_kernels.suspended():
         trimmed = K.tree_attention(q, k, v, groups, rows_of)
         monkeypatch.setattr(tile_rows, "invariant_rows", lambda *a: frozenset())
@@ -38,8 +38,8 @@ def test_the_cases_run_trimmed_groups():
     allowed = tile_rows.invariant_rows(2, 16, 2, K.QUERY_ROWS, K.KEY_TILE, "cpu", torch.get_num_threads())
     trimmed = 0
     for case, (block_len, parents) in enumerate(CASES):
-        _, _, _, plan, _ = _tree_case(case, block_len, parents, K.QUERY_ROWS)
-        trimmed += any(g.rows_used < K.QUERY_ROWS and g.rows_used in allowed for g in K.to_torch(plan, CPU))
+        _, _, _, layout, _ = _tree_case(case, block_len, parents, K.QUERY_ROWS)
+        trimmed += any(g.rows_used < K.QUERY_ROWS and g.rows_used in allowed for g in K.to_torch(layout, CPU))
     assert trimmed >= 3
 
 

@@ -1,4 +1,4 @@
-"""The GPU path's host side, in plain Python (runs everywhere, no Triton): buckets, the tile plan and its blob,
+"""The GPU path's host side, in plain Python (runs everywhere, no Triton): buckets, the tile tiling and its blob,
 staging slots, the graph policy and the GEMM table (docs/gpu-path.md §8.1 c)."""
 
 from __future__ import annotations
@@ -67,20 +67,20 @@ def _batch():
 
 def test_tile_layout_covers_every_token_once_without_mixing_blocks():
     batch = _batch()
-    plan = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=2)
+    tiling = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=2)
     covered = []
-    for q0, nq, pos0, block in plan.tiles:
+    for q0, nq, pos0, block in tiling.tiles:
         assert 1 <= nq <= 2 and batch.positions[q0] == pos0
         assert all(batch.block_of[q0 + i] == block and batch.positions[q0 + i] == pos0 + i for i in range(nq))
         covered += range(q0, q0 + nq)
     assert sorted(covered) == list(range(batch.n_tokens))
-    assert [tuple(t) for t in plan.readout_tiles[:, :2]] == [(int(r), 1) for r in batch.readouts]
+    assert [tuple(t) for t in tiling.readout_tiles[:, :2]] == [(int(r), 1) for r in batch.readouts]
 
 
 def test_chain_ranges_map_every_position_to_its_key_row():
     batch = _batch()
     prefix_rows = {"en": (0, 2), "pl": (2, 1)}
-    plan = lay_out_tiles(batch, prefix_rows, tokens_per_tile=4)
+    tiling = lay_out_tiles(batch, prefix_rows, tokens_per_tile=4)
     for b in range(len(batch.block_start)):
         chain = batch.chain(b)
         expected = []  # (buffer, row) of positions 0 .. end of block b
@@ -88,7 +88,7 @@ def test_chain_ranges_map_every_position_to_its_key_row():
         expected += [(0, prefix_rows[key][0] + i) for i in range(prefix_rows[key][1])]
         for c in chain:
             expected += [(1, batch.block_start[c] + i) for i in range(batch.block_len[c])]
-        ranges = plan.ranges[b]
+        ranges = tiling.ranges[b]
         used = ranges[ranges[:, 0] != NO_RANGE, 0]
         assert len(used) == len(chain) + 1 and np.all(np.diff(used) > 0)  # the prefix range, then the chain
         for kp, want in enumerate(expected):
@@ -98,17 +98,17 @@ def test_chain_ranges_map_every_position_to_its_key_row():
 
 def test_blob_round_trip_and_no_stale_fields():
     batch = _batch()
-    plan = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
+    tiling = lay_out_tiles(batch, {"en": (0, 2), "pl": (2, 1)}, tokens_per_tile=3)
     layout = BlobLayout(32, 16, tile_capacity(32, 16, 3))
     blob = np.full(layout.size, 77, dtype=np.int32)
-    pack_blob(batch, plan, layout, blob)
+    pack_blob(batch, tiling, layout, blob)
     back = unpack_blob(blob, layout)
     assert np.array_equal(back["tokens"], batch.tokens) and np.array_equal(back["positions"], batch.positions)
-    assert np.array_equal(back["tiles"], plan.tiles) and np.array_equal(back["readouts"], batch.readouts)
-    assert np.array_equal(back["ranges"][: len(plan.ranges)], plan.ranges)
-    assert np.all(back["ranges"][len(plan.ranges) :] == 0) and 77 not in blob
+    assert np.array_equal(back["tiles"], tiling.tiles) and np.array_equal(back["readouts"], batch.readouts)
+    assert np.array_equal(back["ranges"][: len(tiling.ranges)], tiling.ranges)
+    assert np.all(back["ranges"][len(tiling.ranges) :] == 0) and 77 not in blob
     with pytest.raises(ValueError, match="does not fit"):
-        pack_blob(batch, plan, BlobLayout(16, 4, 100))
+        pack_blob(batch, tiling, BlobLayout(16, 4, 100))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -241,10 +241,10 @@ def test_the_tile_capacity_counts_two_blocks_per_readout_not_one_per_token():
     (forward,) = split_forwards([TokenizedQuestion("en", "s", orders)], [40, 41], {"en": prefix})
     b = forward.packed
     layout = layout_for(b.n_tokens, len(b.readouts), len(b.block_start), nt["mini"])
-    plan = lay_out_tiles(b, {"en": (0, 66)}, nt["mini"])
-    assert (b.n_tokens, len(b.block_start), len(plan.tiles)) == (112, 3, 12)
+    tiling = lay_out_tiles(b, {"en": (0, 66)}, nt["mini"])
+    assert (b.n_tokens, len(b.block_start), len(tiling.tiles)) == (112, 3, 12)
     assert (layout.token_bucket, layout.readout_bucket, layout.tile_cap) == (128, 4, 21)  # was 141
-    pack_blob(b, plan, layout)
+    pack_blob(b, tiling, layout)
 
 
 def _hand_built(rng: np.random.Generator, n_blocks: int, max_len: int, n_readouts: int) -> PackedForward:

@@ -118,9 +118,7 @@ class Metrics:
         self.pass_duration = Histogram(
             r, "basal_batch_duration_seconds", "one pass on the device", ("model", "lane", "outcome")
         )
-        self.pass_requests = Histogram(
-            r, "basal_batch_requests", "requests per pass", ("model", "lane"), SIZE_BUCKETS
-        )
+        self.pass_requests = Histogram(r, "basal_batch_requests", "requests per pass", ("model", "lane"), SIZE_BUCKETS)
         # basal's own additions
         self.build_info = Gauge(
             r, "basal_build_info", "always 1: the basal version and the Python it runs on", ("version", "python")

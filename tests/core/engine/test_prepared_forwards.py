@@ -28,7 +28,7 @@ class PreparingStub(StubBackend):
 
     def prepare(self, batch):
         self.prepared.append(batch.n_tokens)
-        return ("plan", batch.n_tokens)
+        return ("prepare", batch.n_tokens)
 
     def run(self, batch, prepared=None, preemptible=False):
         self.received.append(prepared)
@@ -51,7 +51,7 @@ def test_prepare_runs_while_packing_and_reaches_the_forward(demo_model):
     assert len(forwards) > 1 and backend.prepared == [f.packed.n_tokens for f in forwards]
     assert not backend.received  # nothing has run yet: packing is host work
     with_plan = run_to_end(pipeline.run_forwards(qs, forwards))
-    assert backend.received == [("plan", f.packed.n_tokens) for f in forwards]
+    assert backend.received == [("prepare", f.packed.n_tokens) for f in forwards]
     plain = run_to_end(
         Pipeline(
             demo_model, StubBackend(demo_model, uniform), tree_max_tokens=200, forward_max_tokens=200

@@ -95,7 +95,7 @@ def test_a_prepared_forward_has_the_bits_of_an_unprepared_one(plain, eager, monk
     planned = []
     monkeypatch.setattr(plain, "prepare", lambda *a, **k: planned.append(1) or GpuBackend.prepare(plain, *a, **k))
     assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
-    assert planned == []  # the prepared plan was used
+    assert planned == []  # the prepared layout was used
     monkeypatch.setattr(plain, "_prefix_version", plain._prefix_version + 1)  # as a new template prefix does
     assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
     assert planned == [1]  # planned again, not trusted
@@ -112,7 +112,7 @@ def two_layers():
 
 def test_an_eager_pass_paused_between_layers_keeps_its_own_metadata(two_layers):
     """A pass paused after its first layer while another pass at the same bucket runs (the long lane steps aside)
-    must read its own tile plan and positions in its later layers: eager passes do not share the bucket's blob;
+    must read its own tile layout and positions in its later layers: eager passes do not share the bucket's blob;
     and a pass with a larger metadata blob meanwhile must not wait for the paused pass's staging slot."""
     alone = run_to_end(two_layers.run(batch(LETTERS[3])))
     steps = two_layers.run(batch(LETTERS[3]))
