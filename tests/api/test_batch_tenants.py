@@ -193,3 +193,19 @@ def test_batch_lines_run_in_their_owners_cache_scope(demo_model, tmp_path, monke
         assert set(seen) == {""}
     else:  # each key's lines and its online request in its own scope: 2 lines + 1 online each
         assert seen == [digests[0]] * 3 + [digests[1]] * 3, seen
+
+
+def test_a_key_with_non_ascii_characters_is_one_owner_and_can_be_an_admin():
+    from types import SimpleNamespace
+
+    from basal.api.http.auth import key_verdict, request_owner, visible_owner
+
+    key = "klucz-zażółć"
+    settings = ApiSettings(api_keys=("plain",), admin_keys=(key,))
+    header = "Bearer " + key.encode("utf-8").decode("latin-1")  # the header as the ASGI server hands it over
+    request = SimpleNamespace(headers={"authorization": header})
+    assert key_verdict(header, settings.api_keys) is None
+    assert request_owner(request, settings) == hashlib.sha256(key.encode("utf-8")).hexdigest()
+    assert visible_owner(request, settings) is None  # the admin digest matches the configured key's
+    plain = SimpleNamespace(headers={"authorization": "Bearer plain"})
+    assert visible_owner(plain, settings) == hashlib.sha256(b"plain").hexdigest()
