@@ -136,6 +136,8 @@ def flag_argv(path: tuple, value) -> list[str] | None:
         return [name] if value else None
     if path == ("api_keys",):
         return [arg for v in value for arg in ("--api-key", v)]
+    if path == ("admin_api_keys",):
+        return [arg for v in value for arg in ("--admin-api-key", v)]
     if path == ("cors_origins",):
         return [arg for v in value for arg in ("--cors-origin", v)]
     return None

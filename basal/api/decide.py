@@ -74,14 +74,17 @@ def body_decider(
     parse: Parse | None = None,
     dialect: str = "basal",
     diagnostics: bool = False,
+    owner: str | None = None,
 ):
     """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
     -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
     the online route answers (its contract checks, the same parser and limits, the same encoder). `parse`: the
     dialect's parser the app's routes share (one is built when not given). `dialect` "systemone" runs
     `POST /v1/systemone`'s path instead; `diagnostics` answers as with `x-basal-diagnostics: 1` (`basal calibrate`
-    reads the orders' average from them)."""
+    reads the orders' average from them). `owner`: the key whose work the lines are (a batch's owner): they read
+    and fill that key's state cache entries, as its online requests do (`ApiSettings.cache_scope`)."""
     parse = parse or parsers(engines, settings)[dialect]
+    scope = settings.cache_scope(owner)
 
     async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
         rid = new_request_id()
@@ -94,6 +97,8 @@ def body_decider(
             plan = await asyncio.to_thread(lambda: parse(decode_body(body, dialect)))  # off the online requests' loop
             if diagnostics:
                 plan = replace(plan, diagnostics=True)
+            if scope:
+                plan = replace(plan, cache_scope=scope)
             result = await engines.run(plan, cancelled, has_slot=True, background=True)
             return 200, with_diagnostics(msgspec.json.encode(result.response), result.diagnostics), rid
         except Exception as exc:

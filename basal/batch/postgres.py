@@ -99,6 +99,12 @@ CREATE TABLE claims (
 CREATE INDEX claims_owner ON claims (owner);
 CREATE TABLE store_identity (id TEXT NOT NULL)
 """,
+    """
+ALTER TABLE files ADD COLUMN owner TEXT;
+ALTER TABLE batches ADD COLUMN owner TEXT;
+CREATE INDEX files_owner ON files (owner, seq);
+CREATE INDEX batches_owner ON batches (owner, seq)
+""",
 )
 MARKER = ".basal-store-id"  # in the files' root: the database's store id, so a server whose volume is not the
 # shared one refuses to start instead of failing every batch whose input it cannot see

@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +54,7 @@ class BatchService:
 
     def __init__(self, store: Store, settings: BatchSettings):
         self.store, self.settings = store, settings
-        self.decide: Decide | None = None
+        self.decide: Callable[[str | None], Decide] | None = None  # a batch owner -> the path its lines take
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # whose leases are whose
         self._wake = asyncio.Event()
         self._cancel: set[str] = set()
@@ -64,8 +64,9 @@ class BatchService:
         self._closed = False
         self._task: asyncio.Task | None = None
 
-    def attach(self, decide: Decide) -> None:
-        """The decision path lines go through (`basal.api.decide.body_decider`), set when the app is built."""
+    def attach(self, decide: Callable[[str | None], Decide]) -> None:
+        """The decision path lines go through, per batch owner (`basal.api.decide.body_decider` with that owner:
+        a batch's lines run in its key's cache scope), set when the app is built."""
         self.decide = decide
 
     async def start(self) -> None:
@@ -240,7 +241,7 @@ class BatchService:
         assert self.decide is not None, "BatchService.attach was not called"
         watcher = asyncio.create_task(watch())
         try:
-            await run_lines(claimed(), self.decide, record, stop, self.settings.window)
+            await run_lines(claimed(), self.decide(batch["owner"]), record, stop, self.settings.window)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

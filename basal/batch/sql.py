@@ -94,36 +94,53 @@ class SqlStore(ABC):
         """A temporary path in the files directory for an upload in progress (renamed by `add_file`)."""
         return self.files_dir / f".upload-{secrets.token_hex(8)}.tmp"
 
-    def add_file(self, tmp: Path, filename: str, purpose: str, expires_after: int | None, lines: int) -> dict:
-        """Move a fully written (and synced) upload into place and record it."""
+    def add_file(
+        self, tmp: Path, filename: str, purpose: str, expires_after: int | None, lines: int, owner: str | None = None
+    ) -> dict:
+        """Move a fully written (and synced) upload into place and record it as `owner`'s."""
         file_id, now = new_id("file-"), self.now()
         size = tmp.stat().st_size
         os.replace(tmp, self.file_path(file_id))
         expires = None if expires_after is None else now + expires_after
         self._tx(
             lambda db: db.execute(
-                "INSERT INTO files (id, created_at, expires_at, filename, purpose, bytes, lines)"
-                " VALUES (?,?,?,?,?,?,?)",
-                (file_id, now, expires, filename, purpose, size, lines),
+                "INSERT INTO files (id, created_at, expires_at, filename, purpose, bytes, lines, owner)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (file_id, now, expires, filename, purpose, size, lines, owner),
             )
         )
         return self.get_file(file_id)  # type: ignore[return-value]
 
-    def get_file(self, file_id: str) -> dict | None:
-        rows = self._query("SELECT * FROM files WHERE id = ?", (file_id,))
-        return dict(rows[0]) if rows else None
+    def get_file(self, file_id: str, owner: str | None = None) -> dict | None:
+        """The file, or None; given an `owner`, only a file of that owner (another's is None, as a missing one)."""
+        return self._row("files", file_id, owner)
 
-    def list_files(self, after: str | None, limit: int, purpose: str | None) -> tuple[list[dict], bool]:
-        """One page, newest first; `after` is the last id of the previous page. -> (rows, has_more)."""
-        return self._page("files", after, limit, "purpose = ?" if purpose else "", (purpose,) if purpose else ())
+    def list_files(
+        self, after: str | None, limit: int, purpose: str | None, owner: str | None = None
+    ) -> tuple[list[dict], bool]:
+        """One page, newest first; `after` is the last id of the previous page; given an `owner`, only its files.
+        -> (rows, has_more)."""
+        return self._page("files", after, limit, "purpose = ?" if purpose else "", (purpose,) if purpose else (), owner)
 
     def delete_file(self, file_id: str) -> bool:
         deleted = self._tx(lambda db: db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount)
         self.file_path(file_id).unlink(missing_ok=True)
         return bool(deleted)
 
-    def _page(self, table: str, after: str | None, limit: int, where: str, args: tuple) -> tuple[list[dict], bool]:
+    def _row(self, table: str, row_id: str, owner: str | None) -> dict | None:
+        sql, args = f"SELECT * FROM {table} WHERE id = ?", (row_id,)
+        if owner is not None:
+            sql, args = sql + " AND owner = ?", (row_id, owner)
+        rows = self._query(sql, args)
+        return dict(rows[0]) if rows else None
+
+    def _page(
+        self, table: str, after: str | None, limit: int, where: str, args: tuple, owner: str | None = None
+    ) -> tuple[list[dict], bool]:
         clauses, values = ([where] if where else []), list(args)
+        if owner is not None:
+            clauses.append("owner = ?")
+            values.append(owner)
         if after is not None:
             clauses.append(f"seq < (SELECT seq FROM {table} WHERE id = ?)")
             values.append(after)
@@ -143,9 +160,13 @@ class SqlStore(ABC):
         output_expires_s: int | None,
         idempotency_key: str | None,
         max_active: int,
+        owner: str | None = None,
     ) -> tuple[dict, bool]:
-        """A new batch in `validating`, or (with a key seen before and the same data) that batch again.
+        """A new batch in `validating`, `owner`'s, or (with a key seen before and the same data) that batch again.
+        An idempotency key is the owner's own: another owner's use of the same key is another key.
         -> (batch, created). Raises Conflict (the key with other data) or TooMany (`max_active` not terminal)."""
+        if idempotency_key is not None and owner is not None:
+            idempotency_key = f"{owner}:{idempotency_key}"  # a digest holds no ':': no owner's key is another's
         fingerprint = json.dumps(
             [input_file_id, endpoint, completion_window, metadata, output_expires_s], sort_keys=True
         )
@@ -168,7 +189,7 @@ class SqlStore(ABC):
                 raise TooMany(max_active)
             db.execute(
                 "INSERT INTO batches (id, idempotency_key, fingerprint, input_file_id, endpoint, completion_window,"
-                " status, metadata, output_expires_s, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " status, metadata, output_expires_s, created_at, expires_at, owner) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     batch_id,
                     idempotency_key,
@@ -181,6 +202,7 @@ class SqlStore(ABC):
                     output_expires_s,
                     now,
                     now + window_s,
+                    owner,
                 ),
             )
             return batch_id, True
@@ -188,12 +210,12 @@ class SqlStore(ABC):
         found, created = self._tx(create)
         return self.get_batch(found), created  # type: ignore[return-value]
 
-    def get_batch(self, batch_id: str) -> dict | None:
-        rows = self._query("SELECT * FROM batches WHERE id = ?", (batch_id,))
-        return dict(rows[0]) if rows else None
+    def get_batch(self, batch_id: str, owner: str | None = None) -> dict | None:
+        """The batch, or None; given an `owner`, only a batch of that owner (another's is None, as a missing one)."""
+        return self._row("batches", batch_id, owner)
 
-    def list_batches(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
-        return self._page("batches", after, limit, "", ())
+    def list_batches(self, after: str | None, limit: int, owner: str | None = None) -> tuple[list[dict], bool]:
+        return self._page("batches", after, limit, "", (), owner)
 
     def active_batches(self) -> list[dict]:
         """Batches the runner has work for, oldest first."""
@@ -406,10 +428,11 @@ class SqlStore(ABC):
             )
             for kind, (file_id, size, lines) in made.items():
                 name = f"{batch_id}_{'output' if kind == 'output_file_id' else 'error'}.jsonl"
+                expires = None if expires_s is None else now + expires_s
                 db.execute(
-                    "INSERT INTO files (id, created_at, expires_at, filename, purpose, bytes, lines)"
-                    " VALUES (?,?,?,?,?,?,?)",
-                    (file_id, now, None if expires_s is None else now + expires_s, name, "batch_output", size, lines),
+                    "INSERT INTO files (id, created_at, expires_at, filename, purpose, bytes, lines, owner)"
+                    " VALUES (?,?,?,?,?,?,?,?)",
+                    (file_id, now, expires, name, "batch_output", size, lines, batch["owner"]),  # the batch's owner's
                 )
             db.execute("DELETE FROM claims WHERE batch_id = ?", (batch_id,))
             return True

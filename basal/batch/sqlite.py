@@ -82,6 +82,12 @@ CREATE TABLE claims (
 ) WITHOUT ROWID;
 CREATE INDEX claims_owner ON claims (owner);
 """,
+    """
+ALTER TABLE files ADD COLUMN owner TEXT;
+ALTER TABLE batches ADD COLUMN owner TEXT;
+CREATE INDEX files_owner ON files (owner, seq);
+CREATE INDEX batches_owner ON batches (owner, seq);
+""",
 )
 
 

@@ -28,6 +28,7 @@ from basal.serve.config_values import ApiKey, DatabaseUrl, HostPort, IsoDate
 log = logging.getLogger("basal")
 
 API_KEYS_VAR = "BASAL_API_KEYS"  # adds keys to the file's (`environment_api_keys`)
+ADMIN_KEYS_VAR = "BASAL_ADMIN_API_KEYS"  # `admin_api_keys`, as every key from the environment
 MAX_MB = 1 << 20  # sizes in MB (a body, an upload, a line) up to a TiB: more is no size this machine holds
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
@@ -219,6 +220,8 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     drift_set: str | None = None  # a pinned set (Batch API input JSONL or a capture) replayed to check the bits
     drift_interval_s: Annotated[float, Meta(ge=1, le=30 * 86_400)] = 3600.0  # between two runs of `drift_set`
     caches_shared: bool = False  # with api_keys: both caches shared by all keys (a hit's speed tells what others sent)
+    admin_api_keys: list[ApiKey] = msgspec.field(default_factory=list)  # keys that also see every key's batches
+    batches_shared: bool = False  # with api_keys: every key sees every file and batch (else each key its own)
 
     def __post_init__(self) -> None:
         if self.metrics_addr is not None and _same_listener(self.addr, self.metrics_addr):
@@ -232,11 +235,12 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
                 f"({self.max_body_mb:g} MiB): a body that large could never be received (529 every time); raise "
                 "`max_transit_bytes` or lower `max_body_mb`"
             )
-        if self.no_auth and self.api_keys:
-            raise msgspec.ValidationError(
-                "`no_auth` (--no-auth) says the server runs without API keys, but `api_keys` gives "
-                f"{len(self.api_keys)}: remove one of the two"
-            )
+        for name, keys in (("api_keys", self.api_keys), ("admin_api_keys", self.admin_api_keys)):
+            if self.no_auth and keys:
+                raise msgspec.ValidationError(
+                    f"`no_auth` (--no-auth) says the server runs without API keys, but `{name}` gives "
+                    f"{len(keys)}: remove one of the two"
+                )
         _check_unique_names(self.models)
 
     @property
@@ -381,19 +385,21 @@ def with_environment(data: dict, where: str = "configuration", environ: Mapping[
     """`data` (the file with the flags laid over it) with the environment under it: a BASAL_* key applies only
     where `data` does not set that key; sections merge key by key, lists are replaced whole. A value that does
     not fit its key is an error; a BASAL_ variable that names no key is a warning (with the nearest names).
-    BASAL_API_KEYS set but without a key (`""`, `" , ,"`) is an error unless `no_auth` says so: a deployment
-    whose secret went missing must not start an open server."""
+    BASAL_API_KEYS (or BASAL_ADMIN_API_KEYS) set but without a key (`""`, `" , ,"`), and no key elsewhere, is an
+    error unless `no_auth` says so: a deployment whose secret went missing must not start an open server."""
     environ = dict(os.environ if environ is None else environ)
     tree, bad, unknown = environment(environ)
     for problem in unknown:
         log.warning("%s (ignored; every key: docs/configuration.md)", problem)
     no_auth = data.get("no_auth", tree.get("no_auth", False))
     keyless = not environment_api_keys(environ) and not data.get("api_keys")  # the file's or the flags' keys
-    if API_KEYS_VAR in environ and keyless and not bad and no_auth is not True:
-        bad.append(
-            f"{API_KEYS_VAR} is set but holds no key ({environ[API_KEYS_VAR]!r}): give the keys (a,b), or say "
-            "--no-auth (no_auth: true, BASAL_NO_AUTH=true) to serve without keys on purpose"
-        )
+    keyless = keyless and not data.get("admin_api_keys") and not tree.get("admin_api_keys")
+    for var in (API_KEYS_VAR, ADMIN_KEYS_VAR):
+        if var in environ and keyless and not bad and no_auth is not True:
+            bad.append(
+                f"{var} is set but holds no key ({environ[var]!r}): give the keys (a,b), or say "
+                "--no-auth (no_auth: true, BASAL_NO_AUTH=true) to serve without keys on purpose"
+            )
     if bad:
         listed = bad[0] if len(bad) == 1 else f"{len(bad)} problems:" + "".join(f"\n  - {p}" for p in bad)
         raise ConfigError(f"the environment: {listed}\n(every key: docs/configuration.md)")

@@ -45,6 +45,7 @@ SWITCHES: dict[str, str] = {
     "access_log": "log one line per request",
     "public_metrics_and_schema": "with API keys: serve /metrics and /schema without one",
     "caches_shared": "with API keys: answer and state caches shared by all keys (a hit's speed tells others' asks)",
+    "batches_shared": "with API keys: every key sees every file and batch (else each key only its own)",
 }
 MODEL_FLAGS: dict[str, str] = {
     "backend": "auto: CUDA -> torch, Apple Silicon -> mlx, else torch on the CPU",
@@ -145,6 +146,14 @@ def add_serve_flags(v: argparse.ArgumentParser) -> None:
         "default: none, no authentication)",
     )
     v.add_argument(
+        "--admin-api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="a bearer key that also sees every key's files and batches (repeatable; replaces the file's "
+        "admin_api_keys; default: none)",
+    )
+    v.add_argument(
         "--no-auth",
         action="store_true",
         default=None,
@@ -191,6 +200,8 @@ def serve_config(a: argparse.Namespace) -> ServeConfig:
     server = {k: getattr(a, k) for k in (*SERVER_FLAGS, *SWITCHES, *CHOICE_FLAGS) if getattr(a, k) is not None}
     if a.api_key is not None:
         server["api_keys"] = a.api_key
+    if a.admin_api_key is not None:
+        server["admin_api_keys"] = a.admin_api_key
     if a.cors_origin is not None:
         server["cors_origins"] = a.cors_origin
     if a.cascade is not None:

@@ -252,6 +252,8 @@ def api_settings(config: ServeConfig) -> ApiSettings:
         capture=_capture(config),
         answer_cache=answers,
         caches_shared=config.caches_shared,
+        admin_keys=tuple(config.admin_api_keys),
+        batches_shared=config.batches_shared,
     )
 
 

@@ -8,7 +8,7 @@ from litestar.connection import ASGIConnection
 
 from basal.api.context import api_context
 from basal.api.errors import auth_error, service_auth_error
-from basal.api.settings import ApiSettings
+from basal.api.settings import ApiSettings, key_digest
 
 
 def check_auth(request: ASGIConnection, settings: ApiSettings, dialect: str) -> None:
@@ -16,6 +16,29 @@ def check_auth(request: ASGIConnection, settings: ApiSettings, dialect: str) -> 
     verdict = key_verdict(request.headers.get("authorization"), settings.api_keys)
     if verdict is not None:
         raise auth_error(missing=verdict == "missing", dialect=dialect)
+
+
+def bearer_key(header: str | None) -> bytes:
+    """The key of an `Authorization: Bearer KEY` header as the bytes the client sent (b"" without one)."""
+    raw = (header or "").encode("latin-1", errors="replace")  # ASGI header bytes, as Litestar decoded them
+    return raw.partition(b" ")[2].strip()
+
+
+def request_owner(request: ASGIConnection, settings: ApiSettings) -> str | None:
+    """Whose request this is: the digest of its key (which `check_auth` let pass), None when no keys are set. The
+    owner of the files and batches it creates, and its caches' scope (`ApiSettings.cache_scope`)."""
+    if not settings.api_keys:
+        return None
+    return key_digest(bearer_key(request.headers.get("authorization")))
+
+
+def visible_owner(request: ASGIConnection, settings: ApiSettings) -> str | None:
+    """Whose files and batches a request may see: its key's own (a digest), or None for every one's — no keys set,
+    `batches_shared`, or an admin key. Others' are answered as if they did not exist."""
+    owner = request_owner(request, settings)
+    if owner is None or settings.batches_shared or owner in settings.admin_owners:
+        return None
+    return owner
 
 
 def key_verdict(header: str | None, keys: tuple[str, ...]) -> str | None:

@@ -1,6 +1,9 @@
 """The Files and Batches API (docs/batches.md): the routes that basal-client's `files` and `batches` call.
 
 Uploads are read from the ASGI stream straight into a temporary file in the store (`http/multipart.py`).
+With API keys, each file and batch belongs to the key that created them: a request of another key finds it as it
+finds an id that never existed (the same 404, an unknown cursor's 400), unless it is an admin key or the operator
+shares them (`batches_shared`); see `auth.visible_owner`.
 Every refusal is a `batch_refusal` (`api/errors.py`): `{"error": {message, type, param, code}}`, the shape an
 OpenAI-Batch user expects.
 """
@@ -19,7 +22,7 @@ from litestar.response import File
 
 from basal.api.context import api_context
 from basal.api.errors import ClientGone, batch_refusal
-from basal.api.http.auth import check_auth
+from basal.api.http.auth import check_auth, request_owner, visible_owner
 from basal.api.http.multipart import read_upload
 from basal.api.settings import ApiSettings
 from basal.api.wire.batch_types import (
@@ -47,11 +50,14 @@ MAX_METADATA = 16  # metadata pairs; keys up to 64 characters, values up to 512 
 JSONL = "application/jsonl"
 
 
-def _auth(request: Request) -> None:
+def _auth(request: Request) -> str | None:
+    """Check the key. -> whose files and batches the request sees (`auth.visible_owner`: None for all)."""
+    settings = api_context(request).settings
     try:
-        check_auth(request, api_context(request).settings, "basal")
+        check_auth(request, settings, "basal")
     except RequestError as e:
         raise batch_refusal(e.status, "invalid_api_key", e.body["error"]) from None
+    return visible_owner(request, settings)
 
 
 def _service(request: Request) -> BatchService:
@@ -151,7 +157,8 @@ async def upload(request: Request) -> Response:
             parsed = await asyncio.to_thread(lambda: lines_of(tmp.read_bytes(), limits))
         except UploadRefused as e:
             raise batch_refusal(400, "invalid_file", str(e), "file") from None
-        row = await asyncio.to_thread(store.add_file, tmp, filename, "batch", expires, len(parsed))
+        owner = request_owner(request, api_context(request).settings)
+        row = await asyncio.to_thread(store.add_file, tmp, filename, "batch", expires, len(parsed), owner)
         return _ok(file_object(row))
     except ClientGone:
         return Response(b"", status_code=499)
@@ -160,39 +167,40 @@ async def upload(request: Request) -> Response:
 
 
 async def list_files(request: Request) -> Response:
-    _auth(request)
-    after, limit = _list_args(request, _service(request).store.get_file)
+    sees = _auth(request)
+    store = _service(request).store
+    after, limit = _list_args(request, lambda file_id: store.get_file(file_id, sees))
     purpose = request.query_params.get("purpose")
     if purpose is not None and purpose not in ("batch", "batch_output"):
         raise batch_refusal(400, "invalid_purpose", 'purpose must be "batch" or "batch_output"', "purpose")
-    rows, more = _service(request).store.list_files(after, limit, purpose)
+    rows, more = store.list_files(after, limit, purpose, sees)
     return _ok(_page(FileList, [file_object(r) for r in rows], more))
 
 
-def _file(service: BatchService, file_id: str) -> dict:
-    row = service.store.get_file(file_id)
+def _file(service: BatchService, file_id: str, sees: str | None) -> dict:
+    row = service.store.get_file(file_id, sees)
     if row is None:
         raise batch_refusal(404, "file_not_found", f"no file {file_id!r}", "file_id")
     return row
 
 
 async def get_file(request: Request) -> Response:
-    _auth(request)
-    return _ok(file_object(_file(_service(request), request.path_params["file_id"])))
+    sees = _auth(request)
+    return _ok(file_object(_file(_service(request), request.path_params["file_id"], sees)))
 
 
 async def delete_file(request: Request) -> Response:
-    _auth(request)
+    sees = _auth(request)
     service, file_id = _service(request), request.path_params["file_id"]
-    _file(service, file_id)
+    _file(service, file_id, sees)
     await asyncio.to_thread(service.store.delete_file, file_id)
     return _ok(DeletedFile(id=file_id))
 
 
 async def file_content(request: Request) -> Response | File:
-    _auth(request)
+    sees = _auth(request)
     service, file_id = _service(request), request.path_params["file_id"]
-    _file(service, file_id)
+    _file(service, file_id, sees)
     path = service.store.file_path(file_id)
     if not path.exists():
         raise batch_refusal(404, "file_not_found", f"no file {file_id!r}", "file_id")
@@ -200,7 +208,7 @@ async def file_content(request: Request) -> Response | File:
 
 
 async def create_batch(request: Request) -> Response:
-    _auth(request)
+    sees = _auth(request)
     service = _service(request)
     store, limits = service.store, service.settings
     key = request.headers.get("idempotency-key")
@@ -222,7 +230,7 @@ async def create_batch(request: Request) -> Response:
     expires = None
     if body.output_expires_after is not None:
         expires = _expires_seconds(body.output_expires_after.seconds, "output_expires_after.seconds")
-    file = store.get_file(body.input_file_id)
+    file = store.get_file(body.input_file_id, sees)
     if file is None:
         raise batch_refusal(404, "file_not_found", f"no file {body.input_file_id!r}", "input_file_id")
     if file["purpose"] != "batch":
@@ -238,6 +246,7 @@ async def create_batch(request: Request) -> Response:
             expires,
             key,
             limits.max_active,
+            request_owner(request, api_context(request).settings),
         )
     except Conflict:
         raise batch_refusal(
@@ -252,31 +261,32 @@ async def create_batch(request: Request) -> Response:
 
 
 async def list_batches(request: Request) -> Response:
-    _auth(request)
-    after, limit = _list_args(request, _service(request).store.get_batch)
-    rows, more = _service(request).store.list_batches(after, limit)
+    sees = _auth(request)
+    store = _service(request).store
+    after, limit = _list_args(request, lambda batch_id: store.get_batch(batch_id, sees))
+    rows, more = store.list_batches(after, limit, sees)
     return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
 
 
-def _batch(service: BatchService, batch_id: str) -> dict:
-    row = service.store.get_batch(batch_id)
+def _batch(service: BatchService, batch_id: str, sees: str | None) -> dict:
+    row = service.store.get_batch(batch_id, sees)
     if row is None:
         raise batch_refusal(404, "batch_not_found", f"no batch {batch_id!r}", "batch_id")
     return row
 
 
 async def get_batch(request: Request) -> Response:
-    _auth(request)
-    return _ok(batch_object(_batch(_service(request), request.path_params["batch_id"])))
+    sees = _auth(request)
+    return _ok(batch_object(_batch(_service(request), request.path_params["batch_id"], sees)))
 
 
 async def cancel_batch(request: Request) -> Response:
-    _auth(request)
+    sees = _auth(request)
     service, batch_id = _service(request), request.path_params["batch_id"]
-    _batch(service, batch_id)
+    _batch(service, batch_id, sees)
     if await asyncio.to_thread(service.store.set_status, batch_id, "cancelling", ("validating", "in_progress")):
         await service.cancel(batch_id)
-    return _ok(batch_object(_batch(service, batch_id)))
+    return _ok(batch_object(_batch(service, batch_id, sees)))
 
 
 UPLOAD_SCHEMA = {

@@ -10,7 +10,6 @@ or compressed bodies are decompressed, decoded and validated in a worker thread,
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from dataclasses import replace
@@ -23,7 +22,7 @@ from litestar.handlers import HTTPRouteHandler
 from basal.api.context import ApiContext, api_context
 from basal.api.decide import Parse, with_diagnostics
 from basal.api.errors import error_response
-from basal.api.http.auth import check_auth
+from basal.api.http.auth import check_auth, request_owner
 from basal.api.http.body import check_content_type, decompress, read_body
 from basal.api.settings import ApiSettings
 from basal.api.wire.openapi import (
@@ -236,13 +235,10 @@ def decision_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
 
 
 def cache_scope(request: Request, settings: ApiSettings) -> str:
-    """Whose cached answers and states a request may read: with API keys (unless `caches_shared`) a digest of its
-    key, which passed `check_auth`; else "" (one scope). A hit is faster than a miss, so a scope shared between
-    keys lets one client time another's requests (docs/caches.md)."""
-    if not settings.api_keys or settings.caches_shared:
-        return ""
-    token = request.headers.get("authorization", "").partition(" ")[2].strip()
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+    """Whose cached answers and states a request may read: with API keys (unless `caches_shared`) its key's
+    digest, the owner of what it creates (`auth.request_owner`); else "" (one scope). A hit is faster than a miss,
+    so a scope shared between keys lets one client time another's requests (docs/caches.md)."""
+    return settings.cache_scope(request_owner(request, settings))
 
 
 class AnswerReuse:
