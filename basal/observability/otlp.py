@@ -178,7 +178,7 @@ class SpanEncoder:
         state = b""
         if parent.trace_state:
             state = field(b"\x1a", ",".join([f"{k}={v}" for k, v in parent.trace_state.items()]).encode())
-        engine, parse, queue, batch = [b"\x12\x08" + own.to_bytes(8, "big") + state for own in stages.ids]
+        engine, parse, queue, compute = [b"\x12\x08" + own.to_bytes(8, "big") + state for own in stages.ids]
         server = b"\x22\x08" + parent.span_id.to_bytes(8, "big")
         under_engine = b"\x22\x08" + stages.ids[0].to_bytes(8, "big")
         start, parsed, queued, computed, end = stages.times
@@ -188,7 +188,7 @@ class SpanEncoder:
         rows = (
             (parse, server, "basal.parse", times(start, parsed), b""),
             (queue, under_engine, "basal.queue", times(parsed, queued), b""),
-            (batch, under_engine, "basal.batch", times(queued, computed), b""),
+            (compute, under_engine, "basal.compute", times(queued, computed), b""),
             (engine, server, "basal.engine", times(parsed, end), b"".join(attributes)),
         )
         return [

@@ -5,8 +5,8 @@ The tree under the HTTP server span (joined to an incoming `traceparent`):
     POST /v1/systemone             the whole request (basal.observability.request_context)
       basal.parse                  body read, decoded and validated
       basal.engine                 planning to the answer (on a Ray front: the replica's call)
-        basal.queue                admission to the start of its batch
-        basal.batch                the batch pass on the device (forwards and the decision math)
+        basal.queue                admission to the start of its pass
+        basal.compute              the pass on the device (forwards and the decision math)
 
 The engine's stages run on lane threads shared by many requests, so they are not traced live: their spans are
 written after the answer from the timings the engine measured (queue and compute ms), with explicit start and end
@@ -65,7 +65,7 @@ class Tracer:
         engine = t.start_span("basal.engine", start_time=parsed_ns, attributes=attributes)
         ctx = self._trace.set_span_in_context(engine)
         t.start_span("basal.queue", context=ctx, start_time=parsed_ns).end(end_time=queued)
-        t.start_span("basal.batch", context=ctx, start_time=queued).end(end_time=computed)
+        t.start_span("basal.compute", context=ctx, start_time=queued).end(end_time=computed)
         engine.end(end_time=end_ns)
 
 
@@ -219,7 +219,7 @@ class _DirectSpans:
         if not server.is_recording():
             return
         parent, generate = server.get_span_context(), self._ids.generate_span_id
-        ids = (generate(), generate(), generate(), generate())  # engine, parse, queue, batch
+        ids = (generate(), generate(), generate(), generate())  # engine, parse, queue, compute
         times = (start, parsed, queued, computed, end)
         if self._bundled is not None and self.plain(attributes):
             self._bundled.on_end(self._bundle(parent, ids, times, dict(attributes), self))
@@ -250,7 +250,7 @@ class _DirectSpans:
         return [
             span("basal.parse", ids[1], parent, start, parsed),
             span("basal.queue", ids[2], engine.context, parsed, queued),
-            span("basal.batch", ids[3], engine.context, queued, computed),
+            span("basal.compute", ids[3], engine.context, queued, computed),
             engine,
         ]
 

@@ -196,7 +196,7 @@ def test_stage_spans_go_to_the_served_exporter_as_one_item_and_encode_as_their_s
         assert decoded(SpanEncoder().encode(items)) == decoded(encode_spans(spans_of(items)).SerializeToString())
     spans = spans_of(items)
     by_id = {s.context.span_id: s for s in spans}
-    for stage in (s for s in spans if s.name in ("basal.queue", "basal.batch")):
+    for stage in (s for s in spans if s.name in ("basal.queue", "basal.compute")):
         assert by_id[stage.parent.span_id].name == "basal.engine"
     for s in spans:
         if s.name in ("basal.parse", "basal.engine"):

@@ -37,19 +37,19 @@ def test_the_span_tree_joins_the_incoming_trace(demo_model):
         r = post(c, REQUEST, traceparent=f"00-{TRACE_ID}-{PARENT_ID}-01", **{"x-request-id": "traced-1"})
     assert r.status_code == 200
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    assert set(spans) == {"POST /v1/systemone", "basal.parse", "basal.engine", "basal.queue", "basal.batch"}
+    assert set(spans) == {"POST /v1/systemone", "basal.parse", "basal.engine", "basal.queue", "basal.compute"}
     assert {f"{s.context.trace_id:032x}" for s in spans.values()} == {TRACE_ID}
     server = spans["POST /v1/systemone"]
     assert f"{server.parent.span_id:016x}" == PARENT_ID and server.parent.is_remote
     assert server.attributes["http.response.status_code"] == 200
     parent_of = {name: s.parent.span_id for name, s in spans.items()}
     assert parent_of["basal.parse"] == parent_of["basal.engine"] == server.context.span_id
-    assert parent_of["basal.queue"] == parent_of["basal.batch"] == spans["basal.engine"].context.span_id
+    assert parent_of["basal.queue"] == parent_of["basal.compute"] == spans["basal.engine"].context.span_id
     engine = spans["basal.engine"]
     assert engine.attributes["basal.request_id"] == "traced-1" and engine.attributes["basal.questions"] == 3
-    for child in ("basal.queue", "basal.batch"):  # inside their parent, in order
+    for child in ("basal.queue", "basal.compute"):  # inside their parent, in order
         assert engine.start_time <= spans[child].start_time <= spans[child].end_time <= engine.end_time
-    assert spans["basal.queue"].end_time <= spans["basal.batch"].start_time
+    assert spans["basal.queue"].end_time <= spans["basal.compute"].start_time
     assert server.start_time <= spans["basal.parse"].start_time and engine.end_time <= server.end_time
 
 
