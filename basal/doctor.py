@@ -170,7 +170,7 @@ def report(model: ModelDir | None, run_checks: bool, show_progress: bool = True)
                 lines.append(f"    state cache: {facts['state_cache']}")
                 if "attention_gemm_rows" in facts:
                     lines.append(f"    attention tile GEMMs: {facts['attention_gemm_rows']}")
-                if "gemm_engines" in facts:  # the GPU path
-                    gemms = ", ".join(f"{shape} {name}" for shape, name in facts["gemm_engines"].items())
+                if "gemm_kernels" in facts:  # the GPU path
+                    gemms = ", ".join(f"{shape} {name}" for shape, name in facts["gemm_kernels"].items())
                     lines.append(f"    GEMMs: {gemms}; attention {facts['attention']}; {facts['cuda_graphs']}")
     return "\n".join(lines)

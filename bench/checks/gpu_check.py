@@ -741,7 +741,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "single_ms_p90": sorted(ms)[int(0.9 * (len(ms) - 1))],
         "throughput": throughput,
         "overlap": overlap,
-        "gemms": described["gemm_engines"],
+        "gemms": described["gemm_kernels"],
         "fused_epilogues": described["fused_epilogues"],
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504

@@ -84,7 +84,7 @@ def test_without_graphs_warm_up_does_nothing(plain):
 def test_describe_names_the_gemms_and_the_graphs(plain, graphed):
     facts = plain.describe()
     assert facts["backend"] == "torch" and facts["dtype"] == "f16" and facts["cuda_graphs"] == "off"
-    assert facts["gemm_engines"] == {"128x64": "tri", "64x96": "tri", "256x64": "tri", "64x128": "tri"}
+    assert facts["gemm_kernels"] == {"128x64": "tri", "64x96": "tri", "256x64": "tri", "64x128": "tri"}
     assert facts["attention"] == "f32" and facts["gpu"] == "cpu (Triton interpreter)"
     assert graphed.describe()["cuda_graphs"].endswith(" captured")
 

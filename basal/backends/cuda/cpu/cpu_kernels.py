@@ -194,7 +194,7 @@ def run_rows(fn, args: tuple, rows: int, grain: int = 64) -> None:
     if n == 1:
         fn(*args, 0, rows)
         return
-    with _lock:  # engines of several models may call at once; they share one pool
+    with _lock:  # the engines of several models may call at once; they share one pool
         if _pool is None or _pool_size < n:
             _pool, _pool_size = ThreadPoolExecutor(n - 1, thread_name_prefix="basal-cpu-kernels"), n
         pool = _pool

@@ -123,7 +123,7 @@ class GpuBackend:
             "dtype": self.dtype,
             "path": "gpu (Triton kernels, probed GEMMs)",
             **{k: env[k] for k in ("gpu", "torch", "cuda", "triton", "driver")},
-            "gemm_engines": {f"{s.n}x{s.k}": s.gemm for s in self.table.shapes},
+            "gemm_kernels": {f"{s.n}x{s.k}": s.gemm for s in self.table.shapes},
             "fused_epilogues": {f"{s.n}x{s.k}": s.fused for s in self.table.shapes if s.fused},
             "attention": self.net.att.precision,
             "cuda_graphs": self._graphs_state(),
