@@ -473,7 +473,9 @@ def pinned_set(engines: EnginesFront, config: ServeConfig, settings: ApiSettings
     from basal.replay.pinned import PinnedSet
 
     try:
-        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics)
+        where = config.drift_reference_dir
+        references = Path(where).expanduser() if where else cache_dir() / "drift"
+        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics, references)
     except ValueError as e:
         raise ConfigError(f"drift_set: {e}") from e
     start, stop = pinned.starter(config.drift_interval_s)
