@@ -7,7 +7,8 @@ window of these counters with a baseline window (deploy/prometheus/basal-alerts.
 
 Question names and labels are user data, so both are bounded: the first `max_questions` names of a model and the
 first `max_labels` labels of a question are counted by name, any later one under `_other`. The answer is read
-after it is made and never touched; batch lines and shadow copies (the background lane) are not counted.
+after it is made and never touched; batch lines and shadow copies (the background lane) are not counted. The
+threshold is read at a model's first answer and again after a calibration reload (`DriftRecorder.forget`).
 """
 
 from __future__ import annotations
@@ -54,13 +55,20 @@ class DriftRecorder:
         self.max_questions = max_questions
         self.max_labels = max_labels
         self._thresholds_of = thresholds_of
-        self._limits: dict[str, float | None] = {}  # model -> its max_error confidence, read once
+        self._limits: dict[str, float | None] = {}  # model -> its max_error confidence, read once per calibration
         self._labels: dict[str, dict[str, set[str]]] = {}  # model -> question -> labels counted by name
 
     def limit(self, model: str) -> float | None:
-        if model not in self._limits:
-            self._limits[model] = max_error_confidence(self._thresholds_of(model))
-        return self._limits[model]
+        """The model's threshold, read once (on Ray, reading it is a call to a replica) until `forget`."""
+        limits = self._limits  # `forget` replaces the dict: a value read from an old calibration lands in the old one
+        if model not in limits:
+            limits[model] = max_error_confidence(self._thresholds_of(model))
+        return limits[model]
+
+    def forget(self) -> None:
+        """A calibration was reloaded: each model's threshold is read again at its next answer. Safe from another
+        thread (the reload's)."""
+        self._limits = {}
 
     def _bounded(self, model: str, question: str, label: str) -> tuple[str, str]:
         questions = self._labels.setdefault(model, {})
