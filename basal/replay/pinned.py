@@ -4,7 +4,7 @@ each run's answers compared byte for byte with a reference run's (all but `usage
 On basal an answer's bytes do not depend on what else was batched with it, so a run that differs from the
 reference means the model, its calibration or the engine changed — never noise. The reference is kept in a file
 (`ReferenceFile`), so a change across a restart (new weights, a new engine) is caught too. Its key is the set
-file's content and the served model names that answered it, never the weights: telling that they changed is the
+file's content and the served models its lines ask for, never the weights: telling that they changed is the
 point. Deleting the file accepts a change: the next run is the new reference. Exported per set:
 `basal_drift_set_identical` (1: every answer byte-identical to the reference's), `basal_drift_set_changed` (how
 many differ) and `basal_drift_set_runs_total`.
@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +72,23 @@ def answer_bytes(body: bytes) -> bytes:
     return msgspec.json.encode(value)
 
 
-def answering_models(answers: Answers) -> list[str]:
-    """The served model names in the answers (an error answer names none), sorted."""
+def asked_models(lines: list[tuple[str, bytes]], resolve: Callable[[str | None], str | None]) -> list[str]:
+    """The served names the lines ask for (`resolve`: a requested name, or None for the default, to the served one;
+    a name it does not know is kept as asked), sorted."""
     names = set()
-    for status, body in answers.values():
-        if status == 200:
-            try:
-                model = msgspec.json.decode(body).get("model")
-            except (msgspec.DecodeError, AttributeError):
-                continue
-            if isinstance(model, str):
-                names.add(model)
+    for _, body in lines:
+        try:
+            value = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            value = None
+        asked = value.get("model") if isinstance(value, dict) else None
+        asked = asked if isinstance(asked, str) else None
+        names.add(resolve(asked) or f"{asked} (not served)")
     return sorted(names)
 
 
 def reference_key(set_digest: str, models: list[str]) -> str:
-    """What a reference belongs to: the set file's content and the models that answer it (a weight, a calibration
+    """What a reference belongs to: the set file's content and the served models it asks (a weight, a calibration
     or the engine is not in it: a change of those is what the check tells)."""
     h = hashlib.sha256()
     for part in (set_digest, *models):
@@ -160,21 +162,28 @@ def _answers_of(doc: Any, key: str) -> Answers | None:
 class PinnedSet:
     """One pinned set: its lines, the decider that answers them (`basal.api.decide.body_decider`: the background
     lane), where its reference is kept (`references`; None: in memory only, a restart takes a new one) and the
-    reference answers."""
+    reference answers. `resolve`: a line's requested model name (None: none given) to the served name, for the
+    reference's key (`basal.core.request.model_names.ServedModels`; by default the names as asked)."""
 
-    def __init__(self, path: Path, decide: Decide, metrics: Metrics, references: Path | None = None):
+    def __init__(
+        self,
+        path: Path,
+        decide: Decide,
+        metrics: Metrics,
+        references: Path | None = None,
+        resolve: Callable[[str | None], str | None] = lambda name: name or "",
+    ):
         try:
             data = path.read_bytes()
         except OSError as e:
             raise ValueError(f"{path}: {e}") from e
         self.name = path.name
         self.lines = parse_set(data, path)
-        self.digest = hashlib.sha256(data).hexdigest()
+        self.key = reference_key(hashlib.sha256(data).hexdigest(), asked_models(self.lines, resolve))
         self.decide = decide
         self.metrics = metrics
         self.references = ReferenceFile(references, self.name) if references is not None else None
         self.reference: Answers | None = None
-        self._key: str | None = None
         self._kept = False  # the reference is in its file (else it lives in memory only)
         self._task: asyncio.Task | None = None
 
@@ -182,22 +191,22 @@ class PinnedSet:
         outs = await asyncio.gather(*(self.decide(body, lambda: False) for _, body in self.lines))
         return {cid: (status, answer_bytes(body)) for (cid, _), (status, body, _) in zip(self.lines, outs, strict=True)}
 
-    async def _reference(self, key: str, answers: Answers) -> Answers:
+    async def _reference(self, answers: Answers) -> Answers:
         """The reference to compare `answers` with: the kept file's; when there is none (first run, deleted,
         unreadable) `answers` themselves, written as the new one. A directory that cannot be written keeps the
         reference in memory (logged)."""
         if self.references is None:
-            return self.reference if self.reference is not None and self._key == key else answers
-        kept = await asyncio.to_thread(self.references.load, key)
+            return self.reference if self.reference is not None else answers
+        kept = await asyncio.to_thread(self.references.load, self.key)
         if kept is not None:
-            if self._key != key:
-                log.info("pinned set %s: compared with its reference %s", self.name, self.references.path(key))
+            if self.reference is None:
+                log.info("pinned set %s: compared with its reference %s", self.name, self.references.path(self.key))
             self._kept = True
             return kept
-        if self.reference is not None and self._key == key and not self._kept:
+        if self.reference is not None and not self._kept:
             return self.reference  # the directory could not be written: the reference of this process
         try:
-            path = await asyncio.to_thread(self.references.save, key, answers)
+            path = await asyncio.to_thread(self.references.save, self.key, answers)
         except OSError as e:
             log.error("pinned set %s: its reference cannot be kept (%s): a restart takes a new one", self.name, e)
             self._kept = False
@@ -211,9 +220,7 @@ class PinnedSet:
     async def check(self) -> int:
         """Run the set once; -> how many answers differ from the reference's (0 when this run is the reference)."""
         answers = await self._answers()
-        key = reference_key(self.digest, answering_models(answers))
-        reference = await self._reference(key, answers)
-        self.reference, self._key = reference, key
+        self.reference = reference = await self._reference(answers)
         changed = sum(answers.get(k) != reference.get(k) for k in answers.keys() | reference.keys())
         self.metrics.drift_set_runs.inc(self.name)
         self.metrics.drift_set_changed.set(self.name, value=changed)

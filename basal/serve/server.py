@@ -485,12 +485,16 @@ def pinned_set(engines: EnginesFront, config: ServeConfig, settings: ApiSettings
     if config.drift_set is None:
         return [], []
     from basal.api.decide import body_decider
+    from basal.core.request.model_names import model_resolver
     from basal.replay.pinned import PinnedSet
 
     try:
         where = config.drift_reference_dir
         references = Path(where).expanduser() if where else cache_dir() / "drift"
-        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics, references)
+        resolve = model_resolver(engines.names, engines.default)
+        pinned = PinnedSet(
+            Path(config.drift_set), body_decider(engines, settings), engines.metrics, references, resolve
+        )
     except ValueError as e:
         raise ConfigError(f"drift_set: {e}") from e
     start, stop = pinned.starter(config.drift_interval_s)

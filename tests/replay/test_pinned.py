@@ -281,3 +281,25 @@ def test_a_reference_that_cannot_be_written_is_kept_in_memory(tmp_path, caplog):
         assert pinned.reference["r0"] == reference["r0"]
     finally:
         engines.close()
+
+
+def test_the_key_is_the_set_and_the_models_it_asks_not_the_answers(tmp_path):
+    from basal.core.request.model_names import model_resolver
+    from basal.replay.pinned import asked_models
+
+    lines = [("a", b'{"model": "m1"}'), ("b", b"{}"), ("c", b'{"model": "gone"}'), ("d", b'{"model": "m1"}')]
+    assert asked_models(lines, model_resolver(["m1", "m2"], "m2")) == ["gone (not served)", "m1", "m2"]
+    assert asked_models(lines, model_resolver(["m1", "m2"], "m1")) == ["gone (not served)", "m1"]
+
+    async def failing(body, cancelled):  # a model that now fails every line: the same key, every answer changed
+        return 500, b'{"error": "broken"}', "rid"
+
+    references = tmp_path / "references"
+    engines, pinned = _pinned(tmp_path, references)
+    try:
+        assert asyncio.run(pinned.check()) == 0
+    finally:
+        engines.close()
+    broken = PinnedSet(tmp_path / "pinned.jsonl", failing, engines.metrics, references)
+    assert broken.key == pinned.key
+    assert asyncio.run(broken.check()) == len(pinned.lines)
