@@ -219,6 +219,7 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
     drift_max_labels: Annotated[int, Meta(ge=1, le=1024)] = 16
     drift_set: str | None = None  # a pinned set (Batch API input JSONL or a capture) replayed to check the bits
     drift_interval_s: Annotated[float, Meta(ge=1, le=30 * 86_400)] = 3600.0  # between two runs of `drift_set`
+    drift_reference_dir: str | None = None  # where `drift_set`'s reference is kept (None: $BASAL_HOME/drift)
     caches_shared: bool = False  # with api_keys: both caches shared by all keys (a hit's speed tells what others sent)
     admin_api_keys: list[ApiKey] = msgspec.field(default_factory=list)  # keys that also see every key's batches
     batches_shared: bool = False  # with api_keys: every key sees every file and batch (else each key its own)

@@ -17,7 +17,7 @@ from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
 from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
-from basal.core.engine.drift import with_drift
+from basal.core.engine.drift import DriftFront, with_drift
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
 from basal.core.engine.front import EnginesFront
@@ -403,12 +403,27 @@ def serve(config: ServeConfig) -> None:
         log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
 
     loader = threading.Thread(target=load, name="basal-load", daemon=True)
-    forget = settings.answer_cache.clear if settings.answer_cache is not None else lambda: None
+    forget = forget_calibrations(settings, server.engines)
     reload_on_sighup(engines, {model.name: spec for spec, model in sources}, on_change=forget)
     loader.start()
     server.run()
     if failed:
         raise failed[0]
+
+
+def forget_calibrations(settings: ApiSettings, front: EnginesFront) -> Callable[[], None]:
+    """What a reload that changed a calibration must forget: the answer cache's answers (the old calibration's)
+    and the drift series' thresholds (`front`: the served front, drift's when it records drift)."""
+    cache = settings.answer_cache
+    recorder = front.recorder if isinstance(front, DriftFront) else None
+
+    def forget() -> None:
+        if cache is not None:
+            cache.clear()
+        if recorder is not None:
+            recorder.forget()
+
+    return forget
 
 
 def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
@@ -471,10 +486,16 @@ def pinned_set(engines: EnginesFront, config: ServeConfig, settings: ApiSettings
     if config.drift_set is None:
         return [], []
     from basal.api.decide import body_decider
+    from basal.core.request.model_names import model_resolver
     from basal.replay.pinned import PinnedSet
 
     try:
-        pinned = PinnedSet(Path(config.drift_set), body_decider(engines, settings), engines.metrics)
+        where = config.drift_reference_dir
+        references = Path(where).expanduser() if where else cache_dir() / "drift"
+        resolve = model_resolver(engines.names, engines.default)
+        pinned = PinnedSet(
+            Path(config.drift_set), body_decider(engines, settings), engines.metrics, references, resolve
+        )
     except ValueError as e:
         raise ConfigError(f"drift_set: {e}") from e
     start, stop = pinned.starter(config.drift_interval_s)

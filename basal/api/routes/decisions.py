@@ -35,6 +35,7 @@ from basal.api.wire.openapi import (
 from basal.api.wire.schema_types import BasalRequest, SystemOneRequest
 from basal.core.decision.answers import BasalResponse, SystemOneResponse
 from basal.core.engine.answer_cache import AnswerCache, Stored, model_identity, request_key, split_timing
+from basal.core.engine.drift import DriftFront, marks
 from basal.core.engine.front import EnginesFront, Result
 from basal.core.errors import EngineClosed, Overloaded, native_refusal, systemone_usage
 from basal.core.request.dialects import decode_body
@@ -161,12 +162,17 @@ async def handle_decision(request: Request, dialect: str, context: ApiContext) -
             content = stored.body(msgspec.json.encode(round((time.perf_counter() - started) * 1000, 3)))
             done = Result(None, 0.0, 0.0, 0)  # type: ignore[arg-type]  # nothing queued or computed
             input_tokens = stored.input_tokens
+            if isinstance(engines, DriftFront):  # a served answer is in the stream of decisions, cached or not
+                engines.recorder.count(model, stored.marks)
         else:
             content = with_diagnostics(msgspec.json.encode(result.response), result.diagnostics)
             done, input_tokens = result, result.response.usage.input_tokens
         status, headers = 200, timing_headers(done, rid)
-        if reuse is not None:
-            headers[CACHE_HEADER] = "hit" if stored is not None else reuse.store(result, content)
+        if reuse is not None and stored is not None:
+            headers[CACHE_HEADER] = "hit"
+        elif reuse is not None:  # kept with the marks drift counts its hits by
+            drift = marks(plan, result.response.answers) if isinstance(engines, DriftFront) else ()
+            headers[CACHE_HEADER] = reuse.store(result, content, drift)
         headers["x-basal-total-ms"] = f"{(time.perf_counter() - started) * 1000:.3f}"
         if plan.warnings:
             headers["x-basal-warnings"] = warnings_header(plan.warnings)
@@ -274,12 +280,14 @@ class AnswerReuse:
             return None
         return self.cache.get(self.key)
 
-    def store(self, result: Result, content: bytes) -> str:
-        """Keep a computed answer -> the response's cache header ("miss", or "bypass" under no-cache)."""
+    def store(self, result: Result, content: bytes, drift: tuple[tuple[str, str, float], ...] = ()) -> str:
+        """Keep a computed answer (with its drift marks) -> the response's cache header ("miss", or "bypass" under
+        no-cache)."""
         if self._keep:
             encoded = msgspec.json.encode(result.response)  # `content` is these bytes, diagnostics spliced in
             head, tail, timed = split_timing(encoded)
             extra = content[len(encoded) - 1 :] if len(content) > len(encoded) else b""
-            stored = Stored(head, tail[:-1] if extra else tail, extra, timed, result.response.usage.input_tokens)
+            tokens = result.response.usage.input_tokens
+            stored = Stored(head, tail[:-1] if extra else tail, extra, timed, tokens, drift)
             self.cache.put(self.key, stored)
         return "miss" if self._lookup else "bypass"

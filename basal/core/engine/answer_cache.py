@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ENTRY_OVERHEAD_BYTES = 256  # the key, the entry object and the dictionary slot, counted per entry
+MARK_OVERHEAD_BYTES = 128  # a drift mark's tuple, its float and its two strings' headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +37,14 @@ class Stored:
     extra: bytes
     timed: bool
     input_tokens: int  # usage.input_tokens: the metrics count a hit's tokens as a miss's
+    # (question, label, confidence) per answer: the drift series count a hit as its answer (basal.core.engine.drift)
+    marks: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def size(self) -> int:
-        """Bytes the cache counts for this entry: its byte strings plus a constant per entry."""
-        return len(self.head) + len(self.tail) + len(self.extra) + ENTRY_OVERHEAD_BYTES
+        """Bytes the cache counts for this entry: its byte strings and marks plus a constant per entry."""
+        marked = sum(len(q) + len(label) + MARK_OVERHEAD_BYTES for q, label, _ in self.marks)
+        return len(self.head) + len(self.tail) + len(self.extra) + marked + ENTRY_OVERHEAD_BYTES
 
     def body(self, latency: bytes) -> bytes:
         """The response body with `latency` (the encoded number) as its timing field."""

@@ -7,7 +7,9 @@ window of these counters with a baseline window (deploy/prometheus/basal-alerts.
 
 Question names and labels are user data, so both are bounded: the first `max_questions` names of a model and the
 first `max_labels` labels of a question are counted by name, any later one under `_other`. The answer is read
-after it is made and never touched; batch lines and shadow copies (the background lane) are not counted.
+after it is made and never touched; batch lines and shadow copies (the background lane) are not counted. An answer
+served from the exact-answer cache is counted too (by the marks kept with it: the route calls `count`). The
+threshold is read at a model's first answer and again after a calibration reload (`DriftRecorder.forget`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ from basal.core.engine.shadow import decision
 from basal.core.request.plan import DecisionRequest
 
 OTHER = "_other"  # the question name or label past the bounds
+
+Mark = tuple[str, str, float]  # what drift counts of one answer: its question's name, its label, its confidence
+
+
+def marks(request: DecisionRequest, answers: Mapping[str, Any]) -> tuple[Mark, ...]:
+    """The drift marks of a response's answers, in the request's question order (kept with a cached answer, so
+    a hit is counted as its answer was)."""
+    out = []
+    for q in request.questions:
+        if q.name in answers:
+            answer = answers[q.name]
+            out.append((q.name, decision(answer)[0], float(top_probability(answer))))
+    return tuple(out)
 
 
 def max_error_confidence(thresholds: Mapping[str, Any]) -> float | None:
@@ -54,13 +69,20 @@ class DriftRecorder:
         self.max_questions = max_questions
         self.max_labels = max_labels
         self._thresholds_of = thresholds_of
-        self._limits: dict[str, float | None] = {}  # model -> its max_error confidence, read once
+        self._limits: dict[str, float | None] = {}  # model -> its max_error confidence, read once per calibration
         self._labels: dict[str, dict[str, set[str]]] = {}  # model -> question -> labels counted by name
 
     def limit(self, model: str) -> float | None:
-        if model not in self._limits:
-            self._limits[model] = max_error_confidence(self._thresholds_of(model))
-        return self._limits[model]
+        """The model's threshold, read once (on Ray, reading it is a call to a replica) until `forget`."""
+        limits = self._limits  # `forget` replaces the dict: a value read from an old calibration lands in the old one
+        if model not in limits:
+            limits[model] = max_error_confidence(self._thresholds_of(model))
+        return limits[model]
+
+    def forget(self) -> None:
+        """A calibration was reloaded: each model's threshold is read again at its next answer. Safe from another
+        thread (the reload's)."""
+        self._limits = {}
 
     def _bounded(self, model: str, question: str, label: str) -> tuple[str, str]:
         questions = self._labels.setdefault(model, {})
@@ -76,14 +98,17 @@ class DriftRecorder:
         return question, label
 
     def record(self, model: str, question: str, answer: Any) -> None:
-        label, _ = decision(answer)
-        confidence = float(top_probability(answer))
-        question, label = self._bounded(model, question, label)
-        self.metrics.drift_answers.inc(model, question, label)
-        self.metrics.drift_confidence.inc(model, question, by=confidence)
+        self.count(model, ((question, decision(answer)[0], float(top_probability(answer))),))
+
+    def count(self, model: str, answers: tuple[Mark, ...]) -> None:
+        """Count answers by their marks (`marks`): computed now, or served again from the answer cache."""
         limit = self.limit(model)
-        if limit is not None and confidence < limit:
-            self.metrics.drift_below_max_error.inc(model, question)
+        for question, label, confidence in answers:
+            question, label = self._bounded(model, question, label)
+            self.metrics.drift_answers.inc(model, question, label)
+            self.metrics.drift_confidence.inc(model, question, by=confidence)
+            if limit is not None and confidence < limit:
+                self.metrics.drift_below_max_error.inc(model, question)
 
 
 class DriftFront(WrappedFront):
@@ -104,10 +129,7 @@ class DriftFront(WrappedFront):
     ) -> Result:
         result = await self.inner.run(request, cancelled, has_slot=has_slot, background=background)
         if not background:
-            answers = result.response.answers
-            for q in request.questions:
-                if q.name in answers:
-                    self.recorder.record(request.model, q.name, answers[q.name])
+            self.recorder.count(request.model, marks(request, result.response.answers))
         return result
 
 

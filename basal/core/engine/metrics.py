@@ -209,11 +209,11 @@ class Metrics:
         self.drift_set_identical = Gauge(
             r,
             "basal_drift_set_identical",
-            "1: every answer of the pinned set is byte-identical to its first run",
+            "1: every answer of the pinned set is byte-identical to its reference run",
             ("set",),
         )
         self.drift_set_changed = Gauge(
-            r, "basal_drift_set_changed", "answers of the pinned set that differ from its first run", ("set",)
+            r, "basal_drift_set_changed", "answers of the pinned set that differ from its reference run", ("set",)
         )
         self.drift_set_runs = Counter(r, "basal_drift_set_runs_total", "runs of the pinned set", ("set",))
         self.max_inflight.set(value=max_inflight)

@@ -162,3 +162,87 @@ def test_the_server_composition_records_drift_unless_switched_off():
         assert _server(engines, off).engines is engines
     finally:
         engines.close()
+
+
+def test_the_threshold_follows_a_calibration_reload(tmp_path):
+    """A SIGHUP reload that changes the smallest target's certified confidence: the next answers are counted below
+    the new threshold (as an independent count from their JSON says), not the old one; the answer cache empties."""
+    from basal.api.settings import ApiSettings
+    from basal.core.engine.answer_cache import AnswerCache, Stored
+    from basal.core.model.synth import synth_model
+    from basal.serve.config import ModelConfig
+    from basal.serve.reload import reload_calibrations
+    from basal.serve.server import forget_calibrations, model_directory
+    from tests.servers import make_engines
+
+    model_path = synth_model(tmp_path / "model", "demo", seed=0)
+    doc = json.loads((model_path / "CALIBRATION.json").read_text())
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(doc))
+    config = ModelConfig(path=str(model_path), calibration=str(mine))
+    model = model_directory(config)
+    engines = make_engines(model)
+    engines.start()
+    cache = AnswerCache(8, 1 << 20, 60.0)
+    front = with_drift(engines, 64, 16)
+    forget = forget_calibrations(ApiSettings(answer_cache=cache), front)
+    questions = {"angry": QUESTIONS["angry"]}
+    try:
+        limits = []
+        for confidence in (0.0, 0.99, None):  # the demo's 0.93, then no answer below, then every answer below
+            limit = max_error_confidence(front.model_info(model.name).calibration.thresholds)
+            start = _series(engines.metrics, model.name)[2]
+            expected = Counter()
+            for state in STATES:
+                result = asyncio.run(front.run(_request(front, state, questions, model.name)))
+                expected.update(_independent(msgspec.json.encode(result.response), limit)[2])
+            assert _series(engines.metrics, model.name)[2] - start == expected
+            limits.append((limit, sum(expected.values())))
+            if confidence is not None:
+                cache.put(b"k", Stored(b"{}", b"", b"", False, 0))
+                doc["thresholds"]["0.01"]["confidence"] = confidence
+                mine.write_text(json.dumps(doc))
+                assert reload_calibrations(engines, {model.name: config}, forget) == {model.name: "changed"}
+                assert len(cache) == 0
+        assert limits == [(0.93, len(STATES)), (0.0, 0), (0.99, len(STATES))]
+    finally:
+        engines.close()
+
+
+def test_answers_served_from_the_answer_cache_are_counted(tmp_path):
+    """An answer served again from the exact-answer cache is an answer in the stream: each response, hit or miss,
+    is counted as an independent count over its JSON says; the hit's bytes are the miss's."""
+    from litestar.testing import TestClient
+
+    from basal.api.app import create_app
+    from basal.api.settings import ApiSettings
+    from basal.core.engine.answer_cache import AnswerCache
+
+    engines = two_engines(tmp_path)  # the app closes them at its end
+    front = with_drift(engines, 64, 16)
+    limit = max_error_confidence(engines.model_info("small").calibration.thresholds)
+    cache = AnswerCache(64, 1 << 20, 600.0)
+    before = _series(engines.metrics)
+    expected = [Counter(), Counter(), Counter()]
+    seen = []
+    with TestClient(create_app(front, ApiSettings(metrics=True, answer_cache=cache))) as client:
+        for state in (STATES[2], STATES[2], STATES[3], STATES[2], STATES[3]):
+            r = client.post("/v1/systemone", json={"model": "small", "state": state, "questions": QUESTIONS})
+            assert r.status_code == 200, r.text
+            seen.append(r.headers["x-basal-cache"])
+            answers = json.dumps({"answers": r.json()["answers"]})
+            for total, part in zip(expected, _independent(answers, limit), strict=True):
+                total.update(part)
+    assert seen == ["miss", "hit", "miss", "hit", "hit"]
+    after = _series(engines.metrics)
+    for got, was, want in zip(after, before, expected, strict=True):
+        assert {k: got[k] - was[k] for k in want} == pytest.approx(dict(want), abs=1e-9)
+        assert not {k for k in got if got[k] != was[k]} - set(want)  # nothing else moved
+    assert sum(expected[0].values()) == 5 * len(QUESTIONS)  # five responses, each answer counted
+
+
+def test_a_stored_answer_keeps_its_marks_and_counts_their_bytes():
+    from basal.core.engine.answer_cache import Stored
+
+    assert Stored(b"{}", b"", b"", False, 0).marks == ()  # behind a front without drift: no marks
+    assert Stored(b"{}", b"", b"", False, 0, (("q", "yes", 0.9),)).size > Stored(b"{}", b"", b"", False, 0).size
