@@ -274,8 +274,3 @@ def input_file_problem(file_id: str, e: OSError) -> str:
     if isinstance(e, FileNotFoundError):
         return f"the input file {file_id} is gone (deleted while the batch waited or ran)"
     return f"the input file {file_id} cannot be read on the server ({e.strerror or type(e).__name__})"
-
-
-def lines_of(data: bytes, settings: BatchSettings) -> list:
-    """An upload's parsed lines under the settings' limits (UploadRefused otherwise)."""
-    return check_upload(data, settings.max_lines, settings.max_line_bytes)
