@@ -169,7 +169,7 @@ class LineSplitter:
     @property
     def held(self) -> int:
         """Bytes of the file this holds now (the line in progress)."""
-        return len(self._start) + sum(len(p) for p in self._parts)
+        return len(self._start) + (len(self._parts[0]) if self._over else self._size)
 
     def feed(self, data: bytes) -> list[RawLine]:
         """The lines that `data` ends (a line's end may come many calls after its start)."""

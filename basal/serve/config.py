@@ -28,7 +28,7 @@ from basal.serve.config_values import ApiKey, DatabaseUrl, HostPort, IsoDate
 log = logging.getLogger("basal")
 
 API_KEYS_VAR = "BASAL_API_KEYS"  # adds keys to the file's (`environment_api_keys`)
-UPLOAD_ROOM = 256 << 10  # an upload holds its line in progress and, at most, this much more (api/http/multipart.py)
+UPLOAD_ROOM = 512 << 10  # an upload holds its line in progress and less than this more (api/http/multipart.py)
 MAX_MB = 1 << 20  # sizes in MB (a body, an upload, a line) up to a TiB: more is no size this machine holds
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
