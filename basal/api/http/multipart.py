@@ -83,7 +83,7 @@ async def read_upload(
     delimiter = b"\r\n--" + boundary
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + MAX_FORM_HEAD:
-        raise batch_refusal(413, "file_too_large", f"the file is over the upload limit of {limit} bytes", "file")
+        raise _too_large(limit)
     counted = 0  # bytes of this upload counted in `transit`
 
     def holding(n: int) -> None:
