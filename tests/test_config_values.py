@@ -104,6 +104,10 @@ def _members(t: mi.Type) -> list[mi.Type]:
         ({"max_body_mb": 1e-9}, "`max_body_mb` must be at least 0.001"),  # 0 bytes: every request 413
         ({"limits": {"max_transit_bytes": 1}}, "`limits.max_transit_bytes` must be at least 65536"),
         ({"max_body_mb": 512}, "`limits.max_transit_bytes` (268435456) is below `max_body_mb` (512 MiB)"),
+        (
+            {"max_body_mb": 0.5, "limits": {"max_transit_bytes": 1 << 20}},
+            "`limits.max_transit_bytes` (1048576) is below what an upload holds while it streams",
+        ),
         ({"limits": {"header_timeout_s": 1e-9}}, "`limits.header_timeout_s` must be at least 0.1"),
         ({"limits": {"max_header_bytes": 10}}, "`limits.max_header_bytes` must be at least 1024"),
         ({"max_body_mb": float("inf")}, "`max_body_mb` must be a finite number, got inf"),

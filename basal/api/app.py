@@ -21,7 +21,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from basal import __version__
 from basal.api.context import ApiContext, api_context
 from basal.api.decide import body_decider, parsers
-from basal.api.errors import batch_refusal
+from basal.api.errors import OVERLOADED_HEADERS, batch_refusal
 from basal.api.http.auth import service_key
 from basal.api.routes.batches import batch_routes
 from basal.api.routes.decisions import decision_routes
@@ -126,7 +126,7 @@ def refusal_response(request: Request, exc: RequestError) -> Response:
         body = msgspec.structs.replace(
             body, error=msgspec.structs.replace(body.error, message=cut(body.error.message, limit))
         )
-    return Response(body, status_code=exc.status)
+    return Response(body, status_code=exc.status, headers=OVERLOADED_HEADERS if exc.status == 529 else None)
 
 
 def store_unavailable(request: Request, exc: Unavailable) -> Response:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
-from basal.batch.lines import BadLine, Line, error_record, response_record
+from basal.batch.lines import BadLine, Line, LineAt, error_record, response_record
+
+L = TypeVar("L", bound=Line | LineAt | BadLine)
 
 # (body JSON bytes, cancelled) -> (HTTP status, response body bytes, request id): what POST /v1/basal answers
 Decide = Callable[[bytes, Callable[[], bool]], Awaitable[tuple[int, bytes, str]]]
@@ -22,11 +25,11 @@ NOT_AN_ANSWER = frozenset({499, 503, 529})  # stopped, shutting down, overloaded
 WINDOW = 256  # lines in the engine at once: enough to fill a pass of max_batch_tokens with demo-sized lines
 
 
-def in_group_order(lines: Sequence[Line | BadLine]) -> list[Line | BadLine]:
-    """Lines in the order they are sent: the unreadable ones first (their records need no engine), then by
-    (group, number), so the lines of one state go together."""
+def in_group_order(lines: Sequence[L]) -> list[L]:
+    """Lines (or where they are, `LineAt`) in the order they are sent: the unreadable ones first (their records
+    need no engine), then by (group, number), so the lines of one state go together."""
     bad = [b for b in lines if isinstance(b, BadLine)]
-    return [*bad, *sorted((x for x in lines if isinstance(x, Line)), key=lambda x: (x.group, x.number))]
+    return [*bad, *sorted((x for x in lines if not isinstance(x, BadLine)), key=lambda x: (x.group, x.number))]
 
 
 async def _each(lines: Sequence[Line | BadLine]) -> AsyncIterator[Line | BadLine]:

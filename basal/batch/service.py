@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from basal.batch.lines import check_upload
+from basal.batch.lines import InputFile
 from basal.batch.runner import WINDOW, Decide, in_group_order, run_lines
 from basal.batch.store import Store, Unavailable
 
@@ -59,7 +59,7 @@ class BatchService:
         self._wake = asyncio.Event()
         self._cancel: set[str] = set()
         self._running: str | None = None  # the batch whose lines are in the engine now
-        self._inputs: dict[str, list] = {}  # the last batch's parsed input file (an input never changes)
+        self._inputs: dict[str, InputFile] = {}  # the running batch's input file, indexed (an input never changes)
         self._started: set[str] = set()  # batches this server saw in progress, their chunks planned
         self._closed = False
         self._task: asyncio.Task | None = None
@@ -92,6 +92,7 @@ class BatchService:
                 self._task.cancel()
         with contextlib.suppress(Unavailable):
             await asyncio.to_thread(self.store.release, self.owner)
+        self._drop_inputs(set())
         self.store.close()
 
     def wake(self) -> None:
@@ -114,6 +115,7 @@ class BatchService:
                 await asyncio.to_thread(self.store.sweep, self.settings.batch_retention_s)
                 active = await asyncio.to_thread(self.store.active_batches)
                 self._started &= {b["id"] for b in active}
+                self._drop_inputs({b["id"] for b in active})
                 for batch in active:
                     if self._closed:
                         break
@@ -153,20 +155,21 @@ class BatchService:
         if status == "finalizing":
             await self._finalize(batch_id, "completed")
             return
-        lines = self._inputs.get(batch_id)
-        if lines is None:
-            lines = await asyncio.to_thread(self._read_lines, batch)
-            if lines is None:
+        source = self._inputs.get(batch_id)
+        if source is None:
+            source = await asyncio.to_thread(self._read_lines, batch)
+            if source is None:
                 return
-            self._inputs = {batch_id: lines}
+            self._drop_inputs(set())
+            self._inputs = {batch_id: source}
         if batch_id not in self._started:  # the first server here splits the lines into chunks; the plan stands
             size = max(1, min(CHUNK_LINES, self.settings.window // 2))
-            order = [line.number for line in in_group_order(lines)]
+            order = [line.number for line in in_group_order(source.lines)]
             chunks = [order[i : i + size] for i in range(0, len(order), size)]
-            if not await asyncio.to_thread(store.start, batch_id, len(lines), chunks):
+            if not await asyncio.to_thread(store.start, batch_id, len(source.lines), chunks):
                 return
             self._started.add(batch_id)
-        await self._run(batch, lines)
+        await self._run(batch, source)
         if self._closed:
             return
         if batch_id in self._cancel:
@@ -183,11 +186,12 @@ class BatchService:
             ):
                 await self._finalize(batch_id, "completed")
 
-    async def _run(self, batch: dict, lines: list) -> None:
+    async def _run(self, batch: dict, source: InputFile) -> None:
         """Run the chunks of `batch` this server can claim, one claimed each time the engine's window has room,
-        until none is left to claim (the rest done, or leased by live servers) or the batch stops."""
+        until none is left to claim (the rest done, or leased by live servers) or the batch stops. A chunk's lines
+        are read from the input file when it is claimed."""
         store, batch_id, lease_s = self.store, batch["id"], self.settings.lease_s
-        by_number = {line.number: line for line in lines}
+        by_number = {line.number: line for line in source.lines}
         pending: dict[int, set[int]] = {}  # chunk -> its lines not recorded yet
         chunk_of: dict[int, int] = {}
         ended = False  # the batch left `in_progress` on another server (cancelled, finalized)
@@ -206,7 +210,7 @@ class BatchService:
                     continue
                 pending[chunk] = set(todo)
                 chunk_of.update(dict.fromkeys(todo, chunk))
-                for line in in_group_order([by_number[n] for n in todo]):
+                for line in await asyncio.to_thread(source.read, in_group_order([by_number[n] for n in todo])):
                     yield line
 
         async def record(chunk: list[tuple[int, bool, bytes]]) -> None:
@@ -250,12 +254,12 @@ class BatchService:
                 for chunk in list(pending):  # lines not recorded (stopped, overloaded): claimable again at once
                     await asyncio.to_thread(store.settle, batch_id, chunk, self.owner)
 
-    def _read_lines(self, batch: dict) -> list | None:
-        """The input file's lines, or None after failing the batch (its input file is gone or unreadable)."""
+    def _read_lines(self, batch: dict) -> InputFile | None:
+        """The input file, open and indexed, or None after failing the batch (its input file is gone or
+        unreadable)."""
         path = self.store.file_path(batch["input_file_id"])
         try:
-            data = path.read_bytes()
-            return check_upload(data, 1 << 62, self.settings.max_line_bytes)
+            return InputFile(path, self.settings.max_line_bytes)
         except (OSError, ValueError) as e:
             message = str(e) if isinstance(e, ValueError) else input_file_problem(batch["input_file_id"], e)
             errors = {
@@ -264,6 +268,11 @@ class BatchService:
             }
             self.store.set_status(batch["id"], "failed", ("validating", "in_progress"), errors=json.dumps(errors))
             return None
+
+    def _drop_inputs(self, keep: set[str]) -> None:
+        """Close the input files of batches other than `keep` (ended, or another runs now)."""
+        for batch_id in [b for b in self._inputs if b not in keep]:
+            self._inputs.pop(batch_id).close()
 
     async def _finalize(self, batch_id: str, status: str) -> None:
         await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
@@ -275,8 +284,3 @@ def input_file_problem(file_id: str, e: OSError) -> str:
     if isinstance(e, FileNotFoundError):
         return f"the input file {file_id} is gone (deleted while the batch waited or ran)"
     return f"the input file {file_id} cannot be read on the server ({e.strerror or type(e).__name__})"
-
-
-def lines_of(data: bytes, settings: BatchSettings) -> list:
-    """An upload's parsed lines under the settings' limits (UploadRefused otherwise)."""
-    return check_upload(data, settings.max_lines, settings.max_line_bytes)

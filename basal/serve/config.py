@@ -29,6 +29,7 @@ log = logging.getLogger("basal")
 
 API_KEYS_VAR = "BASAL_API_KEYS"  # adds keys to the file's (`environment_api_keys`)
 ADMIN_KEYS_VAR = "BASAL_ADMIN_API_KEYS"  # `admin_api_keys`, as every key from the environment
+UPLOAD_ROOM = 512 << 10  # an upload holds its line in progress and less than this more (api/http/multipart.py)
 MAX_MB = 1 << 20  # sizes in MB (a body, an upload, a line) up to a TiB: more is no size this machine holds
 DEMO_PATH = "demo"  # `path: demo` (or `--model demo`): the built-in synthetic demo model; `./demo` is a directory
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+(@[\w./-]+)?")  # owner/name[@revision] of the Hugging Face hub
@@ -235,6 +236,14 @@ class ServeConfig(msgspec.Struct, forbid_unknown_fields=True):
                 f"`limits.max_transit_bytes` ({self.limits.max_transit_bytes}) is below `max_body_mb` "
                 f"({self.max_body_mb:g} MiB): a body that large could never be received (529 every time); raise "
                 "`max_transit_bytes` or lower `max_body_mb`"
+            )
+        upload_room = (self.batches.max_line_kb << 10) + UPLOAD_ROOM
+        if self.batches.enabled is not False and self.limits.max_transit_bytes < upload_room:
+            raise msgspec.ValidationError(
+                f"`limits.max_transit_bytes` ({self.limits.max_transit_bytes}) is below what an upload holds while "
+                f"it streams (`batches.max_line_kb` and {UPLOAD_ROOM >> 10} KiB, {upload_room} bytes): a file with "
+                "a line that long could never be uploaded (529 every time); raise `max_transit_bytes` or lower "
+                "`batches.max_line_kb`"
             )
         for name, keys in (("api_keys", self.api_keys), ("admin_api_keys", self.admin_api_keys)):
             if self.no_auth and keys:

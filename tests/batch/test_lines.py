@@ -4,10 +4,24 @@ around the answer's exact bytes."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
-from basal.batch.lines import BadLine, Line, UploadRefused, check_upload, error_record, parse, response_record
+from basal.batch.lines import (
+    BOM,
+    BadLine,
+    InputFile,
+    Line,
+    LineAt,
+    UploadCheck,
+    UploadRefused,
+    check_upload,
+    error_record,
+    parse,
+    response_record,
+    split,
+)
 
 
 def line(custom_id="a", **over) -> bytes:
@@ -100,3 +114,88 @@ def test_messages_that_quote_a_line_are_bounded():
     many = json.dumps({"custom_id": "a", **{f"key-{i}": 1 for i in range(5000)}}).encode()
     bad = parse(1, many, 1 << 20)
     assert isinstance(bad, BadLine) and bad.code == "invalid_request" and len(bad.message) < 300
+
+
+def _whole_file_rules(data: bytes, max_lines: int, max_line_bytes: int) -> list[Line | BadLine]:
+    """The rules as the file read whole states them: split, count, parse every line, then look for ids twice."""
+    lines = split(data)
+    if not lines:
+        raise UploadRefused("the file is empty: a batch input has one JSON request per line")
+    if len(lines) > max_lines:
+        raise UploadRefused(f"the file has {len(lines)} lines; the limit is {max_lines} (split it into batches)")
+    parsed = [parse(i, raw, max_line_bytes) for i, raw in enumerate(lines, 1)]
+    seen: dict[str, int] = {}
+    for p in parsed:
+        if p.custom_id in seen:
+            raise UploadRefused(
+                f"custom_id {p.custom_id!r} is on line {seen[p.custom_id]} and again on line {p.number}: "
+                "each line needs its own custom_id"
+            )
+        seen[p.custom_id] = p.number
+    if not any(isinstance(p, Line) for p in parsed):
+        raise UploadRefused(f"no line is a batch request; line 1: {parsed[0].message}")
+    return parsed
+
+
+def _outcome(run, *args):
+    try:
+        return "ok", run(*args)
+    except UploadRefused as e:
+        return "refused", str(e)
+
+
+def _fed(check: UploadCheck) -> list[Line | BadLine]:
+    check.finish()
+    return [parsed for _, parsed in check.kept]
+
+
+def test_a_file_fed_in_any_pieces_is_read_as_the_whole_file():
+    """Pieces from 1 byte up, BOMs, CRLFs, lines cut off, lines over a tiny limit (kept by their start only): the
+    same lines, error records and refusals as the whole file split at once, and every line found where it is."""
+    rng = random.Random(47)
+    samples = [b"", b"{", b"\r", b"[1]", b'{"custom_id":"zz"}', BOM, b"\xff"]
+    for _ in range(3000):
+        parts = []
+        for _ in range(rng.randint(0, 5)):
+            cid = rng.choice(["a", "b", "line:2", "line:3", "x" * rng.randint(1, 60)])
+            state = "s" * rng.randint(0, 80)
+            parts.append(line(cid, body={"state": state}) if rng.random() < 0.5 else rng.choice(samples))
+        data = (BOM if rng.random() < 0.3 else b"") + b"".join(p + rng.choice([b"\n", b"\r\n"]) for p in parts)
+        data = data[: rng.randint(0, len(data))] if rng.random() < 0.3 else data
+        max_lines, max_line_bytes = rng.choice([1, 3, 10]), rng.choice([5, 40, 100, 1000])
+        check = UploadCheck(max_lines, max_line_bytes, keep=lambda raw, parsed: (raw, parsed))
+        at = 0
+        while at < len(data):
+            step = rng.choice([rng.randint(1, 7), rng.randint(1, 600)])
+            check.feed(data[at : at + step])
+            at += step
+        expected = _outcome(_whole_file_rules, data, max_lines, max_line_bytes)
+        assert _outcome(_fed, check) == expected, (data, max_lines, max_line_bytes)
+        for raw, _ in check.kept if expected[0] == "ok" else ():
+            assert not raw.complete or data[raw.offset : raw.offset + len(raw.data)] == raw.data
+
+
+def test_a_line_over_the_limit_is_held_by_its_start_only():
+    check = UploadCheck(10, 1000)
+    check.feed(b'{"custom_id":"big","x":"' + b"y" * 5000)
+    assert check.held <= 1001
+    check.feed(b"y" * 1_000_000)
+    assert check.held <= 1001
+    check.feed(b'"}\n' + line("ok") + b"\n")
+    assert check.finish() == 2
+
+
+def test_an_input_file_is_indexed_and_its_lines_read_again(tmp_path):
+    lines = [line("a"), b"{broken", line("b", body={"state": "t", "questions": {}}), line("c")]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(BOM + b"\r\n".join(lines))
+    whole = check_upload(path.read_bytes(), 1 << 62, 1 << 20)
+    source = InputFile(path, 1 << 20)
+    path.unlink()  # deleted while its batch runs: the open file still reads
+    try:
+        assert [type(x) for x in source.lines] == [LineAt, BadLine, LineAt, LineAt]
+        assert source.read(source.lines) == whole
+        a, _, b, c = source.lines
+        assert a.group == c.group != b.group
+    finally:
+        source.close()

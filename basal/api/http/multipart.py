@@ -1,22 +1,29 @@
-"""A Batch input file's upload: `multipart/form-data` read from the ASGI stream straight into a file.
+"""A Batch input file's upload: `multipart/form-data` read from the ASGI stream, the file's bytes handed on as they
+arrive.
 
-The form is read as the SDK sends it, the fields first and the `file` part last; the file's bytes are written as
-they arrive (never whole in memory before the size check) and refused (413) once over the limit. Every refusal is a
-`batch_refusal`, in the Files API's shape.
+The form is read as the SDK sends it, the fields first and the `file` part last; the file's bytes go, a STEP at a
+time, to a `FilePart` (the upload route's: it checks them line by line and writes them to the store), never whole
+in memory, and are refused (413) once over the limit. What an upload holds meanwhile counts in
+`max_transit_bytes` with the decision bodies being received. Every refusal is a `batch_refusal`, in the Files API's
+shape.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
 import re
 import unicodedata
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from litestar import Request
 
 from basal.api.errors import ClientGone, batch_refusal
+from basal.api.http.body import TransitBytes
+from basal.core.errors import RequestError
 
 MAX_FORM_HEAD = 64 << 10  # bytes of form fields and part headers before the file's bytes
+STEP = 64 << 10  # bytes of the file handed on at once (few thread hops; a receive brings at most 256 KiB)
 
 
 def _boundary(content_type: str) -> bytes:
@@ -55,21 +62,80 @@ def _check_filename(name: str) -> str:
     return name
 
 
-async def read_upload(request: Request, limit: int, tmp: Path) -> tuple[dict[str, str], str]:
-    """Stream the form into `tmp`: -> (fields, filename). The file part must come last; its bytes are written as
-    they arrive and refused (413) once over `limit`."""
+class FilePart(Protocol):
+    """Where the file part's bytes go as they arrive: `write` runs in a worker thread (it checks and stores them),
+    `held` is what it holds of them in memory between calls."""
+
+    @property
+    def held(self) -> int: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
+async def read_upload(
+    request: Request, limit: int, out: FilePart, transit: TransitBytes, transit_limit: int
+) -> tuple[dict[str, str], str]:
+    """Stream the form: -> (fields, filename), the file part's bytes handed to `out` as they arrive, STEP bytes at a
+    time, off the event loop. The file part must come last; it is refused (413) once over `limit`. What this
+    upload holds in memory (its unparsed form, bytes not yet handed on, what `out` holds) counts in `transit`
+    against `transit_limit` while it is read (Overloaded past it)."""
     boundary = _boundary(request.headers.get("content-type", ""))
     delimiter = b"\r\n--" + boundary
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + MAX_FORM_HEAD:
-        raise batch_refusal(413, "file_too_large", f"the file is over the upload limit of {limit} bytes", "file")
+        raise _too_large(limit)
+    counted = 0  # bytes of this upload counted in `transit`
+
+    def holding(n: int) -> None:
+        nonlocal counted
+        if n > counted:
+            transit.take(n - counted, transit_limit)
+        else:
+            transit.give_back(counted - n)
+        counted = n
+
+    try:
+        stream = _chunks(request)
+        fields, filename, buffer = await _form_head(stream, delimiter, holding)
+        keep = len(delimiter) + 8  # a delimiter split over two chunks is found in the kept tail
+        size, pending, waiting, tail = 0, [], 0, buffer  # waiting: bytes in `pending`
+        async for chunk in stream:
+            tail += chunk
+            if len(tail) > keep:
+                pending.append(tail[:-keep])
+                size += len(tail) - keep
+                waiting += len(tail) - keep
+                tail = tail[-keep:]
+                if size > limit:
+                    raise _too_large(limit)
+            holding(waiting + len(tail) + out.held)
+            if waiting >= STEP:
+                await asyncio.to_thread(out.write, b"".join(pending))
+                pending, waiting = [], 0
+                holding(len(tail) + out.held)
+        end = tail.find(delimiter)
+        if end < 0:
+            raise batch_refusal(400, "invalid_multipart", "the form does not end with its closing boundary", "file")
+        if size + end > limit:
+            raise _too_large(limit)
+        if not tail[end + len(delimiter) :].startswith(b"--"):
+            raise batch_refusal(400, "invalid_multipart", "the `file` part must be the form's last part", "file")
+        await asyncio.to_thread(out.write, b"".join([*pending, tail[:end]]))
+        return fields, filename
+    finally:
+        transit.give_back(counted)
+
+
+async def _form_head(
+    stream: AsyncIterator[bytes], delimiter: bytes, holding: Callable[[int], None]
+) -> tuple[dict[str, str], str, bytes]:
+    """The fields and the file part's headers: -> (fields, filename, the file's first bytes received)."""
     buffer = b"\r\n"  # the first delimiter has no CRLF before it
     fields: dict[str, str] = {}
-    filename = None
-    stream = _chunks(request)
-    async for chunk in stream:  # fields, then the file part's headers
+    async for chunk in stream:
         buffer += chunk
-        while filename is None:
+        holding(len(buffer))
+        while True:
             start = buffer.find(delimiter)
             if start < 0:
                 break
@@ -81,49 +147,19 @@ async def read_upload(request: Request, limit: int, tmp: Path) -> tuple[dict[str
             if fname is not None:
                 if name != "file":
                     raise batch_refusal(400, "invalid_multipart", "the file part must be named `file`", "file")
-                filename, buffer = _check_filename(fname), buffer[body_start:]
-                break
+                return fields, _check_filename(fname), buffer[body_start:]
             end = buffer.find(delimiter, body_start)
             if end < 0:
                 break
             fields[name] = buffer[body_start:end].decode("utf-8", "replace")
             buffer = buffer[end:]
-        if filename is not None:
-            break
         if len(buffer) > MAX_FORM_HEAD:
             raise batch_refusal(400, "invalid_multipart", "the form's fields are over 64 KiB, or it has no `file` part")
-    if filename is None:
-        raise batch_refusal(
-            400, "missing_file", "the form has no `file` part (send the fields first, then `file`)", "file"
-        )
-    keep = len(delimiter) + 8  # a delimiter split over two chunks is found in the kept tail
-    size = 0
-    with open(tmp, "wb") as out:
-        tail = buffer
-        async for chunk in stream:
-            tail += chunk
-            if len(tail) > keep:
-                out.write(tail[:-keep])
-                size += len(tail) - keep
-                tail = tail[-keep:]
-                if size > limit:
-                    raise batch_refusal(
-                        413, "file_too_large", f"the file is over the upload limit of {limit} bytes", "file"
-                    )
-        end = tail.find(delimiter)
-        if end < 0:
-            # the delimiter may straddle what was already written: look in the file's end too
-            out.flush()
-            raise batch_refusal(400, "invalid_multipart", "the form does not end with its closing boundary", "file")
-        out.write(tail[:end])
-        size += end
-        if size > limit:
-            raise batch_refusal(413, "file_too_large", f"the file is over the upload limit of {limit} bytes", "file")
-        if not tail[end + len(delimiter) :].startswith(b"--"):
-            raise batch_refusal(400, "invalid_multipart", "the `file` part must be the form's last part", "file")
-        out.flush()
-        os.fsync(out.fileno())
-    return fields, filename
+    raise batch_refusal(400, "missing_file", "the form has no `file` part (send the fields first, then `file`)", "file")
+
+
+def _too_large(limit: int) -> RequestError:
+    return batch_refusal(413, "file_too_large", f"the file is over the upload limit of {limit} bytes", "file")
 
 
 async def _chunks(request: Request):

@@ -1,6 +1,7 @@
 """The Files and Batches API (docs/batches.md): the routes that basal-client's `files` and `batches` call.
 
-Uploads are read from the ASGI stream straight into a temporary file in the store (`http/multipart.py`).
+Uploads are read from the ASGI stream, checked line by line and written to a temporary file in the store as they
+arrive (`http/multipart.py`, `StoredUpload`), in memory bounded by a line, not by the file.
 With API keys, each file and batch belongs to the key that created them: a request of another key finds it as it
 finds an id that never existed (the same 404, an unknown cursor's 400), unless it is an admin key or the operator
 shares them (`batches_shared`); see `auth.visible_owner`.
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,10 +42,10 @@ from basal.api.wire.batch_types import (
     RequestCounts,
 )
 from basal.api.wire.openapi import documented, json_schema
-from basal.batch.lines import UploadRefused
-from basal.batch.service import WINDOW_S, BatchService, lines_of
+from basal.batch.lines import UploadCheck, UploadRefused
+from basal.batch.service import WINDOW_S, BatchService, BatchSettings
 from basal.batch.store import Conflict, TooMany
-from basal.core.errors import RequestError
+from basal.core.errors import Overloaded, RequestError
 
 MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
 DEFAULT_LIST = 20
@@ -136,13 +139,43 @@ def _expires_seconds(value: Any, param: str) -> int:
 # the routes: module-level handlers; a refusal is raised (`batch_refusal`) and answered by the app's `refusal_response`
 
 
+class StoredUpload:
+    """An upload's file part as it arrives: checked line by line (`UploadCheck`, the checks `check_upload` makes)
+    and written to the store's temporary file, so an upload holds about a line and a STEP of its bytes in memory,
+    whatever its size. `write` runs in a worker thread, one call at a time."""
+
+    def __init__(self, tmp: Path, settings: BatchSettings):
+        self.check = UploadCheck(settings.max_lines, settings.max_line_bytes)
+        self.file = open(tmp, "wb")  # noqa: SIM115 -- written through the upload; `close` ends it
+
+    @property
+    def held(self) -> int:
+        return self.check.held
+
+    def write(self, data: bytes) -> None:
+        self.check.feed(data)
+        self.file.write(data)
+
+    def sync(self) -> None:
+        """The whole file on disk (before the store records it)."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 async def upload(request: Request) -> Response:
     _auth(request)
     service = _service(request)
-    store, limits = service.store, service.settings
+    store, limits, api = service.store, service.settings, api_context(request).settings
     tmp = store.upload_path()
+    part = StoredUpload(tmp, limits)
     try:
-        fields, filename = await read_upload(request, limits.max_upload_bytes, tmp)
+        fields, filename = await read_upload(
+            request, limits.max_upload_bytes, part, api.transit, api.limits.max_transit_bytes
+        )
         if fields.get("purpose") != "batch":
             raise batch_refusal(400, "invalid_purpose", 'purpose must be "batch"', "purpose")
         expires = None
@@ -154,15 +187,21 @@ async def upload(request: Request) -> Response:
             seconds = fields.get("expires_after[seconds]", "")
             expires = _expires_seconds(int(seconds) if seconds.isdigit() else -1, "expires_after[seconds]")
         try:
-            parsed = await asyncio.to_thread(lambda: lines_of(tmp.read_bytes(), limits))
+            lines = part.check.finish()
         except UploadRefused as e:
             raise batch_refusal(400, "invalid_file", str(e), "file") from None
         owner = request_owner(request, api_context(request).settings)
-        row = await asyncio.to_thread(store.add_file, tmp, filename, "batch", expires, len(parsed), owner)
+        await asyncio.to_thread(part.sync)
+        row = await asyncio.to_thread(store.add_file, tmp, filename, "batch", expires, lines, owner)
         return _ok(file_object(row))
     except ClientGone:
         return Response(b"", status_code=499)
+    except Overloaded:
+        raise batch_refusal(
+            529, "overloaded", "too many request bodies are being received at once: retry after a short delay"
+        ) from None
     finally:
+        part.close()
         tmp.unlink(missing_ok=True)
 
 
@@ -328,6 +367,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                     ("400", "a malformed form or file (empty, too many lines, a custom_id twice, not JSONL)"),
                     ("413", "the file is over the upload limit"),
                     ("415", "not multipart/form-data"),
+                    ("529", "over `max_transit_bytes` of bodies being received: retry after a short delay"),
                 ),
                 UPLOAD_SCHEMA,
                 keys,
