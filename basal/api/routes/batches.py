@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,10 @@ from basal.api.wire.batch_types import (
 from basal.api.wire.openapi import documented, json_schema
 from basal.batch.lines import UploadRefused
 from basal.batch.service import WINDOW_S, BatchService, lines_of
-from basal.batch.store import Conflict, TooMany
+from basal.batch.store import ACTIVE, Conflict, TooMany, WriteFailed, disk_problem
 from basal.core.errors import RequestError
+
+log = logging.getLogger(__name__)
 
 MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
 DEFAULT_LIST = 20
@@ -248,21 +251,41 @@ async def create_batch(request: Request) -> Response:
             429, "too_many_batches", f"{limits.max_active} batches are in progress; retry when one ends"
         ) from None
     service.wake()
-    return _ok(batch_object(row))
+    return _ok(batch_object(_live(service, row)))
 
 
 async def list_batches(request: Request) -> Response:
     _auth(request)
     after, limit = _list_args(request, _service(request).store.get_batch)
     rows, more = _service(request).store.list_batches(after, limit)
-    return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
+    return _ok(_page(BatchList, [batch_object(_live(_service(request), r)) for r in rows], more))
 
 
 def _batch(service: BatchService, batch_id: str) -> dict:
     row = service.store.get_batch(batch_id)
     if row is None:
         raise batch_refusal(404, "batch_not_found", f"no batch {batch_id!r}", "batch_id")
+    return _live(service, row)
+
+
+def _live(service: BatchService, row: dict) -> dict:
+    """A batch as the API shows it: one whose work waits for the store to write says so in its `errors`."""
+    if row["status"] in ACTIVE and service.fault.reason is not None:
+        return {**row, "errors": service.fault.batch_errors(row["errors"])}
     return row
+
+
+def store_refused(request: Request, exc: OSError | WriteFailed) -> Response:
+    """The store's disk refused (full, read-only) or its database refuses writes: 507, in words that name no path
+    (the operator's log has the error itself). Batch work pauses on the same condition (docs/batches.md)."""
+    reason = exc.reason if isinstance(exc, WriteFailed) else disk_problem(exc)
+    log.warning("%s %s: the batch store refused: %s", request.method, request.url.path, reason, exc_info=exc)
+    _service(request).fault.failed(exc if isinstance(exc, WriteFailed) else WriteFailed(reason))
+    message = f"the batch store cannot write now: {reason}; retry once the operator has freed space"
+    return Response(batch_refusal(507, "store_unwritable", message).body, status_code=507)
+
+
+STORE_REFUSALS = {OSError: store_refused, WriteFailed: store_refused}  # on every Files and Batches route
 
 
 async def get_batch(request: Request) -> Response:
@@ -298,7 +321,8 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
     def responses(ok: str, tp: Any, *errors: tuple[str, str]) -> dict[str, Any]:
         out = {"200": {"description": ok, "content": {"application/json": {"schema": json_schema(tp)}}}}
         error = {"application/json": {"schema": json_schema(ApiError)}}
-        for code, what in (*errors, *((("401", "wrong API key"), ("403", "no API key")) if keys else ())):
+        refused = ("507", "the store cannot write now (its disk is full or read-only); retry")
+        for code, what in (*errors, refused, *((("401", "wrong API key"), ("403", "no API key")) if keys else ())):
             out[code] = {"description": what, "content": error}
         return out
 
@@ -308,7 +332,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
         "content": {JSONL: {"schema": {"type": "string"}}},
     }
     no_file, no_batch = ("404", "no such file"), ("404", "no such batch")
-    return [
+    routes = [
         post(
             "/v1/files",
             operation_class=documented(
@@ -397,3 +421,6 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             status_code=200,
         )(cancel_batch),
     ]
+    for route in routes:
+        route.exception_handlers = {**route.exception_handlers, **STORE_REFUSALS}
+    return routes
