@@ -279,7 +279,7 @@ def store_refused(request: Request, exc: OSError | WriteFailed) -> Response:
     """The store's disk refused (full, read-only) or its database refuses writes: 507, in words that name no path
     (the operator's log has the error itself). Batch work pauses on the same condition (docs/batches.md)."""
     reason = exc.reason if isinstance(exc, WriteFailed) else disk_problem(exc)
-    log.warning("%s %s: the batch store refused: %s", request.method, request.url.path, reason, exc_info=exc)
+    log.warning("%s %s: the batch store refused: %s (%s)", request.method, request.url.path, reason, exc)
     _service(request).fault.failed(exc if isinstance(exc, WriteFailed) else WriteFailed(reason))
     message = f"the batch store cannot write now: {reason}; retry once the operator has freed space"
     return Response(batch_refusal(507, "store_unwritable", message).body, status_code=507)
@@ -332,7 +332,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
         "content": {JSONL: {"schema": {"type": "string"}}},
     }
     no_file, no_batch = ("404", "no such file"), ("404", "no such batch")
-    routes = [
+    return [
         post(
             "/v1/files",
             operation_class=documented(
@@ -349,6 +349,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Upload a batch input file (JSONL)",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
             request_max_body_size=None,  # the upload limit is checked while the stream is read
         )(upload),
@@ -359,18 +360,21 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="List files",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(list_files),
         get(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("the file", FileObject, no_file), secured=keys),
             summary="Retrieve a file",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(get_file),
         delete(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("deleted", DeletedFile, no_file), secured=keys),
             summary="Delete a file",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(delete_file),
         get(
@@ -378,6 +382,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             operation_class=documented(content_responses, secured=keys),
             summary="Download a file's content",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(file_content),
         post(
             "/v1/batches",
@@ -395,6 +400,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Create a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(create_batch),
         get(
@@ -404,12 +410,14 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="List batches",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(list_batches),
         get(
             "/v1/batches/{batch_id:str}",
             operation_class=documented(responses("the batch", BatchObject, no_batch), secured=keys),
             summary="Retrieve a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(get_batch),
         post(
             "/v1/batches/{batch_id:str}/cancel",
@@ -418,9 +426,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Cancel a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(cancel_batch),
     ]
-    for route in routes:
-        route.exception_handlers = {**route.exception_handlers, **STORE_REFUSALS}
-    return routes
