@@ -127,7 +127,7 @@ def test_an_upload_the_store_cannot_write_is_a_507_and_a_paused_batch_says_so(en
         done = client.get(f"/v1/batches/{batch['id']}").json()
         assert done["errors"] is None and done["request_counts"]["completed"] == LINES
         assert client.get("/health/ready").json()["status"] == "ok"
-        assert client.get("/health/ready").json()["degraded"] == {}
+        assert "degraded" not in client.get("/health/ready").json()
         assert metric(client, "basal_batches_store_writable") == 1
         assert metric(client, "basal_batches_paused") == 0
         records = client.get(f"/v1/files/{done['output_file_id']}/content").content.splitlines()

@@ -35,7 +35,7 @@ class ReadyResponse(msgspec.Struct):
     inflight: int
     max_inflight: int
     startup: dict[str, dict[str, float]]  # each loaded model's start-up steps, in seconds (this process's own)
-    degraded: dict[str, str]  # what does not work now beside the decisions, and why ({"batches": ...})
+    degraded: dict[str, str] | None = None  # only when degraded: what beside the decisions does not work, and why
 
 
 def readiness(engines: EnginesFront) -> Readiness:
@@ -93,8 +93,9 @@ async def ready(request: Request) -> Response:
         "inflight": engines.inflight,
         "max_inflight": engines.max_inflight,
         "startup": engines.startup,
-        "degraded": degraded,
     }
+    if degraded:
+        body["degraded"] = degraded
     return _answer(body, status)
 
 
