@@ -338,3 +338,19 @@ def test_a_really_full_filesystem_pauses_then_resumes(tmp_path):
         if store is not None:
             store.close()
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_without_a_hold_a_refused_write_ends_the_run_at_once():
+    """`basal run-batch`'s runner (no hold): the first refused write ends the run, not after every line ran."""
+    from basal.batch.lines import check_upload
+    from basal.batch.runner import run_lines
+
+    lines = check_upload(input_text(400), 1000, 1 << 20)
+    decide = Decide()
+
+    async def record(chunk: list) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/srv/out.jsonl")
+
+    with pytest.raises(OSError):
+        asyncio.run(run_lines(lines, decide, record, window=16))
+    assert decide.calls < 400 // 2  # the window's lines and a few more, not the whole input
