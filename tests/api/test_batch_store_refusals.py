@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from litestar.testing import TestClient
@@ -37,6 +39,21 @@ def engines(demo_model):
 def quick_retries(monkeypatch):
     monkeypatch.setattr(fault, "RETRY_MIN_S", 0.01)
     monkeypatch.setattr(fault, "RETRY_MAX_S", 0.05)
+
+
+class Counted:
+    """The lines' decision path, each call counted (`on_call(n)` before the n-th); called with one argument (a
+    batch's owner, where the service takes a path per owner) it counts that owner's path."""
+
+    def __init__(self, decide: Callable, on_call: Callable[[int], None], calls: list[int] | None = None):
+        self.decide, self.on_call, self.calls = decide, on_call, calls if calls is not None else [0]
+
+    def __call__(self, *args: Any) -> Any:
+        if len(args) == 1:
+            return Counted(self.decide(*args), self.on_call, self.calls)
+        self.calls[0] += 1
+        self.on_call(self.calls[0])
+        return self.decide(*args)
 
 
 def jsonl(n: int) -> bytes:
@@ -82,18 +99,17 @@ def refused(r, *paths: Path) -> dict:
 def test_an_upload_the_store_cannot_write_is_a_507_and_a_paused_batch_says_so(engines, tmp_path, database):
     root = tmp_path / "store"
     svc = BatchService(open_store(root, database), BatchSettings(root=root, database=database, window=16))
-    app = create_app(engines, ApiSettings(metrics=True), batches=svc)
     refusing = Refusing(svc.store, enospc(root))
     calls = [0]
-    decide = svc.decide
 
-    async def counted(body, cancelled):
-        calls[0] += 1
-        if calls[0] == 40:
+    def on_call(n: int) -> None:
+        calls[0] = n
+        if n == 40:
             refusing.on = True  # the disk fills under a running batch
-        return await decide(body, cancelled)
 
-    svc.decide = counted
+    attach = svc.attach
+    svc.attach = lambda decide, *rest: attach(Counted(decide, on_call), *rest)  # type: ignore[method-assign]
+    app = create_app(engines, ApiSettings(metrics=True), batches=svc)
     with TestClient(app) as client:
         assert metric(client, "basal_batches_store_writable") == 1
         refusing.on = True

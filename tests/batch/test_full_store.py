@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,13 +41,21 @@ def input_text(n: int = LINES) -> bytes:
 
 class Decide:
     """A decision path double: a deterministic answer per body (its bytes and request id derived from the body),
-    every call counted, `on_call(n)` run before the n-th answer."""
+    every call counted, `on_call(n)` run before the n-th answer; past `stall_after` calls a line runs until it is
+    stopped. Called with one argument (a batch's owner, where the service takes a path per owner) it is itself."""
 
-    def __init__(self, on_call: Callable[[int], None] = lambda n: None):
+    def __init__(self, on_call: Callable[[int], None] = lambda n: None, stall_after: int | None = None):
         self.calls = 0
-        self.on_call = on_call
+        self.on_call, self.stall_after = on_call, stall_after
 
-    async def __call__(self, body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
+    def __call__(self, *args: Any) -> Any:
+        return self if len(args) == 1 else self.answer(*args)
+
+    async def answer(self, body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
+        if self.stall_after is not None and self.calls >= self.stall_after:
+            while not cancelled():
+                await asyncio.sleep(0.005)
+            return 499, b"", ""  # not an answer: the line stays to be run
         self.calls += 1
         self.on_call(self.calls)
         await asyncio.sleep(0)
@@ -233,7 +242,6 @@ def test_a_failed_batch_publishes_the_records_it_committed(tmp_path, database):
     errors naming the file by id (never the store's path), and the 30 records in its output and error files."""
     root = tmp_path / "store"
     store = open_store(root, database)
-    decide = Decide()
     batch_id = new_batch(store)
 
     async def run(svc: BatchService, until_: Callable[[], bool], what: str) -> None:
@@ -247,15 +255,7 @@ def test_a_failed_batch_publishes_the_records_it_committed(tmp_path, database):
         row = store.get_batch(batch_id)
         return row["completed"] + row["failed"]
 
-    async def stalls(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
-        if decide.calls >= 30:  # the other lines never finish on this server: they run until stopped
-            while not cancelled():
-                await asyncio.sleep(0.005)
-            return 499, b"", ""
-        return await decide(body, cancelled)
-
-    first = service_on(store, root, decide)
-    first.decide = stalls
+    first = service_on(store, root, Decide(stall_after=30))  # the other lines never finish on this server
     asyncio.run(run(first, lambda: recorded() >= 30, "30 lines recorded"))
     store = open_store(root, database)  # a restart
     committed = {json.loads(r)["custom_id"]: r for ok in (True, False) for r in store.records(batch_id, ok)}
