@@ -17,9 +17,9 @@ import logging
 import secrets
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 from basal.batch.store import Unavailable, WriteFailed, disk_problem, write_bytes_atomic
-from basal.core.engine.metrics import Metrics
 
 log = logging.getLogger("basal.batch.service")
 
@@ -34,6 +34,15 @@ def reason_of(e: WriteFailed | Unavailable) -> str:
     return e.reason if isinstance(e, WriteFailed) else UNREACHABLE
 
 
+class StoreSeries(Protocol):
+    """The server's series this reports to (`basal.core.engine.metrics.Metrics` has them; `batch/` imports nothing
+    of the engine)."""
+
+    batches_store_writable: Any  # a gauge by store: set(store, value=)
+    batches_store_write_failures: Any  # a counter by store: inc(store)
+    batches_paused: Any  # a gauge by store
+
+
 class StoreFault:
     """The store's state as the batch work found it (one per BatchService; read by the API on the same loop)."""
 
@@ -44,10 +53,10 @@ class StoreFault:
         self.failures = 0  # refused writes, ever (the counter in /metrics)
         self.tries = 0  # refused writes since the last that succeeded: the next wait
         self.paused: str | None = None  # the batch whose finished lines wait for the store
-        self._metrics: Metrics | None = None
+        self._metrics: StoreSeries | None = None
         self._nudge: asyncio.Event | None = None
 
-    def observe(self, metrics: Metrics) -> None:
+    def observe(self, metrics: StoreSeries) -> None:
         """Report to these metrics (the server's), from now on."""
         self._metrics = metrics
         metrics.batches_store_writable.set(self.kind, value=1.0 if self.reason is None else 0.0)

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from basal.batch.fault import StoreFault
+from basal.batch.fault import StoreFault, StoreSeries
 from basal.batch.lines import check_upload
 from basal.batch.runner import WINDOW, Decide, in_group_order, run_lines
 from basal.batch.store import Store, Unavailable, WriteFailed
-from basal.core.engine.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ class BatchService:
         self._task: asyncio.Task | None = None
         self.fault = StoreFault("sqlite" if settings.database in (None, "sqlite") else "postgresql")
 
-    def attach(self, decide: Decide, metrics: Metrics | None = None) -> None:
+    def attach(self, decide: Decide, metrics: StoreSeries | None = None) -> None:
         """The decision path lines go through (`basal.api.decide.body_decider`), set when the app is built, and the
         server's metrics (the store's state)."""
         self.decide = decide
