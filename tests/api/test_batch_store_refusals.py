@@ -189,3 +189,17 @@ def test_an_upload_to_a_really_full_disk_is_a_507_then_works_once_freed(engines,
             assert upload(client, jsonl(50)).status_code == 200
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_connection_error_is_the_clients_not_the_stores(engines, tmp_path, monkeypatch):
+    """An upload whose client resets the connection is not a store fault: no 507, readiness stays ok."""
+    root = tmp_path / "store"
+    svc = BatchService(open_store(root), BatchSettings(root=root))
+    with TestClient(create_app(engines, ApiSettings(), batches=svc)) as client:
+
+        async def reset(*args, **kwargs):
+            raise ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
+
+        monkeypatch.setattr("basal.api.routes.batches.read_upload", reset)
+        assert upload(client, jsonl(2)).status_code == 499
+        assert svc.fault.reason is None and client.get("/health/ready").json()["status"] == "ok"

@@ -277,7 +277,10 @@ def _live(service: BatchService, row: dict) -> dict:
 
 def store_refused(request: Request, exc: OSError | WriteFailed) -> Response:
     """The store's disk refused (full, read-only) or its database refuses writes: 507, in words that name no path
-    (the operator's log has the error itself). Batch work pauses on the same condition (docs/batches.md)."""
+    (the operator's log has the error itself). Batch work pauses on the same condition (docs/batches.md). A
+    connection error is the client's, not the store's: it has gone (499, as `ClientGone`)."""
+    if isinstance(exc, ConnectionError):
+        return Response(b"", status_code=499)
     reason = exc.reason if isinstance(exc, WriteFailed) else disk_problem(exc)
     log.warning("%s %s: the batch store refused: %s (%s)", request.method, request.url.path, reason, exc)
     _service(request).fault.failed(exc if isinstance(exc, WriteFailed) else WriteFailed(reason))
