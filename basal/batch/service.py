@@ -299,7 +299,9 @@ class BatchService:
             return None
 
     async def _finalize(self, batch_id: str, status: str) -> None:
-        await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
+        moved = await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
+        if moved and self.fault.reason is not None:  # its files and its row were written: the store writes again
+            self.fault.healed()
 
 
 def input_file_problem(file_id: str, e: OSError) -> str:

@@ -203,3 +203,36 @@ def test_a_connection_error_is_the_clients_not_the_stores(engines, tmp_path, mon
         monkeypatch.setattr("basal.api.routes.batches.read_upload", reset)
         assert upload(client, jsonl(2)).status_code == 499
         assert svc.fault.reason is None and client.get("/health/ready").json()["status"] == "ok"
+
+
+def test_a_read_only_files_volume_pauses_finalizing_and_refuses_uploads(engines, tmp_path):
+    """The store's files directory really read-only (a read-only bind mount over it; the database stays writable):
+    an upload is a 507 that says so, a batch whose lines ran cannot write its output and waits (degraded), and
+    completes once the volume is writable again."""
+    root = tmp_path / "store"
+    svc = BatchService(open_store(root), BatchSettings(root=root))
+    files = root / "files"
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(files), str(files)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (not root, or no CAP_SYS_ADMIN): the injected faults cover it")
+    try:
+        with TestClient(create_app(engines, ApiSettings(metrics=True), batches=svc)) as client:
+            file = upload(client, jsonl(20)).json()
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(files)], check=True)
+            error = refused(upload(client, jsonl(3)), root)
+            assert "read-only" in error["message"]
+            batch = client.post("/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/basal",
+                                                     "completion_window": "24h"}).json()  # fmt: skip
+            wait(lambda: svc.fault.failures >= 3 and svc.store.get_batch(batch["id"])["status"] == "finalizing",
+                 "its output cannot be written")  # fmt: skip
+            ready = client.get("/health/ready").json()
+            assert ready["status"] == "degraded" and "read-only" in ready["degraded"]["batches"]
+            assert client.get(f"/v1/batches/{batch['id']}").json()["errors"]["data"][0]["code"] == "store_unwritable"
+            subprocess.run(["umount", str(files)], check=True)
+            wait(lambda: client.get(f"/v1/batches/{batch['id']}").json()["status"] == "completed", "it completes")
+            wait(lambda: client.get("/health/ready").json()["status"] == "ok", "ready says ok again")
+            assert metric(client, "basal_batches_store_writable") == 1
+            done = client.get(f"/v1/batches/{batch['id']}").json()
+            assert done["request_counts"]["completed"] == 20 and done["errors"] is None
+            assert client.get(f"/v1/files/{done['output_file_id']}/content").content.count(b"\n") == 20
+    finally:
+        subprocess.run(["umount", str(files)], capture_output=True)
