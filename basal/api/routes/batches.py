@@ -284,7 +284,7 @@ def store_refused(request: Request, exc: OSError | WriteFailed) -> Response:
     reason = exc.reason if isinstance(exc, WriteFailed) else disk_problem(exc)
     log.warning("%s %s: the batch store refused: %s (%s)", request.method, request.url.path, reason, exc)
     _service(request).fault.failed(exc if isinstance(exc, WriteFailed) else WriteFailed(reason))
-    message = f"the batch store cannot write now: {reason}; retry once the operator has freed space"
+    message = f"the batch store cannot write now ({reason}): retry later; the server's log says more"
     return Response(batch_refusal(507, "store_unwritable", message).body, status_code=507)
 
 
