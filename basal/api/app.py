@@ -62,7 +62,9 @@ def create_app(
     routes += playground_routes() + shadow_routes(shadow)
     starts, stops = [engines.start, *on_startup], [*on_shutdown]
     if batches is not None:
-        batches.attach(lambda owner: body_decider(engines, settings, context.parsers["basal"], owner=owner))
+        batches.attach(
+            lambda owner: body_decider(engines, settings, context.parsers["basal"], owner=owner), engines.metrics
+        )
         routes += batch_routes(settings)
         starts.append(batches.start)
         stops.append(batches.stop)  # batch lines stop first (they run again at the next start)

@@ -94,6 +94,7 @@ BATCH_ERROR_TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
+    507: "server_error",
     529: "server_error",
 }
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from basal.batch.sql import SqlStore
-from basal.batch.store import StoreError, Unavailable, redact, write_bytes_atomic
+from basal.batch.store import StoreError, Unavailable, WriteFailed, disk_problem, redact, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,11 @@ class PostgresStore(SqlStore):
         self._url, self._closed = url, False
         self._listener: threading.Thread | None = None
         self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+        self._refusals: tuple[type[BaseException], ...] = (
+            psycopg.errors.DiskFull,
+            psycopg.errors.ReadOnlySqlTransaction,  # a standby, or default_transaction_read_only
+            psycopg.errors.IoError,
+        )
         self._where = redact(url)
         connect = {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S}
         try:  # one connection first: a wrong URL or password fails here at once, with the server's own words
@@ -270,6 +275,10 @@ class PostgresStore(SqlStore):
                 if not durable:
                     conn.execute("SET LOCAL synchronous_commit TO OFF")
                 return fn(_Db(conn))
+        except self._refusals as e:  # before _errors: a full disk is an OperationalError too
+            raise WriteFailed(_refusal(e)) from e
+        except OSError as e:  # the shared files directory
+            raise WriteFailed(disk_problem(e)) from e
         except self._errors as e:
             raise self._failed(e) from e
 
@@ -279,6 +288,16 @@ class PostgresStore(SqlStore):
                 return conn.execute(_pg(sql), args).fetchall()
         except self._errors as e:
             raise self._failed(e) from e
+
+
+def _refusal(e: BaseException) -> str:
+    """Why the database refused a write, by its SQLSTATE (its own message names files on the database's server)."""
+    state = getattr(e, "sqlstate", None) or ""
+    if state == "53100":
+        return "the batch database's disk is full"
+    if state == "25006":
+        return "the batch database is read-only"
+    return f"the batch database reports an I/O error (SQLSTATE {state})"
 
 
 def _on_event_loop() -> bool:

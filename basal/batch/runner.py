@@ -20,6 +20,7 @@ L = TypeVar("L", bound=Line | LineAt | BadLine)
 # (body JSON bytes, cancelled) -> (HTTP status, response body bytes, request id): what POST /v1/basal answers
 Decide = Callable[[bytes, Callable[[], bool]], Awaitable[tuple[int, bytes, str]]]
 Record = Callable[[list[tuple[int, bool, bytes]]], Awaitable[None]]
+Hold = Callable[[Exception], Awaitable[None]]  # a failed record's error -> returns to try again, or raises
 
 NOT_AN_ANSWER = frozenset({499, 503, 529})  # stopped, shutting down, overloaded: the line stays to be run
 WINDOW = 256  # lines in the engine at once: enough to fill a pass of max_batch_tokens with demo-sized lines
@@ -43,14 +44,21 @@ async def run_lines(
     record: Record,
     stop: Callable[[], bool] = lambda: False,
     window: int = WINDOW,
+    hold: Hold | None = None,
 ) -> None:
     """Run `lines` (those not yet recorded) and hand every finished one to `record`; returns when all are
     recorded or, once `stop()` says so, when the lines already in the engine have stopped. A sequence is sent
     in group order; an async iterable as it yields, one line each time the window has room (so a source that
-    claims work claims it only when this server can run it)."""
+    claims work claims it only when this server can run it).
+
+    When `record` fails, no new line is sent: with `hold`, the finished lines wait in memory (nothing is computed
+    twice) while `hold(error)` waits to try again (or raises to give up), and sending resumes once a write
+    succeeds; without it, the error ends the run at once (the lines in the engine are cancelled)."""
     source = aiter(lines) if isinstance(lines, AsyncIterable) else _each(lines)
     done: list[tuple[int, bool, bytes]] = []
     wake = asyncio.Event()
+    writable = asyncio.Event()  # clear while `record` fails: no new line is sent
+    writable.set()
     finished = False
 
     async def writer() -> None:
@@ -59,8 +67,16 @@ async def run_lines(
             wake.clear()
             while done:
                 chunk = done[:]
+                try:
+                    await record(chunk)
+                except Exception as e:
+                    writable.clear()
+                    if hold is None:
+                        raise
+                    await hold(e)
+                    continue
                 del done[: len(chunk)]
-                await record(chunk)
+                writable.set()
             if finished:
                 return
 
@@ -79,7 +95,11 @@ async def run_lines(
     try:
         while True:
             await slots.acquire()  # room first, then the next line: a claiming source claims only with room
-            if stop():
+            if not writable.is_set():  # records cannot be written: wait until they can, or the writer gives up
+                resumed = asyncio.create_task(writable.wait())
+                await asyncio.wait((resumed, write), return_when=asyncio.FIRST_COMPLETED)
+                resumed.cancel()
+            if stop() or write.done():
                 slots.release()
                 break
             try:
@@ -93,7 +113,12 @@ async def run_lines(
                 wake.set()
                 continue
             tasks.append(asyncio.create_task(one(line)))
-        await asyncio.gather(*tasks)
+        running = set(tasks)
+        while running and not write.done():  # the writer giving up ends the run now: its error is the run's
+            ended, running = await asyncio.wait({*running, write}, return_when=asyncio.FIRST_COMPLETED)
+            running.discard(write)
+            for task in ended - {write}:
+                task.result()  # a line's own error ends the run, as it did
     finally:
         for task in tasks:
             task.cancel()

@@ -20,16 +20,19 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from basal.batch.fault import StoreFault, StoreSeries
 from basal.batch.lines import InputFile
 from basal.batch.runner import WINDOW, Decide, in_group_order, run_lines
-from basal.batch.store import Store, Unavailable
+from basal.batch.store import Store, Unavailable, WriteFailed
 
 log = logging.getLogger(__name__)
 
 WINDOW_S = {"24h": 24 * 3600}  # the completion windows the API accepts
 POLL_S = 1.0  # how often the task looks for expired files and batches when nothing wakes it
 STATUS_POLL_S = 0.1  # how often a server running a batch's lines reads its status (a cancel on another front)
+T = TypeVar("T")
 CHUNK_LINES = 128  # lines per lease (at most half the window): few store calls per line, a few chunks held
 
 
@@ -63,11 +66,15 @@ class BatchService:
         self._started: set[str] = set()  # batches this server saw in progress, their chunks planned
         self._closed = False
         self._task: asyncio.Task | None = None
+        self.fault = StoreFault("sqlite" if settings.database in (None, "sqlite") else "postgresql")
 
-    def attach(self, decide: Callable[[str | None], Decide]) -> None:
+    def attach(self, decide: Callable[[str | None], Decide], metrics: StoreSeries | None = None) -> None:
         """The decision path lines go through, per batch owner (`basal.api.decide.body_decider` with that owner:
-        a batch's lines run in its key's cache scope), set when the app is built."""
+        a batch's lines run in its key's cache scope), set when the app is built, and the server's metrics (the
+        store's state)."""
         self.decide = decide
+        if metrics is not None:
+            self.fault.observe(metrics)
 
     async def start(self) -> None:
         self._wake = asyncio.Event()  # bound to the server's loop
@@ -85,12 +92,13 @@ class BatchService:
         finds this server's leases given up)."""
         self._closed = True
         self._wake.set()
+        self.fault.nudge()
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 30)
             except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
-        with contextlib.suppress(Unavailable):
+        with contextlib.suppress(Unavailable, WriteFailed):
             await asyncio.to_thread(self.store.release, self.owner)
         self._drop_inputs(set())
         self.store.close()
@@ -104,12 +112,14 @@ class BatchService:
         at once, through the store's `listen`, or within STATUS_POLL_S, and stops them; what they finish after
         the batch ended is not recorded)."""
         self._cancel.add(batch_id)  # kept: a stale look at the batch can never run its lines again
+        self.fault.nudge()  # its lines may wait for the store: they stop waiting
         if self._running != batch_id:
             await self._finalize(batch_id, "cancelled")
         self._wake.set()
 
     async def _loop(self) -> None:
         while not self._closed:
+            wait_s = POLL_S
             try:
                 await asyncio.to_thread(self.store.release, self.owner)  # leases of a run that an error ended
                 await asyncio.to_thread(self.store.sweep, self.settings.batch_retention_s)
@@ -120,14 +130,17 @@ class BatchService:
                     if self._closed:
                         break
                     await self._advance(batch)
-            except Unavailable as e:  # the database restarts: the leases held expire, and work resumes here
-                log.warning("batch work waits for the database: %s", e)
-            except Exception:  # a bug or a full disk: said, and tried again at the next wake
+                if self.fault.reason is not None and not self._closed:  # every write went through: the disk too?
+                    await asyncio.to_thread(self.fault.probe, self.store.files_dir)
+                    self.fault.healed()
+            except (WriteFailed, Unavailable) as e:  # a full disk, a database away: paused, tried again later
+                wait_s = self.fault.failed(e)
+            except Exception:  # a bug: said, and tried again at the next wake
                 log.exception("batch work failed")
             if self._closed:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL_S)
+                await asyncio.wait_for(self._wake.wait(), wait_s)
             self._wake.clear()
 
     def _expired(self, batch: dict) -> bool:
@@ -199,14 +212,31 @@ class BatchService:
         def stop() -> bool:
             return self._closed or ended or batch_id in self._cancel or self._expired(batch)
 
+        async def hold(e: Exception) -> None:
+            """A write the store refused: wait and try again (the finished lines wait in memory), unless the
+            batch stops meanwhile (what was not written runs again)."""
+            if not isinstance(e, (WriteFailed, Unavailable)) or stop():
+                raise e
+            await self.fault.wait(self.fault.failed(e, batch_id))
+            if stop():
+                raise e
+
+        async def call(fn: Callable[..., T], *args: object) -> T:
+            """A store call of the run, tried again (after `hold`'s wait) while the store refuses."""
+            while True:
+                try:
+                    return await asyncio.to_thread(fn, *args)
+                except (WriteFailed, Unavailable) as e:
+                    await hold(e)
+
         async def claimed() -> AsyncIterator:
             while not stop():
-                got = await asyncio.to_thread(store.claim, batch_id, self.owner, lease_s)
+                got = await call(store.claim, batch_id, self.owner, lease_s)
                 if got is None:
                     return
                 chunk, todo = got
                 if not todo:
-                    await asyncio.to_thread(store.settle, batch_id, chunk, self.owner)
+                    await call(store.settle, batch_id, chunk, self.owner)
                     continue
                 pending[chunk] = set(todo)
                 chunk_of.update(dict.fromkeys(todo, chunk))
@@ -214,15 +244,17 @@ class BatchService:
                     yield line
 
         async def record(chunk: list[tuple[int, bool, bytes]]) -> None:
-            finished = []  # chunks whose last line this is: done in the transaction that records it
-            for number, _, _ in chunk:
+            numbers = {number for number, _, _ in chunk}
+            finished = tuple(c for c, todo in pending.items() if todo <= numbers)  # done in the same transaction
+            await asyncio.to_thread(store.add_results, batch_id, chunk, finished)
+            if self.fault.reason is not None:
+                self.fault.healed()
+            for number in numbers:  # once written: a refused write is tried again with the same chunks
                 c = chunk_of.pop(number, None)
                 if c is not None and c in pending:
                     pending[c].discard(number)
                     if not pending[c]:
                         del pending[c]
-                        finished.append(c)
-            await asyncio.to_thread(store.add_results, batch_id, chunk, tuple(finished))
 
         async def watch() -> None:
             """The batch's status seen within STATUS_POLL_S (a cancel on another front), leases renewed."""
@@ -237,26 +269,27 @@ class BatchService:
                         if row is not None and row["status"] == "cancelling":
                             self._cancel.add(batch_id)
                     if time.monotonic() >= renew_at:
+                        renew_at = time.monotonic() + lease_s / 3  # a refused renewal is tried at the next turn
                         await asyncio.to_thread(store.renew, self.owner, lease_s)
-                        renew_at = time.monotonic() + lease_s / 3
-                except Unavailable as e:
-                    log.warning("batch %s: cannot renew leases or see its status: %s", batch_id, e)
+                except (Unavailable, WriteFailed) as e:
+                    if self.fault.reason is None:  # a pause says it once
+                        log.warning("batch %s: cannot renew leases or see its status: %s", batch_id, e)
 
         assert self.decide is not None, "BatchService.attach was not called"
         watcher = asyncio.create_task(watch())
         try:
-            await run_lines(claimed(), self.decide(batch["owner"]), record, stop, self.settings.window)
+            await run_lines(claimed(), self.decide(batch["owner"]), record, stop, self.settings.window, hold)
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            with contextlib.suppress(Unavailable):
+            with contextlib.suppress(Unavailable, WriteFailed):
                 for chunk in list(pending):  # lines not recorded (stopped, overloaded): claimable again at once
                     await asyncio.to_thread(store.settle, batch_id, chunk, self.owner)
 
     def _read_lines(self, batch: dict) -> InputFile | None:
         """The input file, open and indexed, or None after failing the batch (its input file is gone or
-        unreadable)."""
+        unreadable), which keeps what it recorded (an output and an error file, as a batch that ends otherwise)."""
         path = self.store.file_path(batch["input_file_id"])
         try:
             return InputFile(path, self.settings.max_line_bytes)
@@ -266,7 +299,7 @@ class BatchService:
                 "object": "list",
                 "data": [{"code": "invalid_input_file", "message": message, "param": "input_file_id", "line": None}],
             }
-            self.store.set_status(batch["id"], "failed", ("validating", "in_progress"), errors=json.dumps(errors))
+            self.store.finalize(batch["id"], "failed", self.settings.output_retention_s, json.dumps(errors))
             return None
 
     def _drop_inputs(self, keep: set[str]) -> None:
@@ -275,7 +308,9 @@ class BatchService:
             self._inputs.pop(batch_id).close()
 
     async def _finalize(self, batch_id: str, status: str) -> None:
-        await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
+        moved = await asyncio.to_thread(self.store.finalize, batch_id, status, self.settings.output_retention_s)
+        if moved and self.fault.reason is not None:  # its files and its row were written: the store writes again
+            self.fault.healed()
 
 
 def input_file_problem(file_id: str, e: OSError) -> str:

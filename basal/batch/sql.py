@@ -17,7 +17,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from basal.batch.store import ACTIVE, TERMINAL, Conflict, TooMany, new_id, write_bytes_atomic
+from basal.batch.store import (
+    ACTIVE,
+    TERMINAL,
+    Conflict,
+    TooMany,
+    WriteFailed,
+    disk_problem,
+    new_id,
+    write_bytes_atomic,
+)
 
 BATCH_FIELDS = (
     "created_at",
@@ -99,8 +108,11 @@ class SqlStore(ABC):
     ) -> dict:
         """Move a fully written (and synced) upload into place and record it as `owner`'s."""
         file_id, now = new_id("file-"), self.now()
-        size = tmp.stat().st_size
-        os.replace(tmp, self.file_path(file_id))
+        try:
+            size = tmp.stat().st_size
+            os.replace(tmp, self.file_path(file_id))
+        except OSError as e:
+            raise WriteFailed(disk_problem(e)) from e
         expires = None if expires_after is None else now + expires_after
         self._tx(
             lambda db: db.execute(
@@ -124,7 +136,10 @@ class SqlStore(ABC):
 
     def delete_file(self, file_id: str) -> bool:
         deleted = self._tx(lambda db: db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount)
-        self.file_path(file_id).unlink(missing_ok=True)
+        try:
+            self.file_path(file_id).unlink(missing_ok=True)
+        except OSError as e:  # its row is gone: the start-up sweep removes the file once the disk lets it
+            raise WriteFailed(disk_problem(e)) from e
         return bool(deleted)
 
     def _row(self, table: str, row_id: str, owner: str | None) -> dict | None:
@@ -399,10 +414,11 @@ class SqlStore(ABC):
         rows = self._query("SELECT record FROM results WHERE batch_id = ? AND ok = ? ORDER BY line", (batch_id, ok))
         return (bytes(r["record"]) for r in rows)
 
-    def finalize(self, batch_id: str, status: str, default_expires_s: int | None) -> bool:
+    def finalize(self, batch_id: str, status: str, default_expires_s: int | None, errors: str | None = None) -> bool:
         """Write the output and error files from the recorded lines (atomically) and, in the same transaction
         that holds the batch (no record can be added meanwhile), add them and move the batch to its terminal
-        `status`. A kind with no line gets no file. -> whether it moved."""
+        `status` (a `failed` one with its `errors`: it keeps what it recorded). A kind with no line gets no
+        file. -> whether it moved."""
         made: dict[str, tuple[str, int, int]] = {}
 
         def commit(db: Any) -> bool:
@@ -426,6 +442,8 @@ class SqlStore(ABC):
                 f"UPDATE batches SET status = ?, {status}_at = ?, output_file_id = ?, error_file_id = ? WHERE id = ?",
                 (status, now, *(made.get(k, (None,))[0] for k in ("output_file_id", "error_file_id")), batch_id),
             )
+            if errors is not None:
+                db.execute("UPDATE batches SET errors = ? WHERE id = ?", (errors, batch_id))
             for kind, (file_id, size, lines) in made.items():
                 name = f"{batch_id}_{'output' if kind == 'output_file_id' else 'error'}.jsonl"
                 expires = None if expires_s is None else now + expires_s

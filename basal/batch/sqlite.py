@@ -13,14 +13,16 @@ The schema's version is SQLite's `user_version`; a store written by an older bas
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from basal.batch.sql import SqlStore
+from basal.batch.store import WriteFailed, disk_problem
 
 MIGRATIONS = (
     """
@@ -125,22 +127,45 @@ class SqliteStore(SqlStore):
             self._db.close()
 
     def _tx(self, fn: Callable[[Any], Any], durable: bool = True) -> Any:
-        with self._lock:
+        with self._lock, _disk_errors():
             if not durable:  # WAL without a sync at this commit; the next durable commit syncs it too
                 self._db.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     out = fn(self._db)
+                    self._db.execute("COMMIT")  # a full disk may refuse the commit itself (the WAL grows here)
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:  # SQLite rolls some failures back itself
+                        self._db.execute("ROLLBACK")
                     raise
-                self._db.execute("COMMIT")
                 return out
             finally:
                 if not durable:
                     self._db.execute("PRAGMA synchronous=FULL")
 
     def _query(self, sql: str, args: tuple = ()) -> list[Any]:
-        with self._lock:
+        with self._lock, _disk_errors():
             return self._db.execute(sql, args).fetchall()
+
+
+REFUSALS = {  # SQLite's primary result codes for a disk that refuses, in words that name no path
+    sqlite3.SQLITE_FULL: "no space left on the store's disk",
+    sqlite3.SQLITE_READONLY: "the store's database is read-only",
+    sqlite3.SQLITE_IOERR: "the store's disk reports an I/O error",
+    sqlite3.SQLITE_CANTOPEN: "the store's database files cannot be opened",
+}
+
+
+@contextlib.contextmanager
+def _disk_errors() -> Iterator[None]:
+    """A full or read-only disk as WriteFailed (the runner pauses, the API answers 507); other errors unchanged."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        reason = REFUSALS.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
+        if reason is None:
+            raise
+        raise WriteFailed(reason) from e
+    except OSError as e:
+        raise WriteFailed(disk_problem(e)) from e

@@ -15,6 +15,7 @@ out (its server was killed) is claimed again by any server: its lines already re
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -40,6 +41,31 @@ class StoreError(ValueError):
 
 class Unavailable(Exception):
     """The database cannot be reached now (HTTP 503; the runner tries again at its next look)."""
+
+
+class WriteFailed(Exception):
+    """The store cannot write now: its disk is full or read-only, or its database refuses writes (HTTP 507; the
+    runner pauses and tries again). The message is `reason`: words for the API's users, never a server path."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# what an OSError of the store's disk means, in words that name no path (an OSError's str() names the file)
+DISK_WORDS = {
+    errno.ENOSPC: "no space left on the store's disk",
+    errno.EDQUOT: "the store's disk quota is exceeded",
+    errno.EROFS: "the store's disk is read-only",
+    errno.EACCES: "the store's files are not writable",
+    errno.EPERM: "the store's files are not writable",
+    errno.EIO: "the store's disk reports an I/O error",
+}
+
+
+def disk_problem(e: OSError) -> str:
+    """Why the store's disk refused, without the path an OSError carries."""
+    return DISK_WORDS.get(e.errno or 0) or f"the store's disk refused ({e.strerror or type(e).__name__})"
 
 
 class Store(Protocol):
@@ -98,7 +124,9 @@ class Store(Protocol):
         self, batch_id: str, records: list[tuple[int, bool, bytes]], done_chunks: tuple[int, ...] = ()
     ) -> int: ...
     def records(self, batch_id: str, ok: bool) -> Iterator[bytes]: ...
-    def finalize(self, batch_id: str, status: str, default_expires_s: int | None) -> bool: ...
+    def finalize(
+        self, batch_id: str, status: str, default_expires_s: int | None, errors: str | None = None
+    ) -> bool: ...
 
     # retention
     def sweep(self, batch_retention_s: int | None) -> tuple[int, int]: ...

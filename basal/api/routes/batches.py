@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -44,8 +45,10 @@ from basal.api.wire.batch_types import (
 from basal.api.wire.openapi import documented, json_schema
 from basal.batch.lines import UploadCheck, UploadRefused
 from basal.batch.service import WINDOW_S, BatchService, BatchSettings
-from basal.batch.store import Conflict, TooMany
+from basal.batch.store import ACTIVE, Conflict, TooMany, WriteFailed, disk_problem
 from basal.core.errors import Overloaded, RequestError
+
+log = logging.getLogger(__name__)
 
 MAX_LIST = 100  # one page of a list, at most (OpenAI's batch list limit)
 DEFAULT_LIST = 20
@@ -296,7 +299,7 @@ async def create_batch(request: Request) -> Response:
             429, "too_many_batches", f"{limits.max_active} batches are in progress; retry when one ends"
         ) from None
     service.wake()
-    return _ok(batch_object(row))
+    return _ok(batch_object(_live(service, row)))
 
 
 async def list_batches(request: Request) -> Response:
@@ -304,14 +307,37 @@ async def list_batches(request: Request) -> Response:
     store = _service(request).store
     after, limit = _list_args(request, lambda batch_id: store.get_batch(batch_id, sees))
     rows, more = store.list_batches(after, limit, sees)
-    return _ok(_page(BatchList, [batch_object(r) for r in rows], more))
+    return _ok(_page(BatchList, [batch_object(_live(_service(request), r)) for r in rows], more))
 
 
 def _batch(service: BatchService, batch_id: str, sees: str | None) -> dict:
     row = service.store.get_batch(batch_id, sees)
     if row is None:
         raise batch_refusal(404, "batch_not_found", f"no batch {batch_id!r}", "batch_id")
+    return _live(service, row)
+
+
+def _live(service: BatchService, row: dict) -> dict:
+    """A batch as the API shows it: one whose work waits for the store to write says so in its `errors`."""
+    if row["status"] in ACTIVE and service.fault.reason is not None:
+        return {**row, "errors": service.fault.batch_errors(row["errors"])}
     return row
+
+
+def store_refused(request: Request, exc: OSError | WriteFailed) -> Response:
+    """The store's disk refused (full, read-only) or its database refuses writes: 507, in words that name no path
+    (the operator's log has the error itself). Batch work pauses on the same condition (docs/batches.md). A
+    connection error is the client's, not the store's: it has gone (499, as `ClientGone`)."""
+    if isinstance(exc, ConnectionError):
+        return Response(b"", status_code=499)
+    reason = exc.reason if isinstance(exc, WriteFailed) else disk_problem(exc)
+    log.warning("%s %s: the batch store refused: %s (%s)", request.method, request.url.path, reason, exc)
+    _service(request).fault.failed(exc if isinstance(exc, WriteFailed) else WriteFailed(reason))
+    message = f"the batch store cannot write now ({reason}): retry later; the server's log says more"
+    return Response(batch_refusal(507, "store_unwritable", message).body, status_code=507)
+
+
+STORE_REFUSALS = {OSError: store_refused, WriteFailed: store_refused}  # on every Files and Batches route
 
 
 async def get_batch(request: Request) -> Response:
@@ -347,7 +373,8 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
     def responses(ok: str, tp: Any, *errors: tuple[str, str]) -> dict[str, Any]:
         out = {"200": {"description": ok, "content": {"application/json": {"schema": json_schema(tp)}}}}
         error = {"application/json": {"schema": json_schema(ApiError)}}
-        for code, what in (*errors, *((("401", "wrong API key"), ("403", "no API key")) if keys else ())):
+        refused = ("507", "the store cannot write now (its disk is full or read-only); retry")
+        for code, what in (*errors, refused, *((("401", "wrong API key"), ("403", "no API key")) if keys else ())):
             out[code] = {"description": what, "content": error}
         return out
 
@@ -375,6 +402,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Upload a batch input file (JSONL)",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
             request_max_body_size=None,  # the upload limit is checked while the stream is read
         )(upload),
@@ -385,18 +413,21 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="List files",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(list_files),
         get(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("the file", FileObject, no_file), secured=keys),
             summary="Retrieve a file",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(get_file),
         delete(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("deleted", DeletedFile, no_file), secured=keys),
             summary="Delete a file",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(delete_file),
         get(
@@ -404,6 +435,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             operation_class=documented(content_responses, secured=keys),
             summary="Download a file's content",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(file_content),
         post(
             "/v1/batches",
@@ -421,6 +453,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Create a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(create_batch),
         get(
@@ -430,12 +463,14 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="List batches",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(list_batches),
         get(
             "/v1/batches/{batch_id:str}",
             operation_class=documented(responses("the batch", BatchObject, no_batch), secured=keys),
             summary="Retrieve a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
         )(get_batch),
         post(
             "/v1/batches/{batch_id:str}/cancel",
@@ -444,6 +479,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
             ),
             summary="Cancel a batch",
             tags=["batches"],
+            exception_handlers=STORE_REFUSALS,
             status_code=200,
         )(cancel_batch),
     ]

@@ -22,6 +22,7 @@ from basal.api.wire.schema_types import HealthResponse
 from basal.core.engine.front import EnginesFront
 
 Readiness = Literal["ok", "loading", "not ready", "overloaded", "draining", "shutting down"]
+Ready = Literal[Readiness, "degraded"]  # degraded: decisions are served (200), a part beside them is not working
 
 
 class LiveResponse(msgspec.Struct):
@@ -29,11 +30,12 @@ class LiveResponse(msgspec.Struct):
 
 
 class ReadyResponse(msgspec.Struct):
-    status: Readiness
+    status: Ready
     models: dict[str, str]  # each served model: "loaded", or its load step ("waiting", "loading weights", ...)
     inflight: int
     max_inflight: int
     startup: dict[str, dict[str, float]]  # each loaded model's start-up steps, in seconds (this process's own)
+    degraded: dict[str, str] | None = None  # only when degraded: what beside the decisions does not work, and why
 
 
 def readiness(engines: EnginesFront) -> Readiness:
@@ -60,7 +62,7 @@ def _ready_or_not(tp: type, ready: str, not_ready: str) -> dict:
 
 
 def _answer(body: dict, status: str) -> Response:
-    ok = status == "ok"
+    ok = status in ("ok", "degraded")
     return Response(body, status_code=200 if ok else 503, headers=None if ok else OVERLOADED_HEADERS)
 
 
@@ -75,8 +77,14 @@ async def live() -> Response:
 
 
 async def ready(request: Request) -> Response:
-    engines = api_context(request).engines
-    status = readiness(engines)
+    context = api_context(request)
+    engines = context.engines
+    status: str = readiness(engines)
+    degraded = {}
+    if context.batches is not None and context.batches.fault.reason is not None:
+        degraded["batches"] = f"batch work is paused: {context.batches.fault.reason}"
+    if degraded and status == "ok":
+        status = "degraded"
     loading = dict(engines.progress)
     models = {name: loading.get(name, "loaded") for name in engines.names}
     body = {
@@ -86,6 +94,8 @@ async def ready(request: Request) -> Response:
         "max_inflight": engines.max_inflight,
         "startup": engines.startup,
     }
+    if degraded:
+        body["degraded"] = degraded
     return _answer(body, status)
 
 
@@ -119,7 +129,8 @@ def health_routes() -> list[HTTPRouteHandler]:
             operation_class=documented(
                 _ready_or_not(
                     ReadyResponse,
-                    "every model is loaded and a decision request would be served",
+                    "every model is loaded and a decision request would be served (`degraded`: a part beside"
+                    " the decisions, such as batch work, is not working, and why)",
                     "loading (each model's step), overloaded, a model cannot answer, draining",
                 )
             ),

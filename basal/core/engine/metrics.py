@@ -216,6 +216,16 @@ class Metrics:
             r, "basal_drift_set_changed", "answers of the pinned set that differ from its reference run", ("set",)
         )
         self.drift_set_runs = Counter(r, "basal_drift_set_runs_total", "runs of the pinned set", ("set",))
+        # the Batch API's store (docs/batches.md "A full or read-only store"); series only where batches are on
+        self.batches_store_writable = Gauge(
+            r, "basal_batches_store_writable", "1: the batch store writes; 0: it refuses (paused)", ("store",)
+        )
+        self.batches_store_write_failures = Counter(
+            r, "basal_batches_store_write_failures_total", "writes the batch store refused", ("store",)
+        )
+        self.batches_paused = Gauge(
+            r, "basal_batches_paused", "1 while a batch's finished lines wait for the store to write", ("store",)
+        )
         self.max_inflight.set(value=max_inflight)
         for endpoint in ("/v1/systemone", "/v1/basal"):
             self.http_inflight.inc(endpoint, by=0)
