@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = ROOT / "examples" / "request.json"
 TARGETS = {"decide": 0.5, "serve": 1.5}  # seconds over `import torch`
 RUN_BATCH_LIMIT = 1.0  # seconds, absolute
