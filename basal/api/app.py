@@ -29,6 +29,7 @@ from basal.api.routes.decisions import decision_routes
 from basal.api.routes.health import health_routes
 from basal.api.routes.metrics import metrics_routes
 from basal.api.routes.models import model_routes
+from basal.api.routes.openai_decisions import openai_decisions_routes
 from basal.api.routes.playground import playground_routes
 from basal.api.routes.shadow import shadow_routes
 from basal.api.settings import ApiSettings
@@ -73,6 +74,7 @@ def create_app(
     context = ApiContext(engines, settings, parsers(engines, settings), batches, shadow)
     routes = [*decision_routes(settings), *model_routes(settings), *health_routes(), *metrics_routes(settings)]
     routes += playground_routes() + shadow_routes(shadow)
+    routes += openai_decisions_routes(settings)
     starts, stops = [engines.start, *on_startup], [*on_shutdown]
     if batches is not None:
         batches.attach(lambda owner: body_decider(engines, settings, context.parsers["basal"], owner=owner))
