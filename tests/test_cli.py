@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from basal.cli import main
 
@@ -172,3 +173,18 @@ def test_decide_skips_the_template_prefix_cache_and_answers_the_same_bits(capsys
         assert ("template prefix" in err) == bool(flags)
     assert answers[0] == answers[1] and answers[0]["answers"]
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_decide_loads_without_cycle_collections_and_collects_again_after(capsys, monkeypatch, demo_dir):
+    """Collections over the start-up heap are what a one-request command need not pay; the request's are not."""
+    import gc
+
+    import basal.backends.load
+
+    during: list[bool] = []
+    load = basal.backends.load.load_backend
+    monkeypatch.setattr(basal.backends.load, "load_backend", lambda *a: during.append(gc.isenabled()) or load(*a))
+    example = str(Path(__file__).parent.parent / "examples" / "request.json")
+    assert main(["decide", "--model", str(demo_dir), example]) == 0
+    assert during == [False] and gc.isenabled()
+    assert main(["decide", "--model", str(demo_dir / "missing"), example]) == 2 and gc.isenabled()  # a failed load
