@@ -168,3 +168,11 @@ def test_the_route_is_in_the_openapi_document(client):
         "input",
         "questions",
     }
+
+
+def test_the_documented_example_is_answered(client):
+    example = client.get("/schema/openapi.json").json()["paths"]["/v1/decisions"]["post"]["requestBody"]
+    body = example["content"]["application/json"]["examples"]["decisions-md"]["value"]
+    reply = client.post("/v1/decisions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert [a["name"] for a in reply.json()["answers"]] == ["damaged", "department", None]

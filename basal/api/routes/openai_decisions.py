@@ -208,6 +208,29 @@ async def decisions(request: Request) -> Response[DecisionsResponse]:
     return Response(msgspec.json.encode(content), status_code=status, media_type="application/json", headers=headers)
 
 
+EXAMPLES = {
+    "decisions-md": {
+        "summary": "vLLM's decisions.md example (model: any served name, or jev-latest for the default)",
+        "value": {
+            "model": "jev-latest",
+            "input": "The package arrived with a broken screen.",
+            "questions": [
+                {"type": "predicate", "name": "damaged", "instructions": "Does the customer report a damaged item?"},
+                {
+                    "type": "choice",
+                    "name": "department",
+                    "instructions": "Which department should handle this complaint?",
+                    "choices": [{"value": "returns"}, {"value": "billing"}],
+                },
+                {
+                    "type": "score",
+                    "instructions": "How severe is the damage?",
+                    "levels": [{"label": "cosmetic"}, {"label": "broken"}],
+                },
+            ],
+        },
+    }
+}
 ERROR_STATUSES = {
     "400": "the body does not validate, or asks what basal cannot (its limits, an option it cannot ask)",
     "404": "no served model has that name",
@@ -230,7 +253,10 @@ def openai_decisions_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
         post(
             ENDPOINT,
             operation_class=documented(
-                dict(sorted(responses.items())), json_content(DecisionsRequest)["application/json"]["schema"], keys
+                dict(sorted(responses.items())),
+                json_content(DecisionsRequest)["application/json"]["schema"],
+                keys,
+                EXAMPLES,
             ),
             status_code=200,
             summary="OpenAI's Decisions API, as vLLM serves it",
