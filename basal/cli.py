@@ -245,6 +245,16 @@ def _serve(a: argparse.Namespace) -> int:
     from basal.backends.cuda.cpu.threads import prepare_server_environment
 
     prepare_server_environment()  # before torch loads: OpenMP workers sleep between ops (threads.py)
+    import gc
+
+    gc.disable()  # no collection walks the start-up heap while it grows; freeze_startup_heap turns them on again
+    try:
+        return _serve_configured(a)
+    finally:
+        gc.enable()  # also after a start that stopped early (a busy port, a bad setting)
+
+
+def _serve_configured(a: argparse.Namespace) -> int:
     from basal.serve.flags import serve_config
     from basal.serve.server import serve
 
