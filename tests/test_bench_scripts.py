@@ -254,3 +254,20 @@ def test_llama_cpp_gguf_has_llamas_names_and_rope_layout(demo_dir, tmp_path):
     assert np.array_equal(stored, _permute(q, heads).astype(np.float16).astype(np.float32))
     back = stored.reshape(heads, q.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(q.shape)
     assert np.array_equal(back, q.astype(np.float16).astype(np.float32))
+
+
+def test_start_times_finds_the_request_and_judges_each_target():
+    """The bench reads the repository's example request (a wrong root once made it fail at its first line) and
+    judges each command against its own target."""
+    from bench.lab import start_times
+
+    assert start_times.REQUEST.is_file()
+    result = {
+        "over_import_torch_s": {"decide": 0.49, "serve (ready)": 1.6, "run-batch (nothing left)": -1.0},
+        "median_s": {"run-batch (nothing left)": 0.9},
+    }
+    assert [(name, ok) for name, ok, _ in start_times.verdicts(result)] == [
+        ("decide", True),
+        ("serve", False),
+        ("run-batch", True),
+    ]

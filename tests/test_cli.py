@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from basal.cli import main
 
@@ -145,3 +146,45 @@ def test_the_demo_models_served_name_is_documented():
 
     page = (Path(__file__).parent.parent / "docs" / "operations.md").read_text(encoding="utf-8")
     assert f"served as **`{demo_model().name}`**" in page
+
+
+def test_decide_skips_the_template_prefix_cache_and_answers_the_same_bits(capsys, monkeypatch, demo_dir):
+    """One request gains nothing from caching the template prefixes (its prompts share them in the tree), so
+    `decide` computes none unless asked; the answers are the same bits either way. OpenMP workers sleep between
+    ops (nothing is left to run after the one request)."""
+    import os
+    from pathlib import Path
+
+    from basal.backends.cuda.backend import TorchBackend
+
+    computed: list[str] = []
+    prefix = TorchBackend.prefix
+    monkeypatch.setattr(
+        TorchBackend, "prefix", lambda self, lang, ids: computed.append(lang) or prefix(self, lang, ids)
+    )
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    example = str(Path(__file__).parent.parent / "examples" / "request.json")
+    answers = []
+    for flags in ([], ["--prefix-cache"]):
+        assert main(["decide", "--model", str(demo_dir), "--timing", *flags, example]) == 0
+        out, err = capsys.readouterr()
+        answers.append({k: v for k, v in json.loads(out).items() if k != "usage"})
+        assert sorted(computed) == (["en", "pl"] if flags else []), computed
+        assert ("template prefix" in err) == bool(flags)
+    assert answers[0] == answers[1] and answers[0]["answers"]
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_decide_loads_without_cycle_collections_and_collects_again_after(capsys, monkeypatch, demo_dir):
+    """Collections over the start-up heap are what a one-request command need not pay; the request's are not."""
+    import gc
+
+    import basal.backends.load
+
+    during: list[bool] = []
+    load = basal.backends.load.load_backend
+    monkeypatch.setattr(basal.backends.load, "load_backend", lambda *a: during.append(gc.isenabled()) or load(*a))
+    example = str(Path(__file__).parent.parent / "examples" / "request.json")
+    assert main(["decide", "--model", str(demo_dir), example]) == 0
+    assert during == [False] and gc.isenabled()
+    assert main(["decide", "--model", str(demo_dir / "missing"), example]) == 2 and gc.isenabled()  # a failed load

@@ -102,3 +102,17 @@ def test_the_loaded_server_freezes_its_start_up_heap_before_it_serves(monkeypatc
     finally:
         gc.unfreeze()
     assert frozen_when_run and frozen_when_run[0] > 10_000
+
+
+def test_serve_starts_without_cycle_collections_and_leaves_them_on(monkeypatch):
+    """The start-up heap grows without collections walking it (freeze_startup_heap turns them on after the load);
+    a start that ends early leaves them on too."""
+    import gc
+
+    seen: list[bool] = []
+    monkeypatch.setattr(basal.serve.server, "serve", lambda config: seen.append(gc.isenabled()))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--addr", f"127.0.0.1:{port}"]) == 0
+    assert seen == [False] and gc.isenabled()

@@ -17,6 +17,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
+from litestar.plugins import PluginProtocol
 
 from basal import __version__
 from basal.api.context import ApiContext, api_context
@@ -28,6 +29,7 @@ from basal.api.routes.decisions import decision_routes
 from basal.api.routes.health import health_routes
 from basal.api.routes.metrics import metrics_routes
 from basal.api.routes.models import model_routes
+from basal.api.routes.openai_decisions import openai_decisions_routes
 from basal.api.routes.playground import playground_routes
 from basal.api.routes.shadow import shadow_routes
 from basal.api.settings import ApiSettings
@@ -46,6 +48,18 @@ log = logging.getLogger(__name__)
 MESSAGE_WORDS = 200  # characters of a Batch refusal's own words, beside what it quotes (`limits.max_echo_chars`)
 
 
+class MsgspecLitestar(Litestar):
+    """Litestar with the plugins basal's types need: its msgspec one (every wire type is a msgspec Struct). Litestar
+    adds its pydantic and attrs plugins whenever those packages are installed (any development environment), and
+    importing them cost about 70 ms of CPU at every start (`bench/lab/start_times.py`)."""
+
+    @staticmethod
+    def _get_default_plugins(plugins: list[PluginProtocol]) -> list[PluginProtocol]:
+        from litestar.plugins.core import MsgspecDIPlugin
+
+        return [*plugins, MsgspecDIPlugin()]
+
+
 def create_app(
     engines: EnginesFront,
     settings: ApiSettings | None = None,
@@ -60,6 +74,7 @@ def create_app(
     context = ApiContext(engines, settings, parsers(engines, settings), batches, shadow)
     routes = [*decision_routes(settings), *model_routes(settings), *health_routes(), *metrics_routes(settings)]
     routes += playground_routes() + shadow_routes(shadow)
+    routes += openai_decisions_routes(settings)
     starts, stops = [engines.start, *on_startup], [*on_shutdown]
     if batches is not None:
         batches.attach(
@@ -73,7 +88,7 @@ def create_app(
         """Finish what is queued, then stop the lanes (uvicorn has already stopped accepting connections)."""
         await anyio.to_thread.run_sync(lambda: engines.close(drain=True))
 
-    app = Litestar(
+    app = MsgspecLitestar(
         route_handlers=routes,
         state=State({"api": context}),
         exception_handlers={

@@ -8,6 +8,7 @@ edge; nothing deeper reads the environment or a raw dict."""
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import logging
 import os
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
-import yaml
 from msgspec import Meta
 
 from basal.core.engine.gate import DEFAULT_LONG_SHARE
@@ -303,38 +303,46 @@ def _check_unique_names(models: list[ModelConfig]) -> None:
         seen[key] = i
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML as the configuration reads it: a key given twice is an error naming it and both lines (PyYAML keeps
-    the last silently), and a date stays the text it was written as (`release_date: 2026-13-01` is then reported
-    by the key's own rule, not as PyYAML's "month must be in 1..12")."""
+@functools.cache
+def _loader() -> type:
+    """The YAML loader class, built at the first file read: PyYAML is imported only where a file is read (a start
+    without one, `basal decide`, does not pay for it)."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise ConfigError(
-                    f"line {line}: the key `{key}` is given twice in one section (also on line {seen[key]}); "
-                    "YAML would keep only the last: remove one"
-                )
-            if isinstance(key, str | int | float | bool):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
+    class Loader(yaml.SafeLoader):
+        """YAML as the configuration reads it: a key given twice is an error naming it and both lines (PyYAML keeps
+        the last silently), and a date stays the text it was written as (`release_date: 2026-13-01` is then
+        reported by the key's own rule, not as PyYAML's "month must be in 1..12")."""
 
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, str | int | float | bool) and key in seen:
+                    raise ConfigError(
+                        f"line {line}: the key `{key}` is given twice in one section (also on line {seen[key]}); "
+                        "YAML would keep only the last: remove one"
+                    )
+                if isinstance(key, str | int | float | bool):
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
 
-_Loader.yaml_implicit_resolvers = {
-    first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
+    Loader.yaml_implicit_resolvers = {
+        first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return Loader
 
 
 def read_config_file(path: str | Path) -> dict:
     """The YAML file as a dict (not validated yet: flags may still be laid over it)."""
+    import yaml
+
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader) or {}  # a SafeLoader
+        data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_loader()) or {}  # a SafeLoader
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e})") from e
     except ConfigError as e:

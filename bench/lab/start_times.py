@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REQUEST = ROOT / "examples" / "request.json"
 TARGETS = {"decide": 0.5, "serve": 1.5}  # seconds over `import torch`
 RUN_BATCH_LIMIT = 1.0  # seconds, absolute
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         line = f"  {name:<26} {m:6.2f} s" + (f"   ({over:+.2f} s over import torch)" if over is not None else "")
         if name in result["cpu_median_s"]:
             line += f"   CPU {result['cpu_median_s'][name]:.2f} s"
+            if name in result["cpu_over_import_torch_s"]:
+                line += f" ({result['cpu_over_import_torch_s'][name]:+.2f} s)"
         print(line)
     print(f"  serve's start-up steps: {result['serve_startup_steps_s']}")
     for name, ok, detail in verdicts(result):

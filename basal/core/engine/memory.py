@@ -45,7 +45,8 @@ def release_free_memory() -> bool:
 
 def freeze_startup_heap() -> int:
     """Collect once, then leave every object alive now out of future collections (call when the server is loaded,
-    before it serves). -> the number of objects frozen."""
+    before it serves), and turn collections on (a start may load with them off). -> the number of objects frozen."""
     gc.collect()
     gc.freeze()
+    gc.enable()
     return gc.get_freeze_count()

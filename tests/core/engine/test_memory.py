@@ -52,3 +52,17 @@ def test_freed_heap_is_returned():
 def test_negative_control_without_the_trim_the_heap_stays_held():
     held, after, _, _ = run_probe("keep")
     assert held > 150 and held - after < 20, (held, after)
+
+
+def test_freezing_the_start_up_heap_turns_collections_on():
+    """`basal serve` loads with collections off; the freeze after the load is where they come back."""
+    import gc
+
+    from basal.core.engine.memory import freeze_startup_heap
+
+    gc.disable()
+    try:
+        assert freeze_startup_heap() > 0 and gc.isenabled()
+    finally:
+        gc.unfreeze()  # this test process goes on collecting everything
+        gc.enable()
