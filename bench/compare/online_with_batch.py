@@ -2,6 +2,7 @@
 
     python -m bench.compare.online_with_batch              # demo model, 200 requests each way, 20,000-line batch
     python -m bench.compare.online_with_batch --requests 100 --rounds 2 --lines 10000
+    python -m bench.compare.online_with_batch --before DIR --rounds 4    # and a server of another checkout
 
 A `basal serve` child (loopback, the demo model unless `--model`, its own batch store) answers one client that sends
 one-question requests on distinct ~`--state-tokens`-token states (so the answer cache never answers), one after
@@ -14,7 +15,8 @@ ran are printed too (what the batch gets beside it).
 Per request the server's own split is read from its headers: `x-basal-queue-ms` (waiting for the device),
 `x-basal-compute-ms` (its pass, pauses included); the rest of the client's time (HTTP, the event loop, admission,
 the answer's way back) is "outside". Prints p50 / p99 / max of each, and the ratios batch / alone. Numbers are
-ratios within one run; the machine's load is printed with them.
+ratios within one run; the machine's load is printed with them. `--before DIR` also starts a server from another
+checkout (its PYTHONPATH); each round then measures both, in alternating order, with the same requests and batch.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ from tests.servers import free_port
 PER_STATE = 10  # questions per state in the batch, one line each (a ticket-scoring job)
 
 
-def start(model: str, home: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start(model: str, home: Path, extra: list[str], pythonpath: str | None) -> tuple[subprocess.Popen, str]:
+    """A `basal serve` child on a free loopback port with its own BASAL_HOME (its batch store); `pythonpath`: the
+    checkout it runs (None: this one)."""
     port = free_port()
     env = {**os.environ, "BASAL_HOME": str(home)}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     cmd = [sys.executable, "-m", "basal", "serve", "--model", model, "--addr", f"127.0.0.1:{port}", *extra]
+    home.mkdir(parents=True, exist_ok=True)
     log = open(home / "serve.log", "ab")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     return proc, healthy(proc, f"http://127.0.0.1:{port}", 180)
@@ -105,6 +112,22 @@ def stats(times: list[tuple[float, float, float]]) -> dict:
     }
 
 
+def table(rows: dict) -> None:
+    print(
+        "| server | part | alone p50 | alone p99 | alone max | batch p50 | batch p99 | batch max | p50 ratio | p99 ratio |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, row in rows.items():
+        for part in ("total", "queue", "compute", "outside"):
+            x, y = row["alone"][part], row["batch"][part]
+            ratio = [f"{y[k] / x[k]:.2f}×" if x[k] > 0.01 else "—" for k in ("p50", "p99")]
+            print(f"| {name} | {part} ms | {x['p50']:.1f} | {x['p99']:.1f} | {x['max']:.1f} | {y['p50']:.1f} | "
+                  f"{y['p99']:.1f} | {y['max']:.1f} | {ratio[0]} | {ratio[1]} |")  # fmt: skip
+    for name, row in rows.items():
+        for b in row["batch_at_end"]:
+            print(f"{name}: the batch when the last online request ended: {b}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="demo", help="model directory, or demo (default)")
@@ -113,57 +136,57 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lines", type=int, default=20000, help="lines of the batch (default 20000)")
     ap.add_argument("--state-tokens", type=int, default=64, help="tokens of each state, online and batch (64)")
     ap.add_argument("--serve-arg", action="append", default=[], help="one more `basal serve` argument (repeat)")
+    ap.add_argument("--before", metavar="DIR", help="also a server from this checkout (PYTHONPATH), rounds alternating")
     ap.add_argument("--out", default="bench/results/online_with_batch.json")
     a = ap.parse_args(argv)
 
+    checkouts = {"this": None, **({"before": a.before} if a.before else {})}
     with tempfile.TemporaryDirectory(prefix="basal-online-batch-") as tmp:
-        home = Path(tmp)
         model = demo_model() if a.model == "demo" else ModelDir.load(Path(a.model))
-        proc, url = start(a.model, home, a.serve_arg)
-        alone: list = []
-        busy: list = []
-        batches = []
+        n = a.requests
+
+        def bodies(seed: int) -> list[dict]:
+            return [{"state": state_of_tokens(model.tokenizer, a.state_tokens, "en", seed + i),
+                     "questions": questions(1, "en", seed + i)} for i in range(n)]  # fmt: skip
+
+        servers = {name: start(a.model, Path(tmp) / name, a.serve_arg, path) for name, path in checkouts.items()}
+        runs = {name: {"alone": [], "batch": [], "batches": []} for name in servers}
         try:
-            with httpx.Client(base_url=url, timeout=600) as client:
-                n = a.requests
-
-                def bodies(seed: int) -> list[dict]:
-                    return [{"state": state_of_tokens(model.tokenizer, a.state_tokens, "en", seed + i),
-                             "questions": questions(1, "en", seed + i)} for i in range(n)]  # fmt: skip
-
+            clients = {name: httpx.Client(base_url=url, timeout=600) for name, (_, url) in servers.items()}
+            for client in clients.values():
                 online(client, bodies(10**6)[:20])  # warm-up
-                for r in range(a.rounds):
-                    alone += online(client, bodies(2 * 10**6 + 2 * r * n))
+            for r in range(a.rounds):
+                order = list(clients) if r % 2 == 0 else list(reversed(clients))
+                for name in order:  # the same requests and batch for each server
+                    client, run = clients[name], runs[name]
+                    run["alone"] += online(client, bodies(2 * 10**6 + 2 * r * n))
                     data = batch_file(model, a.lines, a.state_tokens, 3 * 10**6 + r * a.lines)
                     times, at_end = with_batch(client, data, bodies(2 * 10**6 + (2 * r + 1) * n))
-                    busy += times
-                    batches.append(at_end)
+                    run["batch"] += times
+                    run["batches"].append(at_end)
+            for client in clients.values():
+                client.close()
         finally:
-            proc.terminate()
-            proc.wait(60)
-    result = {
-        "machine": report.machine(),
-        "load": os.getloadavg(),
-        "args": vars(a),
-        "alone": stats(alone),
-        "batch": stats(busy),
-        "batch_at_end": [
-            {"status": b["status"], **b["request_counts"], "lines_per_s_beside_online": b["lines_per_s"]}
-            for b in batches
-        ],
+            for proc, _ in servers.values():
+                proc.terminate()
+            for proc, _ in servers.values():
+                proc.wait(60)
+    rows = {
+        name: {
+            "alone": stats(run["alone"]),
+            "batch": stats(run["batch"]),
+            "batch_at_end": [
+                {"status": b["status"], **b["request_counts"], "lines_per_s_beside_online": round(b["lines_per_s"], 1)}
+                for b in run["batches"]
+            ],
+        }
+        for name, run in runs.items()
     }
+    result = {"machine": report.machine(), "load": os.getloadavg(), "args": vars(a), "rows": rows}
     report.write_json(a.out, result)
     print(f"\n{a.model}, one client, {a.requests} requests each way x {a.rounds} round(s), {a.state_tokens}-token "
           f"states; batch of {a.lines} lines; load average {result['load'][0]:.1f}\n")  # fmt: skip
-    print("| part | alone p50 | alone p99 | alone max | batch p50 | batch p99 | batch max | p50 ratio | p99 ratio |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for part in ("total", "queue", "compute", "outside"):
-        x, y = result["alone"][part], result["batch"][part]
-        ratio = [f"{y[k] / x[k]:.2f}×" if x[k] > 0.01 else "—" for k in ("p50", "p99")]
-        print(f"| {part} ms | {x['p50']:.1f} | {x['p99']:.1f} | {x['max']:.1f} | {y['p50']:.1f} | {y['p99']:.1f} | "
-              f"{y['max']:.1f} | {ratio[0]} | {ratio[1]} |")  # fmt: skip
-    for b in result["batch_at_end"]:
-        print(f"batch when the last online request ended: {b}")
+    table(rows)
     return result
 
 
