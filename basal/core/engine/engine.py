@@ -66,7 +66,7 @@ class Lane:
         self.closing = False
         self.drain = True
         self.online = False  # an urgent lane with work: told to the gate, so that background host work waits
-        self.thread = threading.Thread(target=self._loop, name=f"basal-{engine.name}-{name}", daemon=True)
+        self.thread = threading.Thread(target=self._serve, name=f"basal-{engine.name}-{name}", daemon=True)
 
     def submit(self, job: Job) -> None:
         with self.cv:
@@ -79,6 +79,8 @@ class Lane:
     def close(self, drain: bool) -> None:
         with self.cv:
             self.closing, self.drain = True, drain
+            if not self.thread.is_alive():  # never started: nothing of its will run, background work need not wait
+                self._mark_online(False)
             self.cv.notify()
 
     def _mark_online(self, busy: bool) -> None:
@@ -86,6 +88,13 @@ class Lane:
         if self.urgent and busy != self.online:
             self.online = busy
             self.engine.gate.online(busy)
+
+    def _serve(self) -> None:
+        try:
+            self._loop()
+        finally:  # however the lane ends, background work must not wait for it
+            with self.cv:
+                self._mark_online(False)
 
     def _loop(self) -> None:
         in_flight: _InFlight | None = None  # the last pass, queued on the device: its answers are still to come
@@ -114,8 +123,6 @@ class Lane:
             self._finish(in_flight)
         for job in rest:
             job.finish(EngineClosed("the server shut down before this request ran"))
-        with self.cv:
-            self._mark_online(False)
 
     def _run(self, jobs: list[Job], in_flight: _InFlight | None = None) -> _InFlight | None:
         """Pack and run a pass over `jobs`. On an asynchronous device the pass pauses once its device work is queued

@@ -244,3 +244,15 @@ def test_batch_host_work_waits_until_no_online_work_is_left_or_it_is_below_its_f
     assert released.wait(WAIT_S)  # below its floor: it goes on although the main lane still has work
     worker.join(WAIT_S)
     gate.online(False)
+
+
+def test_batch_host_work_does_not_wait_for_an_engine_that_closed_with_online_work():
+    engine = Engine(MODEL, Stepped(), Gate(), Metrics(), EngineSettings())  # never started: its online job never runs
+    engine.submit(engine.admit(Req("online", 10), lambda result: None, lambda: False))
+    released = threading.Event()
+    worker = threading.Thread(target=lambda: (engine.gate.host_turn(), released.set()))
+    worker.start()
+    until(lambda: engine.gate.host_waiting() == 1, "the batch's host work waits for the online job")
+    engine.close(drain=False, timeout=0)
+    assert released.wait(WAIT_S)
+    worker.join(WAIT_S)
