@@ -7,10 +7,10 @@
 A `basal serve` child (loopback, the demo model unless `--model`, its own batch store) answers one client that sends
 one-question requests on distinct ~`--state-tokens`-token states (so the answer cache never answers), one after
 another over one keep-alive connection. Each round measures `--requests` of them with nothing else running
-("alone"), then uploads a batch of `--lines` lines (10 questions per state, distinct states), waits until its
-first lines are recorded, measures `--requests` more while it runs ("batch"), and cancels it. The batch must
-still be running when the last online request ends (else the round says so); its lines/s while the online client
-ran are printed too (what the batch gets beside it).
+("alone"), then uploads a batch of `--lines` lines (10 questions per state, distinct states), waits until
+`--warm-lines` of them are recorded (past its start: the batch runs steadily), measures `--requests` more while it
+runs ("batch"), and cancels it. The batch must still be running when the last online request ends (else the round
+says so); its lines/s while the online client ran are printed too (what the batch gets beside it).
 
 Per request the server's own split is read from its headers: `x-basal-queue-ms` (waiting for the device),
 `x-basal-compute-ms` (its pass, pauses included); the rest of the client's time (HTTP, the event loop, admission,
@@ -81,15 +81,16 @@ def online(client: httpx.Client, bodies: list[dict]) -> list[tuple[float, float,
     return out
 
 
-def with_batch(client: httpx.Client, data: bytes, bodies: list[dict]) -> tuple[list, dict]:
-    """`bodies` online while a batch of `data` runs; -> their times and the batch when the last one ended."""
+def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int) -> tuple[list, dict]:
+    """`bodies` online while a batch of `data` runs, from its `warm`-th recorded line on (past its start, when
+    the first lines are admitted and nothing is on the device yet); -> their times and the batch at the end."""
     file = client.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}).json()
     batch = client.post("/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/basal",
                                              "completion_window": "24h"}).json()  # fmt: skip
     deadline = time.monotonic() + 120
-    while True:  # until its lines run: the engine's background lane is busy
+    while True:  # until its lines run steadily: the engine's background lane is busy
         now = client.get(f"/v1/batches/{batch['id']}").json()
-        if now["request_counts"]["completed"] > 0 or time.monotonic() > deadline:
+        if now["request_counts"]["completed"] >= warm or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     started = time.perf_counter()
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--lines", type=int, default=20000, help="lines of the batch (default 20000)")
     ap.add_argument("--state-tokens", type=int, default=64, help="tokens of each state, online and batch (64)")
+    ap.add_argument("--warm-lines", type=int, default=1000, help="lines recorded before the online client starts")
     ap.add_argument("--serve-arg", action="append", default=[], help="one more `basal serve` argument (repeat)")
     ap.add_argument("--before", metavar="DIR", help="also a server from this checkout (PYTHONPATH), rounds alternating")
     ap.add_argument("--out", default="bench/results/online_with_batch.json")
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
                     client, run = clients[name], runs[name]
                     run["alone"] += online(client, bodies(2 * 10**6 + 2 * r * n))
                     data = batch_file(model, a.lines, a.state_tokens, 3 * 10**6 + r * a.lines)
-                    times, at_end = with_batch(client, data, bodies(2 * 10**6 + (2 * r + 1) * n))
+                    times, at_end = with_batch(client, data, bodies(2 * 10**6 + (2 * r + 1) * n), a.warm_lines)
                     run["batch"] += times
                     run["batches"].append(at_end)
             for client in clients.values():
