@@ -254,3 +254,17 @@ def test_llama_cpp_gguf_has_llamas_names_and_rope_layout(demo_dir, tmp_path):
     assert np.array_equal(stored, _permute(q, heads).astype(np.float16).astype(np.float32))
     back = stored.reshape(heads, q.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(q.shape)
     assert np.array_equal(back, q.astype(np.float16).astype(np.float32))
+
+
+def test_online_with_batch_bench_measures_both_ways_beside_a_running_batch(tmp_path, capsys):
+    """A `basal serve` child, a few online requests alone and beside a small batch: every part of the table."""
+    from bench.compare import online_with_batch
+
+    result = online_with_batch.main(
+        ["--requests", "3", "--lines", "400", "--warm-lines", "10", "--out", str(tmp_path / "out.json")]
+    )
+    row = result["rows"]["this"]
+    for way in ("alone", "batch"):
+        assert row[way]["total"]["p50"] > 0 and row[way]["compute"]["p50"] > 0
+    assert row["batch_at_end"][0]["status"] == "in_progress"  # the batch still ran when the last request ended
+    assert "| this | queue ms |" in capsys.readouterr().out
