@@ -271,3 +271,17 @@ def test_start_times_finds_the_request_and_judges_each_target():
         ("serve", False),
         ("run-batch", True),
     ]
+
+
+def test_online_with_batch_bench_measures_both_ways_beside_a_running_batch(tmp_path, capsys):
+    """A `basal serve` child, a few online requests alone and beside a small batch: every part of the table."""
+    from bench.compare import online_with_batch
+
+    result = online_with_batch.main(
+        ["--requests", "3", "--lines", "400", "--warm-lines", "10", "--out", str(tmp_path / "out.json")]
+    )
+    row = result["rows"]["this"]
+    for way in ("alone", "batch"):
+        assert row[way]["total"]["p50"] > 0 and row[way]["compute"]["p50"] > 0
+    assert row["batch_at_end"][0]["status"] == "in_progress"  # the batch still ran when the last request ended
+    assert "| this | queue ms |" in capsys.readouterr().out

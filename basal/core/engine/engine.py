@@ -65,25 +65,43 @@ class Lane:
         self.cv = threading.Condition()
         self.closing = False
         self.drain = True
-        self.thread = threading.Thread(target=self._loop, name=f"basal-{engine.name}-{name}", daemon=True)
+        self.online = False  # an urgent lane with work: told to the gate, so that background host work waits
+        self.thread = threading.Thread(target=self._serve, name=f"basal-{engine.name}-{name}", daemon=True)
 
     def submit(self, job: Job) -> None:
         with self.cv:
             if self.closing:
                 raise EngineClosed("the server is shutting down")
             self.queue.push(job)
+            self._mark_online(True)
             self.cv.notify()
 
     def close(self, drain: bool) -> None:
         with self.cv:
             self.closing, self.drain = True, drain
+            if not self.thread.is_alive():  # never started: nothing of its will run, background work need not wait
+                self._mark_online(False)
             self.cv.notify()
+
+    def _mark_online(self, busy: bool) -> None:
+        """An urgent lane tells the gate when it has work and when it has none left (the caller holds `cv`)."""
+        if self.urgent and busy != self.online:
+            self.online = busy
+            self.engine.gate.online(busy)
+
+    def _serve(self) -> None:
+        try:
+            self._loop()
+        finally:  # however the lane ends, background work must not wait for it
+            with self.cv:
+                self._mark_online(False)
 
     def _loop(self) -> None:
         in_flight: _InFlight | None = None  # the last pass, queued on the device: its answers are still to come
         while True:
             with self.cv:
                 while not len(self.queue) and not self.closing and in_flight is None:
+                    self._mark_online(False)
                     self.cv.wait()
                 if in_flight is not None and not len(self.queue) and not self.closing:
                     self.cv.wait(IDLE_POLL_S)  # between polls of its readback; a new job wakes the lane at once
@@ -112,7 +130,10 @@ class Lane:
         and queued its next pass behind it. Otherwise it is answered here. `in_flight`, the lane's last pass,
         is finished first if the device is not free at once, so its answers never wait behind another lane."""
         engine, metrics = self.engine, self.engine.metrics
+        background = jobs[0].background  # a pass holds online jobs or background jobs, never both
         while True:  # packed without the device; packed again if a client leaves while the pass waits for it
+            if background:
+                engine.gate.host_turn()  # not while an online pass is packed, computed or answered
             jobs = self._drop_gone(jobs)
             if not jobs:
                 return None
@@ -123,7 +144,7 @@ class Lane:
                 self._fail(jobs, e)
                 return None
             before_wait = None if in_flight is None else (lambda f=in_flight: self._finish(f))
-            with engine.gate.hold(self.urgent, before_wait) as holder:
+            with engine.gate.hold(self.urgent, before_wait, background) as holder:
                 if any(job.cancelled() for job in jobs):
                     continue
                 started = time.perf_counter()
@@ -194,6 +215,8 @@ class Lane:
         metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
         metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
         for job in jobs:
+            if job.background:
+                engine.gate.host_turn()
             job.compute_ms += seconds * 1000
             try:
                 settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)

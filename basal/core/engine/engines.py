@@ -50,6 +50,9 @@ class Engines(InflightLimit):
         self._started = False
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit")
+        # batch lines are admitted in a pool of their own, where each waits for the gate's `host_turn`: an online
+        # request's admission never queues behind them, and they never take the interpreter from an online pass
+        self._background_pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit-bg")
 
     @property
     def names(self) -> list[str]:
@@ -125,6 +128,8 @@ class Engines(InflightLimit):
                     loop.call_soon_threadsafe(_settle, future, result)
 
             def prepare() -> Job:
+                if background:
+                    engine.gate.host_turn()
                 job = engine.admit(request, finish, cancelled, background)
                 engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
@@ -135,7 +140,8 @@ class Engines(InflightLimit):
             else:
                 try:
                     # in the request's context (its id on the admitting thread's log lines and in the job)
-                    job = await loop.run_in_executor(self._pool, contextvars.copy_context().run, prepare)
+                    pool = self._background_pool if background else self._pool
+                    job = await loop.run_in_executor(pool, contextvars.copy_context().run, prepare)
                 except asyncio.CancelledError:  # the admission pool was shut down under it, not this task
                     task = asyncio.current_task()
                     if self.closed and task is not None and not task.cancelling():
@@ -159,6 +165,7 @@ class Engines(InflightLimit):
         for engine in engines:
             engine.close(drain, timeout, abandon)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._background_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

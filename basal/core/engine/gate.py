@@ -11,6 +11,12 @@ in seconds: it earns (1 − share) of every second it holds the device and owes 
 holds it while a long lane waits; it banks at most one slice. A long lane in debt does not step aside and goes
 before waiting main lanes, so while it has work it gets at least `long_share` of the device time. Only who goes
 next changes, never where a pass pauses, so the bits are the same. `long_share` 0 turns the floor off.
+
+Background work (Batch API lines, shadow copies) yields more: its pass steps aside at its very next pause point
+once a main lane waits (no slice), and its host work (admitting lines, packing their passes, settling their
+answers) waits in `host_turn` while a main lane has work, so it never competes with an online pass for the
+interpreter lock or the cores. Both are subject to the floor: background work that has waited out its share goes
+on, and main-lane device time while it waits counts against the floor as if it waited for the device.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ class Gate:
         self._held_since = 0.0  # when the holder took the device (a long lane: or last settled its balance)
         self._urgent_waiting = 0
         self._long_waiting = 0
-        self._long_waiting_since = 0.0  # since when some long lane has waited without a break
+        self._host_waiting = 0  # background host work waiting for main lanes' work to end (`host_turn`)
+        self._long_waiting_since = 0.0  # since when some long lane or background work has waited without a break
+        self._online = 0  # main lanes with work (queued, packing, on the device or being answered)
         self._owed = False  # a preempted long lane waits to resume after one main-lane turn
         self._turns_since_preempt = 0
         self._balance = self.slice_s  # the long lane's seconds ahead of its floor (< 0: in debt), at most one slice
@@ -52,11 +60,14 @@ class Gate:
             return self.long_seconds / total if total else 1.0
 
     @contextmanager
-    def hold(self, urgent: bool, before_wait: Callable[[], None] | None = None) -> Iterator[Holder]:
+    def hold(
+        self, urgent: bool, before_wait: Callable[[], None] | None = None, background: bool = False
+    ) -> Iterator[Holder]:
         """Hold the device. `before_wait` runs (without the gate's lock) if the device is not free at once: a lane
-        finishes its last pass there rather than keep its answers waiting behind another lane's turn."""
+        finishes its last pass there rather than keep its answers waiting behind another lane's turn.
+        `background`: a pass of background work, which steps aside at its next pause point once a main lane waits."""
         self._acquire(urgent, before_wait=before_wait)
-        holder = Holder(self, urgent)
+        holder = Holder(self, urgent, 0.0 if background else self.slice_s)
         try:
             yield holder
         finally:
@@ -79,8 +90,7 @@ class Gate:
                 )
                 self._urgent_waiting -= 1
             else:
-                if not self._long_waiting:
-                    self._long_waiting_since = time.perf_counter()
+                self._start_waiting()
                 self._long_waiting += 1
                 if resuming:
                     self._wait_while(
@@ -118,11 +128,36 @@ class Gate:
             finally:
                 self._cv.acquire()
 
+    def _start_waiting(self) -> None:
+        """A long lane or background work starts to wait (caller holds `_cv`)."""
+        if not self._long_waiting and not self._host_waiting:
+            self._long_waiting_since = time.perf_counter()
+
+    def online(self, busy: bool) -> None:
+        """A main lane has work from now on (`busy`), or has none left: background host work waits meanwhile."""
+        with self._cv:
+            self._online += 1 if busy else -1
+            if not self._online:
+                self._cv.notify_all()
+
+    def host_turn(self) -> None:
+        """Background host work goes on from here once no main lane has work, or once it is below its floor."""
+        with self._cv:
+            if not self._online or self._in_debt():
+                return
+            self._start_waiting()
+            self._host_waiting += 1
+            try:
+                while self._online and not self._in_debt():
+                    self._cv.wait()
+            finally:
+                self._host_waiting -= 1
+
     def _release(self, urgent: bool) -> None:
         with self._cv:
             now = time.perf_counter()
             if urgent:
-                if self._long_waiting:  # main-lane time while a long lane waited counts against its floor
+                if self._long_waiting or self._host_waiting:  # main time while they waited counts against the floor
                     over = now - max(self._held_since, self._long_waiting_since)
                     self._balance -= self.long_share * over
                     self.main_seconds_over_long += over
@@ -143,20 +178,26 @@ class Gate:
         with self._cv:
             return self._urgent_waiting > 0
 
+    def host_waiting(self) -> int:
+        """Background host work waiting in `host_turn` now."""
+        with self._cv:
+            return self._host_waiting
+
 
 class Holder:
     """What a lane holds while it computes; a long lane calls `checkpoint()` at every pause point."""
 
-    def __init__(self, gate: Gate, urgent: bool):
+    def __init__(self, gate: Gate, urgent: bool, slice_s: float | None = None):
         self.gate = gate
         self.urgent = urgent
+        self.slice_s = gate.slice_s if slice_s is None else slice_s  # 0: a background pass, no slice
         self.since = time.perf_counter()
 
     def checkpoint(self) -> bool:
         """Step aside for one main-lane turn if one waits, this lane has had its slice and it is not below its
         floor. True if it yielded."""
         gate = self.gate
-        if self.urgent or time.perf_counter() - self.since < gate.slice_s or not gate.urgent_waiting():
+        if self.urgent or time.perf_counter() - self.since < self.slice_s or not gate.urgent_waiting():
             return False
         with gate._cv:
             gate._settle_long(time.perf_counter())
