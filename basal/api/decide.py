@@ -74,13 +74,15 @@ def body_decider(
     parse: Parse | None = None,
     dialect: str = "basal",
     diagnostics: bool = False,
+    letter_mass: bool = True,
 ):
     """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
     -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
     the online route answers (its contract checks, the same parser and limits, the same encoder). `parse`: the
     dialect's parser the app's routes share (one is built when not given). `dialect` "systemone" runs
     `POST /v1/systemone`'s path instead; `diagnostics` answers as with `x-basal-diagnostics: 1` (`basal calibrate`
-    reads the orders' average from them)."""
+    reads the orders' average from them); `letter_mass` False leaves the diagnostics' letter mass out (null), so the
+    lines run the online forward path with no product with the whole LM head."""
     parse = parse or parsers(engines, settings)[dialect]
 
     async def decide(body: bytes, cancelled: Callable[[], bool]) -> tuple[int, bytes, str]:
@@ -93,7 +95,7 @@ def body_decider(
                 raise too_large("Request body too large.", dialect)
             plan = await asyncio.to_thread(lambda: parse(decode_body(body, dialect)))  # off the online requests' loop
             if diagnostics:
-                plan = replace(plan, diagnostics=True)
+                plan = replace(plan, diagnostics=True, letter_mass=letter_mass)
             result = await engines.run(plan, cancelled, has_slot=True, background=True)
             return 200, with_diagnostics(msgspec.json.encode(result.response), result.diagnostics), rid
         except Exception as exc:
