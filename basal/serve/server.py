@@ -410,9 +410,16 @@ def serve(config: ServeConfig) -> None:
         raise failed[0]
 
 
-def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
-    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    server = _server(with_cascades(engines, config), config, where, batches)
+def listen(
+    engines: EnginesFront,
+    config: ServeConfig,
+    where: str = "",
+    batches: BatchService | None = None,
+    settings: ApiSettings | None = None,
+) -> None:
+    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown. `settings`: built
+    by the caller when it keeps a hand on them (the Ray front empties the answer cache on a reload)."""
+    server = _server(with_cascades(engines, config), config, where, batches, settings)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
     server.run()
 
