@@ -103,6 +103,7 @@ def replica_watch(replica: str, app: str, seen: int, reload: Callable[[], dict[s
         while not stop.wait(POLL_S):
             try:
                 g = int(ray.get(target.current.remote(), timeout=CALL_TIMEOUT_S))
+                done = min(done, g)  # a hub started again (the cluster's head restarted) counts from 0
                 if g > done:
                     outcome = reload()
                     target.report.remote(replica, app, g, outcome)
@@ -134,6 +135,7 @@ def front_watch(
         while not stop.wait(POLL_S):
             try:
                 g = generation()
+                seen[0] = min(seen[0], g)  # a hub started again counts from 0
                 if g > seen[0]:
                     follow(g)
                     seen[0] = g
