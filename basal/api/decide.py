@@ -75,14 +75,17 @@ def body_decider(
     dialect: str = "basal",
     diagnostics: bool = False,
     owner: str | None = None,
+    letter_mass: bool = True,
 ):
     """What a batch line runs: `POST /v1/basal`'s path from a decoded JSON body on, as background work.
     -> async (body bytes, cancelled) -> (status, response body bytes, request id), the body byte for byte what
     the online route answers (its contract checks, the same parser and limits, the same encoder). `parse`: the
     dialect's parser the app's routes share (one is built when not given). `dialect` "systemone" runs
     `POST /v1/systemone`'s path instead; `diagnostics` answers as with `x-basal-diagnostics: 1` (`basal calibrate`
-    reads the orders' average from them). `owner`: the key whose work the lines are (a batch's owner): they read
-    and fill that key's state cache entries, as its online requests do (`ApiSettings.cache_scope`)."""
+    reads the orders' average from them); `letter_mass` False leaves the diagnostics' letter mass out (null), so the
+    lines run the online forward path with no product with the whole LM head. `owner`: the key whose work the
+    lines are (a batch's owner): they read and fill that key's state cache entries, as its online requests do
+    (`ApiSettings.cache_scope`)."""
     parse = parse or parsers(engines, settings)[dialect]
     scope = settings.cache_scope(owner)
 
@@ -96,7 +99,7 @@ def body_decider(
                 raise too_large("Request body too large.", dialect)
             plan = await asyncio.to_thread(lambda: parse(decode_body(body, dialect)))  # off the online requests' loop
             if diagnostics:
-                plan = replace(plan, diagnostics=True)
+                plan = replace(plan, diagnostics=True, letter_mass=letter_mass)
             if scope:
                 plan = replace(plan, cache_scope=scope)
             result = await engines.run(plan, cancelled, has_slot=True, background=True)

@@ -134,7 +134,8 @@ def collect(
     model = engines.engines[first].pipeline.model
     front = with_cascades(engines, config)
     engines.start()
-    decide = body_decider(front, api_settings(config), dialect=a.dialect, diagnostics=True)
+    # diagnostics for the orders' average, without the letter mass (not read): the lines run online's forward path
+    decide = body_decider(front, api_settings(config), dialect=a.dialect, diagnostics=True, letter_mass=False)
     shown: list[Progress] = []
 
     def before(todo: int, done: int) -> None:
@@ -154,8 +155,10 @@ def collect(
             bar.close()
         engines.close(drain=False)
     seconds = time.perf_counter() - started
+    computed = sum(e.packed_tokens for e in engines.engines.values())
     print(
-        f"basal {a.command}: {len(labelled.lines)} request(s), {len(observed)} labelled answers in {seconds:.1f} s",
+        f"basal {a.command}: {len(labelled.lines)} request(s), {len(observed)} labelled answers in {seconds:.1f} s "
+        f"({computed} tokens computed)",
         file=sys.stderr,
     )
     facts = {"name": name, "version": model.version, "synthetic": model.synthetic, "run_seconds": seconds}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -117,18 +118,52 @@ def _ready_check(names: list[str], every_s: float = 1.0):
     return ready
 
 
+def running_replicas(names: list[str]) -> dict[str, int]:
+    """Application -> replicas RUNNING, of these models' applications (asked of the Serve controller)."""
+    from ray import serve
+
+    apps = serve.status().applications
+    return {
+        app_name(n): sum(d.replica_states.get("RUNNING", 0) for d in apps[app_name(n)].deployments.values())
+        for n in names
+        if app_name(n) in apps
+    }
+
+
+def follow_reloads(engines: RayEngines, on_change: Callable[[], None]):
+    """SIGHUP to this front reloads every replica's calibration; this front (and any other) then announces the new
+    one and calls `on_change` (`basal.ray_serve.reload`). -> an event that stops the following."""
+    from basal.ray_serve.reload import front_watch, reload_on_sighup
+
+    names = list(engines.names)
+    stop = front_watch(lambda: running_replicas(names), engines.refresh, on_change)
+    reload_on_sighup()
+    return stop
+
+
 def serve_ray(config: ServeConfig) -> None:
     """`basal serve --ray`: the HTTP front here, the engines on Ray; a local Ray is shut down on exit."""
     from ray import serve
 
     from basal.serve.port_check import check_port
-    from basal.serve.server import batch_service, listen
+    from basal.serve.server import api_settings, batch_service, forget_calibrations, listen
 
     check_port(config.host, config.port)  # before Ray starts and the replicas load
     engines = start(config)
+    settings = api_settings(config)
+    forgets: list[Callable[[], None]] = []  # the served front's answer cache and drift thresholds, once it is built
+    stop = follow_reloads(engines, lambda: [forget() for forget in forgets])
     try:
         # the front owns the batch store; lines go to the replicas through the router, as online requests do
-        listen(engines, config, "; replicas on Ray Serve", batches=batch_service(config, ray=True))
+        listen(
+            engines,
+            config,
+            "; replicas on Ray Serve",
+            batches=batch_service(config, ray=True),
+            settings=settings,
+            built=lambda server: forgets.append(forget_calibrations(settings, server.engines)),
+        )
     finally:
+        stop.set()
         if (config.ray or RayConfig()).address is None:
             serve.shutdown()

@@ -60,6 +60,18 @@ class RayEngines(InflightLimit):
     def model_info(self, name: str) -> ModelInfo:
         return self.infos[name]
 
+    def refresh(self, timeout_s: float = 60.0) -> list[str]:
+        """Ask a replica of each model for its facts again (after a calibration reload: `basal.ray_serve.reload`);
+        -> the models whose announced calibration changed."""
+        changed = []
+        for name, handle in self.handles.items():
+            info: ModelInfo = handle.model_info.remote().result(timeout_s=timeout_s)
+            old = self.infos[name].calibration
+            if (info.calibration.path, info.calibration.sha256) != (old.path, old.sha256):
+                changed.append(name)
+            self.infos[name] = info
+        return changed
+
     def start(self) -> None:
         """Replicas are started by Ray Serve before the front listens."""
 

@@ -20,6 +20,7 @@ from basal.core.engine.front import ModelInfo, Result
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.errors import Cancelled, EngineClosed, Overloaded, RequestError
 from basal.core.request.plan import DecisionRequest
+from basal.ray_serve.reload import generation, replica_watch
 from basal.ray_serve.replica_metrics import start_pushing
 from basal.serve.config import ServeConfig
 
@@ -67,14 +68,21 @@ class BasalReplica:
     def __init__(self, config: dict[str, Any]):
         from ray import serve
 
+        from basal.serve.reload import reload_calibrations
         from basal.serve.server import build_engines
 
         cfg = msgspec.convert(config, ServeConfig)
+        context = serve.get_replica_context()
+        self.name = context.replica_id.unique_id
+        seen = _reload_generation()  # before the calibration is read: a reload asked during the load runs too
         self.engines = build_engines(cfg)
         self.engines.start()
         freeze_startup_heap()  # as `basal serve` does: no collector pauses over the loaded model
-        self.name = serve.get_replica_context().replica_id.unique_id
         self._stop_pushing = start_pushing(self.name, self.engines.metrics.render)  # to the front's /metrics
+        specs = dict(zip(self.engines.names, cfg.models, strict=False))  # none for the demo model
+        self._stop_reloads = replica_watch(  # SIGHUP to a front: this replica reads its calibration again
+            self.name, context.app_name, seen, lambda: reload_calibrations(self.engines, specs)
+        )
         log.info("replica %s serving %s", self.name, ", ".join(self.engines.engines))
 
     async def answer(
@@ -129,8 +137,18 @@ class BasalReplica:
             raise RuntimeError("the engine's lanes are not running")
 
     def __del__(self) -> None:
-        if (stop := getattr(self, "_stop_pushing", None)) is not None:
-            stop.set()
+        for name in ("_stop_pushing", "_stop_reloads"):
+            if (stop := getattr(self, name, None)) is not None:
+                stop.set()
         engines = getattr(self, "engines", None)
         if engines is not None:
             engines.close(drain=False, timeout=5)
+
+
+def _reload_generation() -> int:
+    """The calibration reload generation now (0 when the hub cannot be reached: every later one is run)."""
+    try:
+        return generation()
+    except Exception as e:
+        log.warning("the calibration reload hub cannot be reached (%s); this replica follows reloads from now", e)
+        return 0

@@ -426,9 +426,20 @@ def forget_calibrations(settings: ApiSettings, front: EnginesFront) -> Callable[
     return forget
 
 
-def listen(engines: EnginesFront, config: ServeConfig, where: str = "", batches: BatchService | None = None) -> None:
-    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown."""
-    server = _server(with_cascades(engines, config), config, where, batches)
+def listen(
+    engines: EnginesFront,
+    config: ServeConfig,
+    where: str = "",
+    batches: BatchService | None = None,
+    settings: ApiSettings | None = None,
+    built: Callable[[DrainingServer], None] | None = None,
+) -> None:
+    """The HTTP front around loaded engines (one process's, or the Ray front's), until shutdown. `settings`: built
+    by the caller when it keeps a hand on them; `built` sees the server before it runs (the Ray front hands a
+    reload what it must forget: `forget_calibrations` of the served front)."""
+    server = _server(with_cascades(engines, config), config, where, batches, settings)
+    if built is not None:
+        built(server)
     log.debug("%d objects of start-up frozen out of the cycle collector", freeze_startup_heap())
     server.run()
 

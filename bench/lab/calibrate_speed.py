@@ -11,7 +11,10 @@ so no two requests are equal), random gold answers. Then, in this order on one m
    and the whole command (model load included);
 3. the fit and the certification alone, in this process, from the records `basal calibrate` left.
 The ratio online / batch path is the number to read; the machine's load is printed with it (a shared machine is
-noisy: compare ratios within one run, not across runs).
+noisy: compare ratios within one run, not across runs). Each side's tokens computed (the server's
+`basal_packed_tokens_total`, the count `basal calibrate` prints) and the distinct states' tokens say how much of
+the work sharing could ever remove: online, a request's questions share its state, and the state cache keeps it
+for the next request on that state.
 """
 
 from __future__ import annotations
@@ -58,10 +61,26 @@ def labelled_file(model: ModelDir, path: Path, requests: int, states: int, per: 
     return path
 
 
-def online(model_dir: Path, labelled: Path) -> tuple[float, int]:
-    """Every request over HTTP, one after another: (seconds, requests)."""
+def computed_tokens(client: httpx.Client, url: str) -> int:
+    """The server's tokens computed so far (`basal_packed_tokens_total`, every model and lane)."""
+    text = client.get(f"{url}/metrics").raise_for_status().text
+    return int(sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("basal_packed_tokens_total")))
+
+
+def online(model_dir: Path, labelled: Path) -> tuple[float, int, int]:
+    """Every request over HTTP, one after another: (seconds, requests, tokens computed)."""
     port = free_port()
-    args = [sys.executable, "-m", "basal", "serve", "--model", str(model_dir), "--addr", f"127.0.0.1:{port}"]
+    args = [
+        sys.executable,
+        "-m",
+        "basal",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--addr",
+        f"127.0.0.1:{port}",
+        "--metrics",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = healthy(proc, f"http://127.0.0.1:{port}", 300)
@@ -74,25 +93,35 @@ def online(model_dir: Path, labelled: Path) -> tuple[float, int]:
             body["model"] = "jev-latest"
             bodies.append(body)
         with httpx.Client(timeout=600) as client:
-            client.post(f"{url}/v1/systemone", json=bodies[0]).raise_for_status()  # warm
+            warm = dict(bodies[0], state=f"(warm-up) {bodies[0]['state']}")  # a state of its own: none cached
+            client.post(f"{url}/v1/systemone", json=warm).raise_for_status()
+            tokens = computed_tokens(client, url)
             started = time.perf_counter()
             for body in bodies:
                 client.post(f"{url}/v1/systemone", json=body).raise_for_status()
-            return time.perf_counter() - started, len(bodies)
+            seconds = time.perf_counter() - started
+            return seconds, len(bodies), computed_tokens(client, url) - tokens
     finally:
         proc.terminate()
         proc.wait(60)
 
 
-def batch(model_dir: Path, labelled: Path, out: Path) -> tuple[float, float]:
-    """`basal calibrate` as a user runs it: (seconds of the run through the batch path, seconds of the command)."""
+def batch(model_dir: Path, labelled: Path, out: Path) -> tuple[float, float, int]:
+    """`basal calibrate` as a user runs it: (seconds of the run through the batch path, seconds of the command,
+    tokens computed)."""
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "basal", "calibrate", str(labelled), "--model", str(model_dir),
                            "-o", str(out), "--quiet"], capture_output=True, text=True, check=True)  # fmt: skip
     total = time.perf_counter() - started
-    m = re.search(r"labelled answers in ([0-9.]+) s", done.stderr)
+    m = re.search(r"labelled answers in ([0-9.]+) s \(([0-9]+) tokens computed\)", done.stderr)
     assert m, done.stderr
-    return float(m.group(1)), total
+    return float(m.group(1)), total, int(m.group(2))
+
+
+def state_tokens(model: ModelDir, labelled: Path) -> int:
+    """Tokens of the distinct states, each tokenized alone: what sharing states across requests can save at most."""
+    states = {json.loads(raw)["state"] for raw in labelled.read_text().splitlines()}
+    return sum(len(model.tokenizer.encode(s)) for s in states)
 
 
 def fit_alone(model_dir: Path, labelled: Path, out: Path) -> float:
@@ -126,11 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         labelled = labelled_file(model, root / "labelled.jsonl", a.requests, a.states, a.questions, a.state_tokens)
         print(f"load before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; {a.preset} cut to {a.layers} layers, "
               f"{a.requests} requests x {a.questions} questions over {a.states} states", flush=True)  # fmt: skip
-        seconds_online, n = online(model_dir, labelled)
-        print(f"online, one by one: {n} requests in {seconds_online:.1f} s ({n / seconds_online:.1f} requests/s)")
+        seconds_online, n, online_tokens = online(model_dir, labelled)
+        print(f"online, one by one: {n} requests in {seconds_online:.1f} s ({n / seconds_online:.1f} requests/s), "
+              f"{online_tokens} tokens computed ({online_tokens / seconds_online:.0f}/s)")  # fmt: skip
         out = root / "CALIBRATION.custom.json"
-        run_s, command_s = batch(model_dir, labelled, out)
-        print(f"basal calibrate: run {run_s:.1f} s ({n / run_s:.1f} requests/s), whole command {command_s:.1f} s")
+        run_s, command_s, batch_tokens = batch(model_dir, labelled, out)
+        print(f"basal calibrate: run {run_s:.1f} s ({n / run_s:.1f} requests/s), whole command {command_s:.1f} s, "
+              f"{batch_tokens} tokens computed ({batch_tokens / run_s:.0f}/s)")  # fmt: skip
+        states = state_tokens(model, labelled)
+        print(f"tokens: online computes {online_tokens / batch_tokens:.2f}x the batch path's; the distinct "
+              f"states are {states} tokens, {states / batch_tokens:.1%} of the batch path's, so its questions' own "
+              f"tokens (which no sharing removes) are {1 - states / batch_tokens:.1%}")  # fmt: skip
         print(f"fit and certification alone: {fit_alone(model_dir, labelled, out):.2f} s")
         print(f"batch path vs online one by one: {seconds_online / run_s:.2f}x faster (run phase), "
               f"{seconds_online / command_s:.2f}x (whole command, model load included)")  # fmt: skip

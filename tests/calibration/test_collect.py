@@ -99,3 +99,56 @@ def test_a_line_the_server_refuses_names_it(engines, demo_model, tmp_path) -> No
     decide = body_decider(engines, ApiSettings(limits=limits), dialect="systemone", diagnostics=True)
     with pytest.raises(LabelledError, match=r"line 2: the server answered HTTP 4"):
         asyncio.run(run_labelled(labelled, decide, tmp_path / "records.jsonl"))
+
+
+def test_without_the_letter_mass_the_lines_run_the_online_path_to_the_bit(engines, demo_model, tmp_path) -> None:
+    """`basal calibrate` reads only the orders' average: its lines skip the whole-head product of the letter mass
+    (none is computed, the diagnostics say null) and keep every bit of the answers and averages."""
+    lines = [dict(LINE, id=f"r{i}", state=f"{STATE} ({i})") for i in range(3)]
+    labelled = read_labelled(_file(tmp_path, lines), "systemone", demo_model.name)
+    backend = engines.engines[demo_model.name].pipeline.backend
+    heads: list[int] = []
+    whole_head = backend.vocab_logsumexp
+
+    def counted(states):
+        heads.append(len(states))
+        return whole_head(states)
+
+    runs = {}
+    for letter_mass in (True, False):
+        decide = body_decider(engines, ApiSettings(), dialect="systemone", diagnostics=True, letter_mass=letter_mass)
+        records = tmp_path / f"records.{letter_mass}.jsonl"
+        heads.clear()
+        backend.vocab_logsumexp = counted
+        try:
+            runs[letter_mass] = (asyncio.run(run_labelled(labelled, decide, records)), records, len(heads))
+        finally:
+            del backend.vocab_logsumexp
+    (with_mass, with_records, with_heads), (without, records, without_heads) = runs[True], runs[False]
+    assert with_heads > 0 and without_heads == 0
+    masses = [
+        o["letter_mass"]
+        for raw in records.read_text().splitlines()
+        for q in json.loads(raw)["response"]["body"]["diagnostics"]["questions"].values()
+        for r in q["readouts"]
+        for o in r.get("orders", [])
+    ]
+    assert masses and all(m is None for m in masses)
+    for a, b in zip(with_mass, without, strict=True):
+        np.testing.assert_array_equal(a.p_avg, b.p_avg)
+
+    def answers(path: Path) -> dict[str, dict]:
+        out = {}
+        for raw in path.read_text().splitlines():
+            body = json.loads(raw)["response"]["body"]
+            body.pop("diagnostics"), body.pop("latency_ms", None)
+            out[json.loads(raw)["custom_id"]] = body
+        return out
+
+    assert answers(records) == answers(with_records)
+    for line in labelled.lines:  # and each answer is the one the request gets alone, without diagnostics
+        plan = parse_systemone(json.loads(line.body), lambda _m: demo_model.name)
+        alone = engines.engines[demo_model.name].pipeline.decide(plan).answers
+        got = answers(records)[line.key]["answers"]
+        for name, answer in alone.items():
+            assert got[name]["probabilities"] == answer.probabilities

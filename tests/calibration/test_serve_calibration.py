@@ -93,6 +93,19 @@ def test_the_file_has_the_schema_and_provenance(calibrated) -> None:
     assert set(doc["thresholds"]) | set(prov["thresholds"]["left_out"]) == {"0.01", "0.05", *TARGETS.split(",")}
 
 
+def test_the_run_computes_no_letter_mass(calibrated) -> None:
+    """`basal calibrate` reads the orders' average only: no whole-head product per forward (docs/calibration.md)."""
+    model, _doc = calibrated
+    orders = [
+        o
+        for raw in (model.parent / "records.jsonl").read_text().splitlines()
+        for q in json.loads(raw)["response"]["body"]["diagnostics"]["questions"].values()
+        for r in q["readouts"]
+        for o in r.get("orders", [])
+    ]
+    assert orders and all(o["letter_mass"] is None and o["probabilities"] for o in orders)
+
+
 def _post(url: str, path: str, body: dict, diagnostics: bool = True) -> dict:
     headers = {"x-basal-diagnostics": "1"} if diagnostics else {}
     r = httpx.post(url + path, json=body, headers=headers, timeout=60)

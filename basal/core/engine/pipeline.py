@@ -215,7 +215,7 @@ class Pipeline:
             rounds.take(rows, cancelled)
             if not rounds.done:
                 rounds.tokenized = self.tokenize_items(
-                    rounds.asked, letter_mass=rounds.request.diagnostics, cache_scope=rounds.request.cache_scope
+                    rounds.asked, letter_mass=_letter_mass(rounds.request), cache_scope=rounds.request.cache_scope
                 )
                 names = [i.name for i in rounds.asked]
                 check_length(rounds.request, rounds.tokenized, self.model.config.max_position_embeddings, names)
@@ -248,7 +248,7 @@ class Pipeline:
             rounds.evidence = frozenset()
         wanted = {id(q.asked[0]): q.name for q in request.questions if q.name in rounds.evidence}
         found: dict[int, StateTokens | None] = dict.fromkeys(wanted)
-        rounds.tokenized = self.tokenize_items(rounds.asked, found, request.diagnostics, request.cache_scope)
+        rounds.tokenized = self.tokenize_items(rounds.asked, found, _letter_mass(request), request.cache_scope)
         rounds.state_tokens = {wanted[i]: st for i, st in found.items()}
         return rounds
 
@@ -395,3 +395,8 @@ class Pipeline:
         if f.states and self.state_cache is not None:  # STATE CACHE hook: its entries filled first, pinned in it
             return self.state_cache.around(f.states, steps, computed)
         return steps
+
+
+def _letter_mass(request: DecisionRequest) -> bool:
+    """Whether the request's readouts get the full-vocabulary log-sum-exp: diagnostics that ask for the letter mass."""
+    return request.diagnostics and request.letter_mass

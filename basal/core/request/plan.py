@@ -51,5 +51,8 @@ class DecisionRequest:
     warnings: tuple[str, ...] = ()  # /v1/basal: what was ignored (the x-basal-warnings header and the log)
     facts_limit: int | None = None  # with facts "auto": the original state's length (evidence spans end there)
     diagnostics: bool = False  # the client asked for per-order distributions and token counts (x-basal-diagnostics)
+    # with diagnostics: each order's full-vocabulary letter mass too, a product with the whole LM head per forward;
+    # `basal calibrate` and `basal eval` read only the orders' average and leave it out (the online forward path)
+    letter_mass: bool = True
     # whose cached states it may read: "" shared; with API keys (unless shared) a digest of the key (docs/caches.md)
     cache_scope: str = ""
