@@ -17,10 +17,10 @@ from basal.batch.service import BatchService, BatchSettings
 from basal.batch.store import open_store, redact
 from basal.core.engine.answer_cache import AnswerCache
 from basal.core.engine.cascade import Cascade, CascadeError, CascadeFront, Rule, Step, check_thresholds
-from basal.core.engine.drift import DriftFront, with_drift
+from basal.core.engine.drift import with_drift
 from basal.core.engine.engine import Engine, EngineSettings
 from basal.core.engine.engines import Engines
-from basal.core.engine.front import EnginesFront
+from basal.core.engine.front import EnginesFront, WrappedFront
 from basal.core.engine.gate import Gate
 from basal.core.engine.memory import freeze_startup_heap
 from basal.core.engine.metrics import CacheCollector, CallbackCollector, Metrics
@@ -412,16 +412,15 @@ def serve(config: ServeConfig) -> None:
 
 
 def forget_calibrations(settings: ApiSettings, front: EnginesFront) -> Callable[[], None]:
-    """What a reload that changed a calibration must forget: the answer cache's answers (the old calibration's)
-    and the drift series' thresholds (`front`: the served front, drift's when it records drift)."""
+    """What a reload that changed a calibration must forget: the answer cache's answers (the old calibration's),
+    and what the served front's wrappers read from a calibration: the drift series' and the cascades' thresholds."""
     cache = settings.answer_cache
-    recorder = front.recorder if isinstance(front, DriftFront) else None
 
     def forget() -> None:
         if cache is not None:
             cache.clear()
-        if recorder is not None:
-            recorder.forget()
+        if isinstance(front, WrappedFront):
+            front.forget_calibrations()
 
     return forget
 

@@ -350,6 +350,10 @@ class CascadeFront(WrappedFront):
             self._thresholds[model] = self.inner.model_info(model).calibration.thresholds
         return self._thresholds[model]
 
+    def forget_calibrations(self) -> None:
+        self._thresholds = {}  # read again at the next escalation rule: a reload may move them
+        super().forget_calibrations()
+
     def check(self) -> None:
         """Every rule's certified target exists in its model's calibration (call once the models are known)."""
         for cascade in self.cascades.values():

@@ -119,6 +119,10 @@ class DriftFront(WrappedFront):
         super().__init__(inner)
         self.recorder = recorder
 
+    def forget_calibrations(self) -> None:
+        self.recorder.forget()
+        super().forget_calibrations()
+
     async def run(
         self,
         request: DecisionRequest,

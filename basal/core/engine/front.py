@@ -228,3 +228,9 @@ class WrappedFront:
         background: bool = False,
     ) -> Result:
         return await self.inner.run(request, cancelled, has_slot=has_slot, background=background)
+
+    def forget_calibrations(self) -> None:
+        """A calibration was reloaded: a wrapper that keeps something read from one (a threshold) drops it, then
+        passes the word inward. Safe from another thread (the reload's)."""
+        if isinstance(self.inner, WrappedFront):
+            self.inner.forget_calibrations()

@@ -204,3 +204,29 @@ def test_the_front_lists_cascades_and_refuses_bad_ones(engines):
         CascadeFront(engines, [Cascade("c", (Step("small", Rule("confidence", 0.9)), Step("huge", None)))])
     with pytest.raises(CascadeError, match="also a served model"):
         CascadeFront(engines, [Cascade("small", (Step("small", Rule("confidence", 0.9)), Step("large", None)))])
+
+
+def test_a_calibration_reload_makes_every_wrapper_read_its_thresholds_again():
+    """A cascade keeps each model's thresholds between requests; a reload that changed a calibration (what
+    `serve`'s SIGHUP and the Ray front's reload call) reaches it through the drift front around it, so an
+    `escalate_above_error` rule reads the new certified confidence, not the one the server started with."""
+    from types import SimpleNamespace
+
+    from basal.api.settings import ApiSettings
+    from basal.core.engine.drift import with_drift
+    from basal.core.engine.metrics import Metrics
+    from basal.serve.server import forget_calibrations
+
+    served = {"0.01": {"confidence": 0.9}}
+    inner = SimpleNamespace(
+        names=["small", "large"],
+        metrics=Metrics(),
+        model_info=lambda name: SimpleNamespace(calibration=SimpleNamespace(thresholds=dict(served))),
+    )
+    front = CascadeFront(inner, [Cascade("casc", (Step("small", Rule("error", 0.01)), Step("large", None)))])
+    outer = with_drift(front, 64, 16)
+    assert front.thresholds("small")["0.01"]["confidence"] == 0.9
+    served["0.01"] = {"confidence": 0.5}  # the file changed and the engines reloaded it
+    assert front.thresholds("small")["0.01"]["confidence"] == 0.9  # read once, kept between requests
+    forget_calibrations(ApiSettings(), outer)()
+    assert front.thresholds("small")["0.01"]["confidence"] == 0.5
