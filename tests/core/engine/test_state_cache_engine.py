@@ -60,9 +60,10 @@ def test_least_recently_used_goes_first_within_the_budget(demo_model):
     assert set(pipeline.backend.prefixes) - {"pl", "en"} == {e.key for e in cache._entries.values() if e.ready}
 
 
-def test_two_batches_asking_one_new_state_compute_it_once(demo_model):
+@pytest.mark.parametrize("first_runs_first", [True, False])
+def test_two_batches_asking_one_new_state_compute_it_once(demo_model, first_runs_first):
     pipeline = _stub_pipeline(demo_model, 16)
-    computed = []
+    computed = []  # states computed alone, outside the forward that reads them
     backend = pipeline.backend
     plain_prefix = backend.prefix
     backend.prefix = lambda key, tokens, base=None: computed.append(key) or plain_prefix(key, tokens, base)
@@ -71,10 +72,19 @@ def test_two_batches_asking_one_new_state_compute_it_once(demo_model):
         pipeline.pack_questions([a]),
         pipeline.pack_questions([b]),
     )  # both packed before either runs (two lanes)
-    assert first[0].states[0] is second[0].states[0]
-    run_to_end(pipeline.run_forwards([a], first))
-    run_to_end(pipeline.run_forwards([b], second))
-    assert len(computed) == 1 and pipeline.state_cache.counts.computed_tokens > 0
+    entry = second[0].states[0]
+    assert first[0].states == (entry,) and [key for key, _, _ in first[0].packed.fills] == [entry.key]
+    assert second[0].packed.prefix_keys == (entry.key,) and not second[0].packed.fills  # it reads what first fills
+    state = len(entry.ids) - len(pipeline.prefixes["pl"])
+    assert first[0].packed.n_tokens > state and second[0].packed.positions.min() == len(entry.ids)
+    runs = [([a], first), ([b], second)] if first_runs_first else [([b], second), ([a], first)]
+    for questions, forwards in runs:
+        run_to_end(pipeline.run_forwards(questions, forwards))
+    # run first, the pass packed first fills the entry inside its forward: the state is computed once, in it; run
+    # second, the other pass computes it alone first, and the filling pass keeps what is there
+    assert computed == ([] if first_runs_first else [entry.key])
+    assert entry.ready and pipeline.state_cache.counts.computed_tokens == state
+    assert pipeline.state_cache.bytes == 8 * len(entry.ids) and entry.filler is None
 
 
 def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
