@@ -303,6 +303,11 @@ class Pipeline:
             total -= self.state_cache.cached_tokens(tokenized)
         return total
 
+    def cached_prefix(self, question: TokenizedQuestion) -> tuple[str, int] | None:
+        """The computed state cache entry a question reads if packed now (its key and its tokens), else None."""
+        hit = self.state_cache.computed(question) if self.state_cache is not None else None  # STATE CACHE hook
+        return None if hit is None else (hit[0].key, hit[1])
+
     def letter_logits(
         self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:

@@ -121,18 +121,17 @@ class StateCache:
     def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """State tokens of these questions that computed entries hold (each distinct state once): what their cost
         leaves out."""
-        seen: set[tuple[str, str, tuple[int, ...]]] = set()
-        total = 0
-        for t in tokenized:
-            ids = self.state_ids(t)
-            if ids is None or (t.cache_scope, t.lang, ids) in seen:
-                continue
-            seen.add((t.cache_scope, t.lang, ids))
-            with self._lock:
-                entry = self._entries.get((t.cache_scope, t.lang, ids))
-                if entry is not None and entry.ready:
-                    total += len(ids) - len(self.templates[t.lang])
-        return total
+        found = {hit for t in tokenized if (hit := self.computed(t)) is not None}
+        return sum(n for _, n in found) - sum(len(self.templates[key.lang]) for key, _ in found)
+
+    def computed(self, t: TokenizedQuestion) -> tuple[Entry, int] | None:
+        """The computed entry a question reads if it is packed now, and its tokens (the template's included)."""
+        ids = self.state_ids(t)
+        if ids is None:
+            return None
+        with self._lock:
+            entry = self._entries.get((t.cache_scope, t.lang, ids))
+            return (entry, len(ids)) if entry is not None and entry.ready else None
 
     # -- packing ------------------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
+from basal.core.engine.scheduler import Job, JobQueue, Policy
 from basal.core.model.prompt import Item
 from basal.core.packing.passes import run_to_end
 from basal.serve.server import state_cache_series
@@ -136,6 +137,36 @@ def test_usage_cost_and_metrics(demo_model):
     assert f'basal_state_cache_hits_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_misses_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_bytes{{model="{model}"}} {float(pipeline.state_cache.bytes)}' in text
+
+
+def test_a_pass_budget_leaves_out_the_tokens_of_cached_states(demo_model):
+    pipeline = _stub_pipeline(demo_model, 16)
+    questions = ["Czy zwrot?", "Czy szybko?", "Czy pilne?", "Czy klient zły?"]
+    jobs = [
+        Job(None, [_question(pipeline, state, q)], 0, lambda r: None)  # type: ignore[arg-type]
+        for state in STATES[:2]
+        for q in questions
+    ]
+    two = [t for j in jobs[:2] for t in j.tokenized]  # two questions on one state
+    budget = pipeline.cost(two) - 1
+    queue = JobQueue(Policy.FIFO, pipeline.facts().prefix_tokens, pipeline.cached_prefix)
+
+    def admitted() -> list[Job]:
+        for job in jobs:
+            queue.push(job)
+        chosen = queue.admit(budget)
+        queue.admit(1 << 62)  # empties the queue
+        return chosen
+
+    cold = admitted()
+    assert jobs[1] not in cold  # a second question on the first job's state would pass the budget
+    run_to_end(pipeline.letter_logits(jobs[0].tokenized))  # its state is cached now
+    # the questions on the cached state compute their own tokens only, and the budget counts those
+    warm = admitted()
+    tokenized = [t for j in warm for t in j.tokenized]
+    assert len(warm) > len(cold) and warm[:2] == jobs[:2] and all(t.state == STATES[0] for t in tokenized)
+    computed = sum(f.packed.n_tokens for f in pipeline.pack_questions(tokenized))
+    assert computed == pipeline.cost(tokenized) <= budget
 
 
 def test_a_scope_reads_only_its_own_entries(demo_model):
