@@ -71,8 +71,9 @@ def test_partial_hit_extends_a_cached_state(harness):
     got = _logits(pipeline, [longer])[0]
     assert pipeline.state_cache.counts.partial_hits == 1
     assert same_bits(got, harness.logits([longer])[0])
-    again = _logits(pipeline, [_on_state(harness, 23, 1, state=longer.state)[0]])  # the extended entry is a hit
-    assert pipeline.state_cache.counts.hits == 1 and len(again) == 1
+    third = _on_state(harness, 23, 1, state=longer.state)[0]
+    again = _logits(pipeline, [third])  # the extended entry, filled by the partial hit's forward, is a hit
+    assert pipeline.state_cache.counts.hits == 1 and same_bits(again[0], harness.logits([third])[0])
 
 
 def _kv_bits(backend, key: str) -> list[tuple[bytes, bytes]]:
