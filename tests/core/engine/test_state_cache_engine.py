@@ -109,7 +109,7 @@ def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
     cache = pipeline.state_cache
     assert cache.entries == 0 and cache.bytes == 0
     assert set(backend.net.prefix_kv) == {"pl", "en"}  # nothing half-written in the backend either
-    assert all(e.pins == 0 for e in cache._entries.values())
+    assert all(e.pins == 0 and e.filler is None for e in cache._entries.values())  # no pin, no claim left
     again = run_to_end(pipeline.letter_logits([q]))[0]
     assert [x.tobytes() for x in again] == [x.tobytes() for x in reference]
 
