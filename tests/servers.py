@@ -53,6 +53,9 @@ class SlowBackend(FakeBackend):
     def drop_prefix(self, key):
         self.inner.drop_prefix(key)
 
+    def prefix_bytes(self, key):
+        return self.inner.prefix_bytes(key)
+
     def run(self, batch, prepared=None, preemptible=False):
         self.batches.append(batch.n_tokens)
         steps = self.inner.run(batch)

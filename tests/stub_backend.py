@@ -57,6 +57,9 @@ class StubBackend(FakeBackend):
     def drop_prefix(self, key: str) -> None:
         self.prefixes.pop(key, None)
 
+    def prefix_bytes(self, key: str) -> int:
+        return 8 * len(self.prefixes.get(key, ()))
+
     def _prompt(self, batch: PackedForward, readout: int) -> str:
         blocks = batch.chain(int(batch.block_of[readout]))
         root = blocks[0]
@@ -76,4 +79,6 @@ class StubBackend(FakeBackend):
             p = np.asarray(self.rule(prompt, k), dtype=np.float64)
             out[r, : len(p)] = np.log(p)
         yield
+        for key, base, rows in batch.fills:  # as `prefix` would: the prefix's ids, then the rows'
+            self.prefixes[key] = list(self.prefixes[base]) + batch.tokens[rows].tolist()
         return out

@@ -118,8 +118,10 @@ class BasalReplica:
         return self.engines.model_info(self.engines.default)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this replica (benchmarks and tests): jobs, passes, tokens computed vs in the prompts."""
+        """Counters of this replica (benchmarks and tests): jobs, passes, tokens computed vs in the prompts, and its
+        state caches' lookups (hits, partial hits, misses)."""
         engines = list(self.engines.engines.values())
+        caches = [e.pipeline.state_cache.counts for e in engines if e.pipeline.state_cache is not None]
         return {
             "replica": self.name,
             "computed_jobs": sum(e.computed_jobs for e in engines),
@@ -127,6 +129,9 @@ class BasalReplica:
             "passes": sum(e.passes for e in engines),
             "packed_tokens": sum(e.packed_tokens for e in engines),
             "prompt_tokens": sum(e.prompt_tokens for e in engines),
+            "state_hits": sum(c.hits for c in caches),
+            "state_partial_hits": sum(c.partial_hits for c in caches),
+            "state_misses": sum(c.misses for c in caches),
         }
 
     def check_health(self) -> None:

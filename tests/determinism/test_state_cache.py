@@ -6,7 +6,9 @@ in another dtype or by the shape-dependent path and expects a difference: the ch
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from basal.backends.load import load_backend_class
@@ -69,8 +71,43 @@ def test_partial_hit_extends_a_cached_state(harness):
     got = _logits(pipeline, [longer])[0]
     assert pipeline.state_cache.counts.partial_hits == 1
     assert same_bits(got, harness.logits([longer])[0])
-    again = _logits(pipeline, [_on_state(harness, 23, 1, state=longer.state)[0]])  # the extended entry is a hit
-    assert pipeline.state_cache.counts.hits == 1 and len(again) == 1
+    third = _on_state(harness, 23, 1, state=longer.state)[0]
+    again = _logits(pipeline, [third])  # the extended entry, filled by the partial hit's forward, is a hit
+    assert pipeline.state_cache.counts.hits == 1 and same_bits(again[0], harness.logits([third])[0])
+
+
+def _kv_bits(backend, key: str) -> list[tuple[bytes, bytes]]:
+    return [(np.asarray(k).tobytes(), np.asarray(v).tobytes()) for k, v in backend.net.prefix_kv[key]]
+
+
+def _filled_and_alone(h: Harness, shift: int = 0) -> tuple[list, list]:
+    """The K/V of a state's entry as a forward of several questions on several states filled it, and as a forward
+    of the state alone computes it (`Backend.prefix`). `shift`: the forward keeps the rows that many tokens on
+    (the negative control)."""
+    questions = [*_on_state(h, 51, 2), *_on_state(h, 52, 1), h.question(random.Random(53), "pl")]
+    backend = h.backend
+    pipeline = _state_pipeline(h)
+    forwards = pipeline.pack_questions(questions)
+    if shift:
+        moved = [tuple((k, b, rows + shift) for k, b, rows in f.packed.fills) for f in forwards]
+        forwards = [replace(f, packed=replace(f.packed, fills=m)) for f, m in zip(forwards, moved, strict=True)]
+    entry = pipeline.state_cache._entries[("", "pl", pipeline.state_cache.state_ids(questions[0]))]
+    assert any(key == entry.key for f in forwards for key, _, _ in f.packed.fills)
+    run_to_end(pipeline.run_forwards(questions, forwards))
+    assert entry.ready and pipeline.state_cache.counts.computed_tokens > 0
+    template = pipeline.prefixes["pl"]
+    backend.prefix("alone", entry.ids[len(template) :], "pl")
+    return _kv_bits(backend, entry.key), _kv_bits(backend, "alone")
+
+
+def test_an_entry_filled_in_a_forward_is_the_state_computed_alone(harness):
+    filled, alone = _filled_and_alone(harness)
+    assert len(filled) == harness.cached.model.config.num_hidden_layers and filled == alone
+
+
+def test_negative_control_a_fill_from_the_wrong_rows_is_caught(demo_model):
+    filled, alone = _filled_and_alone(Harness(demo_model, "torch", "cpu", "f32"), shift=1)
+    assert filled != alone
 
 
 def test_after_eviction_and_after_a_reload(harness):
@@ -95,7 +132,7 @@ def test_after_eviction_and_after_a_reload(harness):
 
 class _WrongEntries:
     """A backend whose state entries come from another backend (another dtype, or the shape-dependent path): what
-    a cache that mixed up its entries would hand back."""
+    a cache that mixed up its entries would hand back, whether an entry is computed alone or filled in a forward."""
 
     def __init__(self, inner, source):
         self.inner, self.source = inner, source
@@ -106,9 +143,18 @@ class _WrongEntries:
     def prefix(self, key, tokens, base=None):
         nbytes = self.inner.prefix(key, tokens, base)  # the right entry first (same length, same bytes)
         if key not in ("pl", "en"):  # a state: its K/V swapped for the other backend's
-            self.source.prefix(key, tokens, base)
-            self.inner.net.prefix_kv[key] = [(k.float(), v.float()) for k, v in self.source.net.prefix_kv[key]]
+            self._swap(key, tokens, base)
         return nbytes
+
+    def run(self, packed, prepared=None, preemptible=False):
+        logits = yield from self.inner.run(packed, prepared, preemptible)
+        for key, base, rows in packed.fills:
+            self._swap(key, packed.tokens[rows].tolist(), base)
+        return logits
+
+    def _swap(self, key, tokens, base):
+        self.source.prefix(key, tokens, base)
+        self.inner.net.prefix_kv[key] = [(k.float(), v.float()) for k, v in self.source.net.prefix_kv[key]]
 
 
 @pytest.mark.parametrize("source", ["bf16", "shape-dependent"])

@@ -108,6 +108,9 @@ class TorchBackend:
     def drop_prefix(self, key: str) -> None:
         self.net.prefix_kv.pop(key, None)
 
+    def prefix_bytes(self, key: str) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.net.prefix_kv.get(key, ()))
+
     def prepare(self, packed: PackedForward) -> None:
         """Nothing: this path reads the packed forward as it is, under the gate."""
         return None

@@ -99,6 +99,7 @@ class TreeInputs:
     all_rows: torch.Tensor  # flat index -> query row, all tokens
     readout_rows: torch.Tensor  # flat index -> query row, readouts (others -1)
     prefix_keys: tuple[str, ...]
+    fills: tuple[tuple[str, str, torch.Tensor], ...] = ()  # `PackedForward.fills`, the rows on the device
 
 
 class TreeLlama:
@@ -232,6 +233,7 @@ class TreeLlama:
             torch.arange(n_tok, device=dev),
             readout_rows,
             packed.prefix_keys,
+            tuple((key, base, torch.from_numpy(rows).to(dev)) for key, base, rows in packed.fills),
         )
 
     def forward(
@@ -251,9 +253,15 @@ class TreeLlama:
     def _forward(self, t: TreeInputs, tokens: torch.Tensor, letter_ids: tuple[int, ...]):
         h = self.w.embed[tokens]
         n_layers = self.cfg.num_hidden_layers
+        kept: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in t.fills]
         for i in range(n_layers):
-            h, _ = yield from self.layer(i, h, t, last=i == n_layers - 1)
+            h, (k, v) = yield from self.layer(i, h, t, last=i == n_layers - 1)
+            for kv, (_, base, rows) in zip(kept, t.fills, strict=True):  # the entry: its prefix's K/V, then the rows'
+                base_k, base_v = self.prefix_kv[base][i]
+                kv.append((torch.cat([base_k, k.index_select(0, rows)]), torch.cat([base_v, v.index_select(0, rows)])))
             yield
+        for kv, (key, _, _) in zip(kept, t.fills, strict=True):  # set once every layer is done
+            self.prefix_kv[key] = kv  # as `prefix` sets it (one that ran first computed the same bits)
         x = self._norm(h, self.w.norm, K.READOUT_ROWS).float()
         head = self.w.letter_rows(letter_ids)  # [L, D] f32: logits for the letter rows only
         rows = K.READOUT_ROWS if self.chunks is None else self.chunks.for_weight(head)

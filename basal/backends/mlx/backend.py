@@ -51,6 +51,9 @@ class MLXBackend:
     def drop_prefix(self, key: str) -> None:
         self.net.prefix_kv.pop(key, None)
 
+    def prefix_bytes(self, key: str) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.net.prefix_kv.get(key, ()))
+
     def prepare(self, packed: PackedForward) -> None:
         """Nothing: MLX builds its inputs from the packed forward under the gate."""
         return None

@@ -61,6 +61,7 @@ class TreeInputs:
     readout_rows: np.ndarray
     prefix_keys: tuple[str, ...]
     attention: dict[bool, metal.AttentionArgs] | None = None  # Metal: launch per layout (last layer or not)
+    fills: tuple[tuple[str, str, mx.array], ...] = ()  # `PackedForward.fills`, the rows as an MLX array
 
 
 class MLXLlama:
@@ -177,6 +178,7 @@ class MLXLlama:
             readout_rows,
             packed.prefix_keys,
             attention,
+            tuple((key, base, mx.array(rows.astype(np.int32))) for key, base, rows in packed.fills),
         )
 
     def _norm(self, x: mx.array, w: mx.array, rows: int) -> mx.array:
@@ -284,16 +286,25 @@ class MLXLlama:
         h = self.embed[mx.array(tokens.astype(np.int32))]
         n_layers = self.cfg.num_hidden_layers
         previous = None
+        kept: list[list[tuple[mx.array, mx.array]]] = [[] for _ in t.fills]
         for i in range(n_layers):
-            h, _ = yield from self.layer(i, h, t, last=i == n_layers - 1)
+            h, (k, v) = yield from self.layer(i, h, t, last=i == n_layers - 1)
+            for kv, (_, base, rows) in zip(kept, t.fills, strict=True):  # the entry: its prefix's K/V, then the rows'
+                base_k, base_v = self.prefix_kv[base][i]
+                kv.append((mx.concatenate([base_k, k[rows]]), mx.concatenate([base_v, v[rows]])))
+            layer_kv = [a for kv in kept for a in kv[-1]]
             if self.use_metal:
-                mx.async_eval(h)
+                mx.async_eval(h, *layer_kv)
                 if previous is not None:
                     mx.eval(previous)  # one layer in flight where the long lane may pause (module docstring)
                 previous = h
             else:
-                mx.eval(h)  # a layer boundary is a real boundary: the long lane may pause here
+                mx.eval(h, *layer_kv)  # a layer boundary is a real boundary: the long lane may pause here
             yield
+        if kept:
+            mx.eval(*[a for kv in kept for pair in kv for a in pair])
+        for kv, (key, _, _) in zip(kept, t.fills, strict=True):  # set once every layer is done
+            self.prefix_kv[key] = kv  # as `prefix` sets it (one that ran first computed the same bits)
         x = self._norm(h, self.norm, O.READOUT_ROWS).astype(mx.float32)
         head = self.letter_rows(letter_ids)
         logits = metal.letter_readout(x, head) if self.use_metal else self._linear(x, head.T, None, O.READOUT_ROWS)

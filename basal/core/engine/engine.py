@@ -61,7 +61,7 @@ class Lane:
 
     def __init__(self, engine: Engine, name: str, urgent: bool):
         self.engine, self.name, self.urgent = engine, name, urgent
-        self.queue = JobQueue(engine.settings.schedule, engine.prefix_tokens)
+        self.queue = JobQueue(engine.settings.schedule, engine.prefix_tokens, engine.pipeline.cached_prefix)
         self.cv = threading.Condition()
         self.closing = False
         self.drain = True

@@ -303,6 +303,11 @@ class Pipeline:
             total -= self.state_cache.cached_tokens(tokenized)
         return total
 
+    def cached_prefix(self, question: TokenizedQuestion) -> tuple[str, int] | None:
+        """The computed state cache entry a question reads if packed now (its key and its tokens), else None."""
+        hit = self.state_cache.computed(question) if self.state_cache is not None else None  # STATE CACHE hook
+        return None if hit is None else (hit[0].key, hit[1])
+
     def letter_logits(
         self, tokenized: Sequence[TokenizedQuestion], stats: Stats | None = None
     ) -> Generator[None, None, list[list[np.ndarray]]]:
@@ -338,8 +343,9 @@ class Pipeline:
 
     @staticmethod
     def _with_states(f: Forward, entries: dict, tokenized: Sequence[TokenizedQuestion]) -> Forward:
-        """The forward with the state cache entries it reads, and its questions' tokens served from them."""
-        states = tuple(entries[k] for k in f.packed.prefix_keys if k in entries)
+        """The forward with the state cache entries it reads or fills, and its questions' tokens served from them."""
+        keys = (*f.packed.prefix_keys, *(key for key, _, _ in f.packed.fills))
+        states = tuple(entries[k] for k in keys if k in entries)
         cached = {qi: tokenized[qi].cached_tokens for qi, _ in f.readout_of if tokenized[qi].cached_tokens}
         return replace(f, states=states, cached_tokens=cached)
 
@@ -377,7 +383,7 @@ class Pipeline:
                 for qi in f.letter_mass:
                     out[qi].log_norms = np.array([next(norms) for _ in tokenized[qi].ids], dtype=np.float64)
 
-        filled = [0]  # tokens computed to fill state cache entries (they count as computed)
+        filled = [0]  # tokens computed to fill state cache entries alone (a forward's own fills are its tokens)
         yield from overlapped((self._run(f, preemptible, filled.append) for f in forwards), collect)
         if stats is not None:
             stats.forward_ms += (time.perf_counter() - t1) * 1000
@@ -392,8 +398,8 @@ class Pipeline:
             steps = self.backend.run_with_hidden(f.packed)
         else:
             steps = self.backend.run(f.packed, prepared=f.prepared, preemptible=preemptible)
-        if f.states and self.state_cache is not None:  # STATE CACHE hook: its entries filled first, pinned in it
-            return self.state_cache.around(f.states, steps, computed)
+        if f.states and self.state_cache is not None:  # STATE CACHE hook: its entries pinned in it, filled by it
+            return self.state_cache.around(f.states, steps, computed, {key for key, _, _ in f.packed.fills})
         return steps
 
 

@@ -1,7 +1,8 @@
 """Who runs next: the queue of one lane of one model, its order (HRRN or FIFO) and admission by token budget.
 
 The only place that decides which jobs share a pass (backends never do). Cost is counted in packed tokens — the
-tokens the prefix tree will actually compute, shared prefixes once, across requests too.
+tokens the prefix tree will actually compute, shared prefixes once, across requests too, cached prefixes (the
+template's, a cached state's) not at all.
 
 HRRN (highest response ratio next): priority = (waited + estimated) / estimated, with estimated = cost / rate and
 rate an exponential average of packed tokens/s of recent passes. Short requests go first; a long one's ratio
@@ -61,10 +62,18 @@ class Job:
 class JobQueue:
     """Waiting jobs of one lane. Not thread-safe: the engine guards it with its lane's condition."""
 
-    def __init__(self, policy: Policy = Policy.HRRN, prefix_len: dict[str, int] | None = None):
+    def __init__(
+        self,
+        policy: Policy = Policy.HRRN,
+        prefix_len: dict[str, int] | None = None,
+        cached_prefix: Callable[[TokenizedQuestion], tuple[str, int] | None] = lambda t: None,
+    ):
+        """`prefix_len`: per language, the template prefix's tokens; `cached_prefix(t)`: the cached state a question
+        reads now, and its tokens (template included), or None (`Seam.cached_prefix`)."""
         self.policy = policy
         self.rate = INITIAL_RATE
         self.prefix_len = prefix_len or {}
+        self.cached_prefix = cached_prefix
         self._jobs: list[Job] = []
 
     def __len__(self) -> int:
@@ -95,24 +104,29 @@ class JobQueue:
 
     def admit(self, max_tokens: int, now: float | None = None) -> list[Job]:
         """The first job in order always; then every waiting job that keeps the pass within `max_tokens`
-        packed tokens (prompts shared with jobs already admitted count once). No waiting for more work. Online and
-        background jobs never share a pass: an online job does not wait for Batch API lines computed beside it."""
+        packed tokens (prompts shared with jobs already admitted count once; the tokens of a cached state, as of the
+        template prefix, not at all: the packer puts the questions on one cached state in a row of their own after
+        it). No waiting for more work. Online and background jobs never share a pass: an online job does not wait
+        for Batch API lines computed beside it."""
         if not self._jobs:
             return []
         now = time.perf_counter() if now is None else now
         ordered = sorted(self._jobs, key=lambda j: self.priority(j, now))
-        sizes: dict[str, TrieSize] = {}
+        sizes: dict[str, TrieSize] = {}  # a trie per cached prefix the rows start after (a language, a state)
+        skip: dict[str, int] = {}  # that prefix's tokens, which every prompt of its trie starts with
         chosen: list[Job] = []
         for job in ordered:
             if chosen and job.background != chosen[0].background:
                 break  # sorted: every job after the first background one is background too
             added = []
             for t in job.tokenized:
-                size = sizes.setdefault(t.lang, TrieSize())
+                cached = self.cached_prefix(t)
+                row, skip[row] = cached if cached is not None else (t.lang, self.prefix_len.get(t.lang, 0))
+                size = sizes.setdefault(row, TrieSize())
                 for p in t.ids:
                     size.add(p)
                     added.append((size, p))
-            total = sum(s.tokens - self.prefix_len.get(lang, 0) for lang, s in sizes.items() if s.tokens)
+            total = sum(s.tokens - skip[row] for row, s in sizes.items() if s.tokens)
             if chosen and total > max_tokens:
                 for size, p in reversed(added):
                     size.remove(p)

@@ -109,6 +109,11 @@ class Seam(Protocol):
         (a limit), Cancelled (`cancelled()` said so before tokenizing)."""
         ...
 
+    def cached_prefix(self, question: TokenizedQuestion) -> tuple[str, int] | None:
+        """The cached state a question would read if it were packed now (its key, and its tokens, the template's
+        included), else None: the scheduler's pass budget leaves those tokens out, as the cost does."""
+        ...
+
     def pack(self, states: Sequence[Hashable], stats: Stats | None = None) -> Packed:
         """The next round of each state's request, packed into one pass (host work, before the device is taken)."""
         ...

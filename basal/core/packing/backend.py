@@ -36,6 +36,10 @@ class Backend(Protocol):
         """Forget a cached prefix (the state cache evicts it); nothing if there is none."""
         ...
 
+    def prefix_bytes(self, key: str) -> int:
+        """The bytes a cached prefix holds; 0 if there is none."""
+        ...
+
     def prepare(self, packed: PackedForward) -> Any:
         """The host work of a pass, done while packing, before the device is taken (the GPU path: the tile layout
         and the metadata blob); `run` gets it back as `prepared`. None from a backend that has no such work."""
@@ -51,6 +55,9 @@ class Backend(Protocol):
         layer too (the torch backend does between GEMM row chunks and key-tile spans, so that one long layer does
         not hold the device for seconds). A pause must never change the result: the pass keeps its tensors and
         its arithmetic across it, and leaves no state behind that other passes would see.
+
+        `packed.fills` (only where `caches_states`): the K/V of those rows, after their prefix's, are kept as new
+        prefixes once every layer is done, as `prefix` would compute and set them (the same bits).
 
         `prepared`: what `prepare(packed)` returned. `preemptible`: the long lane's pass, which must be able to
         pause between layers (the GPU path then replays no graph; same kernels, same bits).

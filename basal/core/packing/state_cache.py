@@ -6,12 +6,18 @@ prompts start with the same ids reads them as a cached prefix, as every prompt r
 (`tree.split_forwards`). The tokens after it keep their positions and read the cached keys in the same
 position-ordered tiles, so a hit gives the bits a miss gives (`tests/determinism/test_state_cache.py`).
 
-An entry is computed once, under the gate, before the forward that needs it: after the template prefix, or after
-a cached entry it extends (a partial hit: an append-only conversation's next state). Its bytes are what the backend
-holds (`Backend.prefix` reports them). Entries are evicted least recently used first once the kept bytes pass
-the budget; an entry a running forward reads is pinned until that forward ends, so the kept bytes stay within the
-budget plus the states of the passes running at that moment. A pass stopped before an entry is complete leaves
-no entry: the backend sets it only once every layer is done.
+A new entry is filled by the first forward that computes its state anyway: its questions are packed after the
+template prefix, or after a cached entry the state extends (a partial hit: an append-only conversation's next
+state), as without the cache, and the backend keeps the K/V of the state's rows of that forward
+(`PackedForward.fills`) once its last layer is done. A row's K/V do not depend on what else the forward holds, so
+they are the bits a forward of the state alone gives, and a miss costs no computation of its own. A forward packed
+while another pass still has an entry to fill reads the entry, and computes it first (alone, `Backend.prefix`) if
+it runs before that pass. Its bytes are what the backend holds (`Backend.prefix_bytes`).
+
+Entries are evicted least recently used first once the kept bytes pass the budget; an entry a running forward
+reads or fills is pinned until that forward ends, so the kept bytes stay within the budget plus the states of the
+passes running at that moment. A pass stopped before an entry is complete leaves no entry: the backend sets it
+only once every layer is done.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Entry:
     nbytes: int = 0  # what the backend holds for it (0 until computed, and after eviction)
     pins: int = 0  # forwards running with it
     ready: bool = False  # computed and held by the backend
+    filler: object = None  # the packing whose forward fills it (None: no forward is due to)
 
 
 @dataclass
@@ -114,42 +121,52 @@ class StateCache:
     def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """State tokens of these questions that computed entries hold (each distinct state once): what their cost
         leaves out."""
-        seen: set[tuple[str, str, tuple[int, ...]]] = set()
-        total = 0
-        for t in tokenized:
-            ids = self.state_ids(t)
-            if ids is None or (t.cache_scope, t.lang, ids) in seen:
-                continue
-            seen.add((t.cache_scope, t.lang, ids))
-            with self._lock:
-                entry = self._entries.get((t.cache_scope, t.lang, ids))
-                if entry is not None and entry.ready:
-                    total += len(ids) - len(self.templates[t.lang])
-        return total
+        found = {hit for t in tokenized if (hit := self.computed(t)) is not None}
+        return sum(n for _, n in found) - sum(len(self.templates[key.lang]) for key, _ in found)
+
+    def computed(self, t: TokenizedQuestion) -> tuple[Entry, int] | None:
+        """The computed entry a question reads if it is packed now, and its tokens (the template's included)."""
+        ids = self.state_ids(t)
+        if ids is None:
+            return None
+        with self._lock:
+            entry = self._entries.get((t.cache_scope, t.lang, ids))
+            return (entry, len(ids)) if entry is not None and entry.ready else None
 
     # -- packing ------------------------------------------------------------------------------------------------
 
     def assign(
         self, tokenized: Sequence[TokenizedQuestion]
     ) -> tuple[list[TokenizedQuestion], dict[str, tuple[int, ...]], dict[str, Entry]]:
-        """The questions with their state's entry as `prefix_key` (found, extended from a cached one, or new),
-        the entries' prefixes for the packer, and the entries by key."""
+        """The questions with the cached prefix they read as `prefix_key` (their state's entry when it is computed,
+        or another packing fills it; else the entry it extends, or none: the template prefix), the first question
+        of a new entry's state with `fill` (its forward fills the entry), the entries' prefixes for the packer,
+        and the entries by key (those read and those filled)."""
         out: list[TokenizedQuestion] = []
         used: dict[str, Entry] = {}
+        packing = object()  # this packing: the entries it claims, its forwards fill
         for t in tokenized:
             ids = self.state_ids(t)
             if ids is None:
                 out.append(t)
                 continue
             first = all(e.ids != ids or e.lang != t.lang or e.scope != t.cache_scope for e in used.values())
-            entry, cached = self._claim(t.cache_scope, t.lang, ids, first)
+            entry, cached = self._claim(t.cache_scope, t.lang, ids, first, packing)
             used[entry.key] = entry
-            out.append(replace(t, prefix_key=entry.key, cached_tokens=cached))
+            if entry.ready or entry.filler is not packing:  # computed, or another packing's forward fills it
+                out.append(replace(t, prefix_key=entry.key, cached_tokens=cached))
+                continue
+            base = entry.base
+            if base is not None:
+                used[base.key] = base
+            fill = (entry.key, len(ids)) if first else None  # its state's other questions share its rows
+            out.append(replace(t, prefix_key=None if base is None else base.key, cached_tokens=cached, fill=fill))
         return out, {k: e.ids for k, e in used.items()}, used
 
-    def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool) -> tuple[Entry, int]:
-        """The entry of a state (new ones are computed when their forward runs) and the tokens of each prompt it
-        serves from the cache now. `first`: its first question in this forward (the counts count states)."""
+    def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool, packing: object) -> tuple[Entry, int]:
+        """The entry of a state (a new one claimed by `packing`, whose forward fills it, unless another packing
+        has claimed it) and the tokens of each prompt it serves from the cache now. `first`: its first question
+        in this packing (the counts count states)."""
         template = len(self.templates[lang])
         with self._lock:
             entry = self._entries.get((scope, lang, ids))
@@ -161,7 +178,10 @@ class StateCache:
             else:
                 entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
                 self._entries[(scope, lang, ids)] = entry
-            entry.base = self._longest_base(scope, lang, ids)
+            if entry.filler is None:
+                entry.filler = packing
+            if entry.filler is packing:
+                entry.base = self._longest_base(scope, lang, ids)
             if entry.base is not None:
                 self.counts.partial_hits += first
                 return entry, len(entry.base.ids) - template
@@ -181,24 +201,35 @@ class StateCache:
     # -- running --------------------------------------------------------------------------------------------------
 
     def around(
-        self, entries: Sequence[Entry], steps: Generator, computed: Callable[[int], None] = lambda n: None
+        self,
+        entries: Sequence[Entry],
+        steps: Generator,
+        computed: Callable[[int], None] = lambda n: None,
+        fills: Sequence[str] = (),
     ) -> Generator:
-        """A forward's pass with its entries: pinned for the whole pass, the missing ones computed first (one at a
-        time, a pause point after each), unpinned and the budget restored at its end, however it ends.
-        `computed(n)`: n tokens were computed to fill an entry."""
+        """A forward's pass with its entries: pinned for the whole pass; those it reads but no forward has filled
+        yet computed first (one at a time, a pause point after each); those it fills (keys `fills`) taken as ready
+        once it is done; unpinned, unclaimed and the budget restored at its end, however it ends. `computed(n)`:
+        n tokens were computed, besides the forward's own, to fill an entry."""
         with self._lock:
             for e in entries:
                 e.pins += 1
         try:
             for e in entries:
-                if not e.ready:
+                if not e.ready and e.key not in fills:
                     computed(self._fill(e))
                     yield
-            return (yield from steps)
+            result = yield from steps
+            for e in entries:
+                if e.key in fills:
+                    self._filled(e)
+            return result
         finally:
             with self._lock:
                 for e in entries:
                     e.pins -= 1
+                    if e.key in fills:
+                        e.filler = None
                 self._evict()
 
     def _fill(self, e: Entry) -> int:
@@ -216,16 +247,26 @@ class StateCache:
             if base is not None:
                 with self._lock:
                     base.pins -= 1
+        self._ready(e, nbytes, len(e.ids) - start)
+        return len(e.ids) - start
+
+    def _filled(self, e: Entry) -> None:
+        """An entry its forward filled (the backend holds it now), unless a forward that ran first computed it."""
+        if e.ready:
+            return
+        start = len(e.base.ids) if e.base is not None else len(self.templates[e.lang])
+        self._ready(e, self.backend.prefix_bytes(e.key), len(e.ids) - start)
+
+    def _ready(self, e: Entry, nbytes: int, computed: int) -> None:
         with self._lock:
             e.nbytes, e.ready, e.base = nbytes, True, None
             self.bytes += nbytes
-            self.counts.computed_tokens += len(e.ids) - start
+            self.counts.computed_tokens += computed
             where = (e.scope, e.lang, e.ids)
             slot = self._entries.get(where)
             if slot is None or not slot.ready:  # evicted while it waited, or another placeholder took its place
                 self._entries[where] = e
             self._entries.move_to_end(where)
-        return len(e.ids) - start
 
     def _evict(self) -> None:
         """Least recently used computed entries out, unpinned ones only, until the bytes fit the budget."""

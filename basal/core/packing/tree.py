@@ -48,6 +48,10 @@ class PackedForward:
     # [H] flat index of further tokens whose final-normed hidden states are read (evidence: a question's state
     # tokens); distinct, none of them a readout. Empty for every forward without an evidence question.
     hidden: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    # state cache entries this forward fills: (entry key, the cached prefix it extends, flat index of each of its
+    # further tokens in position order). A backend keeps the K/V of those rows, after the prefix's, as the prefix
+    # `key` once every layer is done: the rows' K/V do not depend on what else the forward holds.
+    fills: tuple[tuple[str, str, np.ndarray], ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -253,6 +257,9 @@ class TokenizedQuestion:
     prefix_key: str | None = None
     cached_tokens: int = 0  # tokens of each prompt read from the state cache (usage.cached_tokens)
     cache_scope: str = ""  # its request's `cache_scope`: it reads only state cache entries of that scope
+    # a state cache entry its forward fills from the rows of its first prompt's tokens after its cached prefix:
+    # (the entry's key, the entry's tokens, template and state), set just before packing
+    fill: tuple[str, int] | None = None
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -498,7 +505,13 @@ def _build_row(questions, members, prefix: tuple[int, ...], max_depth: int = MAX
         for i in members
         if questions[i].hidden
     }
-    return row, slots, wants
+    fills = {
+        questions[i].fill[0]: (unique[_cut(questions[i].ids[0], prefix, cut_bases)], range(len(prefix), n))
+        for i in members
+        if questions[i].fill is not None
+        for n in (questions[i].fill[1],)
+    }
+    return row, slots, wants, fills
 
 
 def _cut(prompt: Ids, prefix: tuple[int, ...], cut_bases: dict) -> Ids:
@@ -535,7 +548,8 @@ def _assemble(group, letter_ids) -> Forward:
     hidden: dict[int, int] = {}  # flat index -> row of `hidden` (questions on one state share their rows)
     hidden_of: dict[int, np.ndarray] = {}
     rows_of: dict[tuple[int, ...], np.ndarray] = {}  # questions on one state share one array of its rows
-    for key, row, slots, wants in group:  # key: the cached prefix the row starts with (None: none)
+    fills: list[tuple[str, str, np.ndarray]] = []
+    for key, row, slots, wants, fills_of in group:  # key: the cached prefix the row starts with (None: none)
         base_token, base_block = len(tokens), len(starts)
         tokens += row.tokens
         positions += row.positions
@@ -561,6 +575,11 @@ def _assemble(group, letter_ids) -> Forward:
             if flat not in rows_of:
                 rows_of[flat] = np.asarray([hidden.setdefault(i, len(hidden)) for i in flat], dtype=np.int64)
             hidden_of[question] = rows_of[flat]
+        for entry, (u, wanted) in fills_of.items():
+            if key is None:
+                raise ValueError("a state cache entry is filled only after a cached prefix; this is a bug")
+            rows = np.asarray(_flat_positions(row, row.ends[u], wanted), dtype=np.int64) + base_token
+            fills.append((entry, key, rows))
 
     def i32(x):
         return np.asarray(x, dtype=np.int32)
@@ -577,5 +596,6 @@ def _assemble(group, letter_ids) -> Forward:
         i32(readouts),
         i32(letter_ids),
         i32(list(hidden)),
+        tuple(fills),
     )
     return Forward(packed, readout_of, hidden_of)

@@ -48,6 +48,9 @@ class KeyedRows:
         state = Asked(name, int(passes))
         return Admitted(self._prompts(state), 3 * state.passes_left, state)
 
+    def cached_prefix(self, question: TokenizedQuestion) -> None:
+        return None
+
     def pack(self, states, stats=None) -> DoublePass:
         self.packed.append([s.name for s in states])
         return DoublePass(stats or Stats(), list(states))

@@ -17,6 +17,7 @@ from basal.core.engine.engines import Engines
 from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
+from basal.core.engine.scheduler import Job, JobQueue, Policy
 from basal.core.model.prompt import Item
 from basal.core.packing.passes import run_to_end
 from basal.serve.server import state_cache_series
@@ -60,9 +61,10 @@ def test_least_recently_used_goes_first_within_the_budget(demo_model):
     assert set(pipeline.backend.prefixes) - {"pl", "en"} == {e.key for e in cache._entries.values() if e.ready}
 
 
-def test_two_batches_asking_one_new_state_compute_it_once(demo_model):
+@pytest.mark.parametrize("first_runs_first", [True, False])
+def test_two_batches_asking_one_new_state_compute_it_once(demo_model, first_runs_first):
     pipeline = _stub_pipeline(demo_model, 16)
-    computed = []
+    computed = []  # states computed alone, outside the forward that reads them
     backend = pipeline.backend
     plain_prefix = backend.prefix
     backend.prefix = lambda key, tokens, base=None: computed.append(key) or plain_prefix(key, tokens, base)
@@ -71,10 +73,19 @@ def test_two_batches_asking_one_new_state_compute_it_once(demo_model):
         pipeline.pack_questions([a]),
         pipeline.pack_questions([b]),
     )  # both packed before either runs (two lanes)
-    assert first[0].states[0] is second[0].states[0]
-    run_to_end(pipeline.run_forwards([a], first))
-    run_to_end(pipeline.run_forwards([b], second))
-    assert len(computed) == 1 and pipeline.state_cache.counts.computed_tokens > 0
+    entry = second[0].states[0]
+    assert first[0].states == (entry,) and [key for key, _, _ in first[0].packed.fills] == [entry.key]
+    assert second[0].packed.prefix_keys == (entry.key,) and not second[0].packed.fills  # it reads what first fills
+    state = len(entry.ids) - len(pipeline.prefixes["pl"])
+    assert first[0].packed.n_tokens > state and second[0].packed.positions.min() == len(entry.ids)
+    runs = [([a], first), ([b], second)] if first_runs_first else [([b], second), ([a], first)]
+    for questions, forwards in runs:
+        run_to_end(pipeline.run_forwards(questions, forwards))
+    # run first, the pass packed first fills the entry inside its forward: the state is computed once, in it; run
+    # second, the other pass computes it alone first, and the filling pass keeps what is there
+    assert computed == ([] if first_runs_first else [entry.key])
+    assert entry.ready and pipeline.state_cache.counts.computed_tokens == state
+    assert pipeline.state_cache.bytes == 8 * len(entry.ids) and entry.filler is None
 
 
 def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
@@ -98,7 +109,7 @@ def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
     cache = pipeline.state_cache
     assert cache.entries == 0 and cache.bytes == 0
     assert set(backend.net.prefix_kv) == {"pl", "en"}  # nothing half-written in the backend either
-    assert all(e.pins == 0 for e in cache._entries.values())
+    assert all(e.pins == 0 and e.filler is None for e in cache._entries.values())  # no pin, no claim left
     again = run_to_end(pipeline.letter_logits([q]))[0]
     assert [x.tobytes() for x in again] == [x.tobytes() for x in reference]
 
@@ -126,6 +137,36 @@ def test_usage_cost_and_metrics(demo_model):
     assert f'basal_state_cache_hits_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_misses_total{{model="{model}"}} 1.0' in text
     assert f'basal_state_cache_bytes{{model="{model}"}} {float(pipeline.state_cache.bytes)}' in text
+
+
+def test_a_pass_budget_leaves_out_the_tokens_of_cached_states(demo_model):
+    pipeline = _stub_pipeline(demo_model, 16)
+    questions = ["Czy zwrot?", "Czy szybko?", "Czy pilne?", "Czy klient zły?"]
+    jobs = [
+        Job(None, [_question(pipeline, state, q)], 0, lambda r: None)  # type: ignore[arg-type]
+        for state in STATES[:2]
+        for q in questions
+    ]
+    two = [t for j in jobs[:2] for t in j.tokenized]  # two questions on one state
+    budget = pipeline.cost(two) - 1
+    queue = JobQueue(Policy.FIFO, pipeline.facts().prefix_tokens, pipeline.cached_prefix)
+
+    def admitted() -> list[Job]:
+        for job in jobs:
+            queue.push(job)
+        chosen = queue.admit(budget)
+        queue.admit(1 << 62)  # empties the queue
+        return chosen
+
+    cold = admitted()
+    assert jobs[1] not in cold  # a second question on the first job's state would pass the budget
+    run_to_end(pipeline.letter_logits(jobs[0].tokenized))  # its state is cached now
+    # the questions on the cached state compute their own tokens only, and the budget counts those
+    warm = admitted()
+    tokenized = [t for j in warm for t in j.tokenized]
+    assert len(warm) > len(cold) and warm[:2] == jobs[:2] and all(t.state == STATES[0] for t in tokenized)
+    computed = sum(f.packed.n_tokens for f in pipeline.pack_questions(tokenized))
+    assert computed == pipeline.cost(tokenized) <= budget
 
 
 def test_a_scope_reads_only_its_own_entries(demo_model):

@@ -222,6 +222,9 @@ class GpuBackend:
                 self._prefix_version += 1
             self.graphs.clear()
 
+    def prefix_bytes(self, key: str) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self._prefix_kv.get(key, ()))
+
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
         """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops
         every graph), so no request pays a bucket's eager first pass and its capture: the p99 spike of a new
