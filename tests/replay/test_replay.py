@@ -131,3 +131,25 @@ def test_bad_arguments_fail_before_any_run(capture, tmp_path, capsys):
     assert main(["replay", str(tmp_path / "empty.jsonl"), "--a", "demo", "--b", "demo", "-o", out]) == 2
     assert "the file is empty" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_capture_is_read_from_its_file_as_it_runs(capture):
+    """The capture is indexed, not held: its lines (their model dropped), unreadable lines and states as captured
+    are read from the file when asked."""
+    from basal.replay.run import read_capture
+
+    with open(capture, "ab") as f:
+        f.write(b"{broken\n")
+    captured = read_capture(capture)
+    try:
+        assert len(captured.lines) == 5 and [b.number for b in captured.unreadable] == [6]
+        lines = list(captured.each())
+        assert sorted(line.custom_id for line in lines) == [f"r{i}" for i in range(5)]
+        assert all(
+            json.loads(line.body) == {"state": STATES[int(line.custom_id[1:])], "questions": QUESTIONS}
+            for line in lines
+        )
+        assert captured.states["r3"] == STATES[3] and captured.states.get("nope", "") == ""
+        assert dict(captured.states) == {f"r{i}": s for i, s in enumerate(STATES)}
+    finally:
+        captured.close()
