@@ -94,7 +94,7 @@ async def run_lines(
     tasks: set[asyncio.Task] = set()  # lines in the engine, and those that failed (their error ends the run)
 
     def forget(task: asyncio.Task) -> None:
-        """A line that finished well is recorded already: its task need not be held (a long run keeps no trace)."""
+        """A line that finished well left its record in `done`: its task need not be held (a long run keeps none)."""
         if not task.cancelled() and task.exception() is None:
             tasks.discard(task)
 
