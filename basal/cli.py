@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from basal import __version__
+
+if TYPE_CHECKING:
+    from basal.replay.run import Captured
 
 
 def _synth_model(a: argparse.Namespace) -> int:
@@ -359,15 +363,25 @@ def _run_batch(a: argparse.Namespace) -> int:
 
 def _replay(a: argparse.Namespace) -> int:
     """Captured requests under two configurations, compared answer by answer."""
+    from basal.replay.run import read_capture
+
+    captured = read_capture(Path(a.capture))
+    try:
+        return _replay_captured(a, captured)
+    finally:
+        captured.close()
+
+
+def _replay_captured(a: argparse.Namespace, captured: Captured) -> int:
+    """`_replay` once the capture is open."""
     import asyncio
     import os
 
     from basal.progress import Progress
     from basal.replay import report
     from basal.replay.diff import Diff, diff, failures
-    from basal.replay.run import configuration, read_capture, run
+    from basal.replay.run import configuration, run
 
-    captured = read_capture(Path(a.capture))
     failures(Diff().summary(), a.fail_on)  # a malformed --fail-on fails before any run
     key = a.api_key or os.environ.get("BASAL_API_KEY")
     outcomes, names = [], []

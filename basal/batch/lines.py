@@ -15,9 +15,10 @@ line's bytes at a time, whatever the file's size.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -319,13 +320,10 @@ class LineAt:
     group: bytes
 
 
-def _line_at(raw: RawLine, line: Line | BadLine) -> LineAt | BadLine:
-    if isinstance(line, BadLine):
-        return line
-    group = line.group
+def _group_key(group: bytes) -> bytes:
     if len(group) > GROUP_PREFIX:
-        group = group[:GROUP_PREFIX] + hashlib.blake2b(group, digest_size=16).digest()
-    return LineAt(line.number, raw.offset, len(raw.data), group)
+        return group[:GROUP_PREFIX] + hashlib.blake2b(group, digest_size=16).digest()
+    return group
 
 
 class InputFile:
@@ -333,11 +331,20 @@ class InputFile:
     error record), each line read again when it is sent, so memory grows with its line count, not its bytes. The
     open file keeps its lines readable if it is deleted meanwhile."""
 
-    def __init__(self, path: Path, max_line_bytes: int):
+    def __init__(self, path: Path, max_line_bytes: int, group: Callable[[Line], bytes] | None = None):
+        """`group`, if given, is the key lines are grouped by instead of each line's own `group`."""
         self.max_line_bytes = max_line_bytes
+        groups: dict[bytes, bytes] = {}  # equal group keys are one object: the lines of a state share it
+
+        def line_at(raw: RawLine, line: Line | BadLine) -> LineAt | BadLine:
+            if isinstance(line, BadLine):
+                return line
+            key = _group_key(line.group if group is None else group(line))
+            return LineAt(line.number, raw.offset, len(raw.data), groups.setdefault(key, key))
+
         self._file = open(path, "rb")  # noqa: SIM115 -- held open while the batch runs; `close` ends it
         try:
-            check = UploadCheck(1 << 62, max_line_bytes, keep=_line_at)
+            check = UploadCheck(1 << 62, max_line_bytes, keep=line_at)
             while block := self._file.read(READ_BYTES):
                 check.feed(block)
             check.finish()
@@ -355,6 +362,12 @@ class InputFile:
             else parse(line.number, os.pread(fd, line.size, line.offset), self.max_line_bytes)
             for line in lines
         ]
+
+    def each(self, lines: Iterable[LineAt | BadLine], chunk: int = 128) -> Iterator[Line | BadLine]:
+        """`read` of `lines` in their order, `chunk` lines read at a time: only a chunk's bytes are held."""
+        it = iter(lines)
+        while part := list(itertools.islice(it, chunk)):
+            yield from self.read(part)
 
     def close(self) -> None:
         self._file.close()

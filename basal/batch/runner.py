@@ -91,7 +91,13 @@ async def run_lines(
 
     slots = asyncio.Semaphore(window)
     write = asyncio.create_task(writer())
-    tasks = []
+    tasks: set[asyncio.Task] = set()  # lines in the engine, and those that failed (their error ends the run)
+
+    def forget(task: asyncio.Task) -> None:
+        """A line that finished well left its record in `done`: its task need not be held (a long run keeps none)."""
+        if not task.cancelled() and task.exception() is None:
+            tasks.discard(task)
+
     try:
         while True:
             await slots.acquire()  # room first, then the next line: a claiming source claims only with room
@@ -112,7 +118,9 @@ async def run_lines(
                 done.append((line.number, False, error_record(line.custom_id, line.code, line.message)))
                 wake.set()
                 continue
-            tasks.append(asyncio.create_task(one(line)))
+            task = asyncio.create_task(one(line))
+            tasks.add(task)
+            task.add_done_callback(forget)
         running = set(tasks)
         while running and not write.done():  # the writer giving up ends the run now: its error is the run's
             ended, running = await asyncio.wait({*running, write}, return_when=asyncio.FIRST_COMPLETED)

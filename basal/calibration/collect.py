@@ -75,11 +75,13 @@ def read_records(records: Path, wanted: set[str]) -> dict[str, tuple[int, bytes]
     found: dict[str, tuple[int, bytes]] = {}
     if not records.exists():
         return found
-    for raw in records.read_bytes().splitlines():
-        rec = msgspec.json.decode(raw)
-        if rec.get("custom_id") in wanted and rec.get("response") is not None:
-            response = rec["response"]
-            found[rec["custom_id"]] = (int(response["status_code"]), msgspec.json.encode(response["body"]))
+    with open(records, "rb") as f:
+        for part in f:  # a record at a time
+            for raw in part.splitlines():
+                rec = msgspec.json.decode(raw)
+                if rec.get("custom_id") in wanted and rec.get("response") is not None:
+                    response = rec["response"]
+                    found[rec["custom_id"]] = (int(response["status_code"]), msgspec.json.encode(response["body"]))
     return found
 
 

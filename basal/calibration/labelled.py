@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -79,34 +79,60 @@ def read_labelled(path: Path, dialect: str, model: str) -> Labelled:
     """Read and check `path`; every request is re-addressed to `model` (the served name being calibrated)."""
     if dialect not in DIALECTS:
         raise LabelledError(f"dialect must be one of {', '.join(DIALECTS)}, not {dialect!r}")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise LabelledError(f"{path}: cannot be read ({e.strerror or e})") from e
     parse = _parser(dialect, model)
     problems: list[str] = []
     lines: list[LabelledLine] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            line = _line(number, raw, parse, dialect, model)
-        except _Problem as e:
-            problems.append(f"{path} line {number}: {e}")
-        else:
-            if line.id in seen:
-                problems.append(f"{path} line {number}: id {line.id!r} is also on line {seen[line.id]}")
-            seen.setdefault(line.id, number)
-            lines.append(line)
-        if len(problems) >= MAX_PROBLEMS:
-            problems.append("(stopped after this many problems)")
-            break
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(_lines(f, digest), 1):
+                if _read(number, raw, path, parse, dialect, model, lines, seen, problems):
+                    break
+    except OSError as e:
+        raise LabelledError(f"{path}: cannot be read ({e.strerror or e})") from e
     if problems:
         raise LabelledError("\n".join(problems))
     if not lines:
         raise LabelledError(f"{path}: no labelled requests (one JSON request per line, each question with gold)")
-    return Labelled(path, dialect, hashlib.sha256(data).hexdigest(), tuple(lines))
+    return Labelled(path, dialect, digest.hexdigest(), tuple(lines))
+
+
+def _lines(f: BinaryIO, digest: Any) -> Iterator[bytes]:
+    """The file's lines as `bytes.splitlines` of the whole file gives them, read an LF-ended line at a time (a CR
+    LF never spans two), each hashed into `digest` as it is read."""
+    for part in f:
+        digest.update(part)
+        yield from part.splitlines()
+
+
+def _read(
+    number: int,
+    raw: bytes,
+    path: Path,
+    parse: Callable[[Any], DecisionRequest],
+    dialect: str,
+    model: str,
+    lines: list[LabelledLine],
+    seen: dict[str, int],
+    problems: list[str],
+) -> bool:
+    """Check one line into `lines` (or its problem into `problems`) -> whether to stop: too many problems."""
+    if not raw.strip():
+        return False
+    try:
+        line = _line(number, raw, parse, dialect, model)
+    except _Problem as e:
+        problems.append(f"{path} line {number}: {e}")
+    else:
+        if line.id in seen:
+            problems.append(f"{path} line {number}: id {line.id!r} is also on line {seen[line.id]}")
+        seen.setdefault(line.id, number)
+        lines.append(line)
+    if len(problems) >= MAX_PROBLEMS:
+        problems.append("(stopped after this many problems)")
+        return True
+    return False
 
 
 class _Problem(Exception):

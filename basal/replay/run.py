@@ -9,46 +9,96 @@ point is to compare two configurations on the same requests), so the body's `mod
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
-from basal.batch.lines import BadLine, Line, check_upload
-from basal.batch.runner import Decide, run_lines
+from basal.batch.lines import BadLine, InputFile, Line, LineAt
+from basal.batch.runner import Decide, in_group_order, run_lines
 from basal.replay.diff import Outcome
 
 MAX_LINE_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
 class Captured:
-    """The requests of a capture file: lines to run, and each one's state as captured (for the worst examples)."""
+    """The requests of a capture file, indexed (`InputFile`): the lines to run, by where they are in the file (read
+    again a chunk at a time when they run), the unreadable ones, and each line's state as captured (for the worst
+    examples, read from the file when asked). Open until `close`."""
 
-    lines: list[Line]
-    states: dict[str, str]  # custom_id -> the state text, or its hash where the capture stored one
-    unreadable: list[BadLine]
+    def __init__(self, path: Path):
+        try:
+            self.source = InputFile(path, MAX_LINE_BYTES, group=_state_group)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from e
+        self.lines = [line for line in self.source.lines if isinstance(line, LineAt)]
+        self.unreadable = [line for line in self.source.lines if isinstance(line, BadLine)]
+        self.states = _States(self)
+
+    def each(self) -> Iterator[Line]:
+        """The lines to run in the order they are sent (by state), each body without its `model`."""
+        for line in self.source.each(in_group_order(self.lines)):
+            assert isinstance(line, Line)  # read again as it was when indexed
+            yield Line(line.number, line.custom_id, _without_model(line.body), line.group)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+class _States(Mapping[str, str]):
+    """custom_id -> the state text as captured, or its hash where the capture stored one: read from the file on
+    the first look (a digest of each id kept, not the states)."""
+
+    def __init__(self, captured: Captured):
+        self._captured = captured
+        self._at: dict[bytes, LineAt] | None = None
+
+    def _index(self) -> dict[bytes, LineAt]:
+        if self._at is None:
+            lines = self._captured.lines
+            self._at = {
+                _digest(line.custom_id): at for at, line in zip(lines, self._captured.source.each(lines), strict=True)
+            }
+        return self._at
+
+    def __getitem__(self, custom_id: str) -> str:
+        at = self._index().get(_digest(custom_id))
+        if at is None:
+            raise KeyError(custom_id)
+        (line,) = self._captured.source.read([at])
+        assert isinstance(line, Line)
+        state = msgspec.json.decode(line.body).get("state")
+        return state if isinstance(state, str) else msgspec.json.encode(state).decode()
+
+    def __iter__(self) -> Iterator[str]:
+        return (line.custom_id for line in self._captured.source.each(self._captured.lines))
+
+    def __len__(self) -> int:
+        return len(self._captured.lines)
+
+
+def _digest(custom_id: str) -> bytes:
+    return hashlib.blake2b(custom_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _without_model(body: bytes) -> bytes:
+    """A captured body asked of each configuration's default model."""
+    value = msgspec.json.decode(body)
+    value.pop("model", None)
+    return msgspec.json.encode(value)
+
+
+def _state_group(line: Line) -> bytes:
+    """Lines of one state (language, facts) go together whatever model they were sent to."""
+    body = msgspec.json.decode(line.body)
+    return msgspec.json.encode([body.get("state"), body.get("lang"), body.get("facts")])
 
 
 def read_capture(path: Path) -> Captured:
-    try:
-        parsed = check_upload(path.read_bytes(), 1 << 62, MAX_LINE_BYTES)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from e
-    lines, states, bad = [], {}, []
-    for p in parsed:
-        if isinstance(p, BadLine):
-            bad.append(p)
-            continue
-        body = msgspec.json.decode(p.body)
-        body.pop("model", None)  # each configuration's default model answers
-        state = body.get("state")
-        states[p.custom_id] = state if isinstance(state, str) else msgspec.json.encode(state).decode()
-        group = msgspec.json.encode([body.get("state"), body.get("lang"), body.get("facts")])
-        lines.append(Line(p.number, p.custom_id, msgspec.json.encode(body), group))
-    return Captured(lines, states, bad)
+    return Captured(path)
 
 
 def is_url(spec: str) -> bool:
@@ -130,7 +180,11 @@ async def run(captured: Captured, decide: Decide, on_record: Callable[[], None] 
                 out[head.custom_id] = Outcome(head.response.status_code, _answer_bytes(raw))
                 on_record()
 
-    await run_lines(captured.lines, decide, record)
+    async def lines() -> AsyncIterator[Line]:
+        for line in captured.each():
+            yield line
+
+    await run_lines(lines(), decide, record)
     return out
 
 

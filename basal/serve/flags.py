@@ -68,7 +68,7 @@ LIMIT_HELP: dict[str, str] = {
     "max_header_count": "header lines of one request (431 beyond)",
     "max_header_bytes": "bytes of the request line and headers (431 beyond)",
     "header_timeout_s": "seconds from connecting to the end of the headers (408 beyond)",
-    "body_timeout_s": "seconds from the end of the headers to the end of the body (408 beyond)",
+    "body_timeout_s": "seconds from the headers' end to the body's end, an upload's between two reads (408 beyond)",
     "max_transit_bytes": "bytes of request bodies being received at once, over all connections (529 beyond)",
     "keep_alive_s": "seconds an idle kept-alive connection stays open",
 }

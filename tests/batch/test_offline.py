@@ -113,3 +113,45 @@ def test_nothing_left_to_do_loads_nothing(tmp_path):
     run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "nothing left to do: all 2 line(s) already in" in run.stderr
+
+
+def test_the_input_is_read_a_chunk_at_a_time(tmp_path):
+    """A 25 MB input (6,000 lines of 4 KB) runs, and resumes, in memory bounded by the lines in flight and an
+    index entry per line, not by the file's bytes. Derived bound: the 1 MiB block read while indexing (and its
+    lines' slices, as much again), the window's 256 lines and two 128-line chunks read ahead, each line held as
+    its raw bytes and its body (512 x 4 KB x 2 = 4 MiB), and ~400 B per line for the index and the duplicate-id
+    check (2.4 MB): under 10 MB. Reading the file whole, as before, peaked at ~120 MB here."""
+    import tracemalloc
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    with open(source, "w") as f:
+        for i in range(6000):
+            body = {
+                "state": f"Ticket {i % 50}: " + "x" * 4000,
+                "questions": {"q": {"type": "noul", "instructions": "?"}},
+            }
+            f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/basal", "body": body}) + "\n")
+    assert source.stat().st_size > 24e6
+
+    async def decide(body, cancelled):
+        return 200, b'{"answers":{}}', "req"
+
+    def peak(output: Path) -> tuple[int, object]:
+        tracemalloc.start()
+        try:
+            summary = asyncio.run(run_file(source, output, decide, 1 << 20))
+            return tracemalloc.get_traced_memory()[1], summary
+        finally:
+            tracemalloc.stop()
+
+    used, summary = peak(output)
+    assert (summary.ran, summary.skipped) == (6000, 0)
+    assert used < 10e6, f"peak {used / 1e6:.1f} MB"
+    records = output.read_bytes().splitlines(keepends=True)
+    output.write_bytes(b"".join(records[:2500]))  # interrupted: the rest is read again to find what is left
+    used, summary = peak(output)
+    assert (summary.ran, summary.skipped) == (3500, 2500)
+    assert used < 10e6, f"peak {used / 1e6:.1f} MB"
+    assert sorted(json.loads(r)["custom_id"] for r in output.read_bytes().splitlines()) == sorted(
+        f"c{i}" for i in range(6000)
+    )

@@ -131,3 +131,53 @@ def test_bad_arguments_fail_before_any_run(capture, tmp_path, capsys):
     assert main(["replay", str(tmp_path / "empty.jsonl"), "--a", "demo", "--b", "demo", "-o", out]) == 2
     assert "the file is empty" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_capture_is_read_from_its_file_as_it_runs(capture):
+    """The capture is indexed, not held: its lines (their model dropped), unreadable lines and states as captured
+    are read from the file when asked."""
+    from basal.replay.run import read_capture
+
+    with open(capture, "ab") as f:
+        f.write(b"{broken\n")
+    captured = read_capture(capture)
+    try:
+        assert len(captured.lines) == 5 and [b.number for b in captured.unreadable] == [6]
+        lines = list(captured.each())
+        assert sorted(line.custom_id for line in lines) == [f"r{i}" for i in range(5)]
+        assert all(
+            json.loads(line.body) == {"state": STATES[int(line.custom_id[1:])], "questions": QUESTIONS}
+            for line in lines
+        )
+        assert captured.states["r3"] == STATES[3] and captured.states.get("nope", "") == ""
+        assert dict(captured.states) == {f"r{i}": s for i, s in enumerate(STATES)}
+    finally:
+        captured.close()
+
+
+def test_a_large_capture_is_not_held_in_memory(tmp_path):
+    """25 MB of captured lines (6,000 of 4 KB): indexed in a few MB of Python allocations (the 1 MiB block read,
+    ~300 B of index per line), and run through a chunk at a time; read whole it peaked at ~170 MB."""
+    import tracemalloc
+
+    from basal.replay.run import read_capture
+
+    path = tmp_path / "capture.jsonl"
+    with open(path, "w") as f:
+        for i in range(6000):
+            body = {"model": "m", "state": f"Ticket {i % 50}: " + "x" * 4000, "questions": QUESTIONS}
+            f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/basal", "body": body}) + "\n")
+    tracemalloc.start()
+    try:
+        captured = read_capture(path)
+        indexed = tracemalloc.get_traced_memory()[1]
+        try:
+            assert sum(1 for _ in captured.each()) == 6000
+            assert captured.states["c51"] == "Ticket 1: " + "x" * 4000
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            captured.close()
+    finally:
+        tracemalloc.stop()
+    assert indexed < 6e6, f"indexing peaked at {indexed / 1e6:.1f} MB"
+    assert peak < 8e6, f"running through peaked at {peak / 1e6:.1f} MB"

@@ -9,6 +9,10 @@ parser busy (a 256 MiB header), or sit silent forever; enough silent ones exhaus
   bytes *before* httptools parses them;
 * the head must arrive within ``header_timeout_s`` of the connection (or of the first byte of a later request),
   the body within ``body_timeout_s`` of the head: 408 otherwise (or a plain close once a response has started);
+  a streamed upload (``POST /v1/files``, up to its own size limit, stored as it arrives) instead must keep
+  arriving: at most ``body_timeout_s`` between two of its reads (as nginx's ``client_body_timeout``), however long
+  it takes in all, so a large file over a slow but steady link is not cut off while a stalled one is, as before
+  (time the server itself is not reading, its buffer full, does not count);
 * over ``max_connections`` open connections: 503 at once, before anything is read;
 * protocol errors answer JSON, like the rest of the API.
 """
@@ -23,6 +27,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from basal.core.request.limits import DEFAULT_LIMITS, Limits
 
 HEAD_END = b"\r\n\r\n"
+STREAMED = frozenset({(b"POST", b"/v1/files")})  # bodies the app stores as they arrive: an idle limit, not a total
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -32,6 +37,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
         self._reading_head = True
+        self._streamed = False  # the body being read is a streamed upload's
         self._head_bytes = self._head_lines = 0
         self._tail = b""
         if len(self.connections) > self.limits.max_connections:
@@ -75,12 +81,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._reading_head = False
+        self._streamed = (self.parser.get_method(), self.url.partition(b"?")[0]) in STREAMED
         self._arm(self.limits.body_timeout_s)
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if self._streamed and body and cycle is not None and not cycle.response_started:
+            self._arm(self.limits.body_timeout_s)  # an upload's bytes arrived: its idle time starts again
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._disarm()
         self._reading_head = True
+        self._streamed = False
         self._head_bytes = self._head_lines = 0
         self._tail = b""
         super().on_message_complete()
@@ -103,6 +117,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and not self._reading_head and cycle.response_started:
             self.transport.close()  # answered already (e.g. 529 before the body); the body never came
+            return
+        if self._streamed and not self._reading_head and self.flow.read_paused:
+            self._arm(self.limits.body_timeout_s)  # the app has not taken the bytes it has: the wait is the server's
             return
         if cycle is not None and not self._reading_head:
             cycle.disconnected = True  # the handler waiting for the body sees a hang-up

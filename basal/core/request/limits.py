@@ -34,7 +34,7 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_header_bytes: Annotated[int, Meta(ge=1024)] = 65_536  # request line + headers of one request (431 beyond)
     # from connection (or the previous response) to the end of the headers (408); at most a day, as every timeout
     header_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 10.0
-    body_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 60.0  # from the end of the headers to the body's end
+    body_timeout_s: Annotated[float, Meta(ge=0.1, le=DAY_S)] = 60.0  # headers' end to body's end (uploads: longest gap)
     max_transit_bytes: Annotated[int, Meta(ge=1 << 16)] = 256 << 20  # bytes of bodies received at once (529 beyond)
     keep_alive_s: Annotated[float, Meta(gt=0, le=DAY_S)] = 5.0  # an idle keep-alive connection is closed after this
 
