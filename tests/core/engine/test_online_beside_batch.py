@@ -97,6 +97,9 @@ class Stepped:
         ids = tuple(range(start, start + request.tokens))
         return Admitted([TokenizedQuestion("en", request.name, (ids,))], request.tokens, Named(request.name))
 
+    def cached_prefix(self, question) -> None:
+        return None  # no state cache: every token is computed
+
     def pack(self, states, stats=None) -> DoublePass:
         packed = DoublePass(stats or Stats(), list(states))
         self._record("pack", packed.label)
