@@ -66,8 +66,8 @@ def run_router(model_dir: Path, router: str, requests: list[dict], clients: int)
 
     config = parse_config({"models": [{"path": str(model_dir)}], "ray": {"replicas": 2, "router": router}})
     engines = start(config)
-    name = next(iter(engines.engines))
-    handle = engines.engines[name]
+    name = next(iter(engines.handles))
+    handle = engines.handles[name]
     try:
         with live_server(engines) as url:
             drive(url, requests[:4], 2)  # warm-up
