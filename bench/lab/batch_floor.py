@@ -43,7 +43,8 @@ async def phases(requests: int, lines: int, alone_s: float) -> dict:
     model = demo_model()
     engines = make_engines(model)
     engines.start()
-    gate = engines.engines[model.name].gate
+    engine = engines.engines[model.name]
+    gate = engine.gate
 
     def req(seed: int, n: int, i: int = 0):
         body = {"model": model.name, "state": state_of_tokens(model.tokenizer, 64, "en", seed)}
@@ -51,11 +52,12 @@ async def phases(requests: int, lines: int, alone_s: float) -> dict:
         return parse_basal(body, lambda m: m)
 
     def counters() -> dict:
-        return {"t": time.perf_counter(), **{k: getattr(gate, k, 0.0) for k in GATE_COUNTERS}}
+        return {"t": time.perf_counter(), "passes": engine.passes, **{k: getattr(gate, k, 0.0) for k in GATE_COUNTERS}}
 
-    def delta(a: dict, b: dict, done: int) -> dict:
+    def delta(a: dict, b: dict, done: int, online: int = 0) -> dict:
         out = {k: round(b[k] - a[k], 3) for k in GATE_COUNTERS}
-        return {"seconds": round(b["t"] - a["t"], 3), "lines": done, **out}
+        passes = b["passes"] - a["passes"] - online  # the batch's
+        return {"seconds": round(b["t"] - a["t"], 3), "lines": done, "batch_passes": passes, **out}
 
     async def client(seed: int) -> list[float]:
         ms = []
@@ -99,7 +101,7 @@ async def phases(requests: int, lines: int, alone_s: float) -> dict:
     stop = True
     await runner
     engines.close(drain=False, timeout=10)
-    batch_alone, beside = delta(a, b, d1 - d0), delta(b, c, d2 - d1)
+    batch_alone, beside = delta(a, b, d1 - d0), delta(b, c, d2 - d1, requests)
     return {
         "online_alone_ms": [round(pct(alone_ms, 0.5), 1), round(pct(alone_ms, 0.99), 1)],
         "online_beside_ms": [round(pct(beside_ms, 0.5), 1), round(pct(beside_ms, 0.99), 1)],
