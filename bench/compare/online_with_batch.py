@@ -81,6 +81,21 @@ def online(client: httpx.Client, bodies: list[dict]) -> list[tuple[float, float,
     return out
 
 
+def batch_passes(client: httpx.Client) -> tuple[float, float]:
+    """(requests, passes) of the background lanes so far, from `/metrics` (the server's `--metrics`); zeros without."""
+    r = client.get("/metrics")
+    total = [0.0, 0.0]
+    for line in r.text.splitlines() if r.status_code == 200 else []:
+        for i, name in enumerate(("basal_batch_requests_sum{", "basal_batch_requests_count{")):
+            if line.startswith(name) and ('lane="long"' in line or 'lane="background"' in line):
+                total[i] += float(line.rsplit(" ", 1)[1])
+    return total[0], total[1]
+
+
+def per_pass(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return round((b[0] - a[0]) / (b[1] - a[1]), 1) if b[1] > a[1] else 0.0
+
+
 def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int, alone_s: float) -> tuple[list, dict]:
     """`bodies` online while a batch of `data` runs, from its `warm`-th recorded line on (past its start, when
     the first lines are admitted and nothing is on the device yet), after `alone_s` of the batch by itself; -> their
@@ -94,9 +109,9 @@ def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int,
         if now["request_counts"]["completed"] >= warm or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    alone_started = time.perf_counter()
+    alone_started, passes_alone = time.perf_counter(), batch_passes(client)
     time.sleep(alone_s)  # the batch by itself: its rate without the online client
-    before = now
+    before, passes_beside = now, batch_passes(client)
     now = client.get(f"/v1/batches/{batch['id']}").json()
     alone = (now["request_counts"]["completed"] - before["request_counts"]["completed"]) / (
         time.perf_counter() - alone_started
@@ -107,6 +122,8 @@ def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int,
     at_end = client.get(f"/v1/batches/{batch['id']}").json()
     at_end["lines_per_s"] = (at_end["request_counts"]["completed"] - now["request_counts"]["completed"]) / seconds
     at_end["lines_per_s_alone"] = alone
+    # requests per pass of its lanes (with --serve-arg=--metrics): alone, and beside the online client
+    at_end["lines_per_pass"] = [per_pass(passes_alone, passes_beside), per_pass(passes_beside, batch_passes(client))]
     client.post(f"/v1/batches/{batch['id']}/cancel")
     while client.get(f"/v1/batches/{batch['id']}").json()["status"] not in ("cancelled", "completed", "failed"):
         time.sleep(0.1)
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
                     **b["request_counts"],
                     "lines_per_s_alone": round(b["lines_per_s_alone"], 1),
                     "lines_per_s_beside_online": round(b["lines_per_s"], 1),
+                    "lines_per_pass_alone_beside": b["lines_per_pass"],
                 }
                 for b in run["batches"]
             ],
