@@ -3,7 +3,8 @@ host work (admitting lines, packing their passes) waits while an online request 
 
 Shown with a deterministic gate and no clock: the pipeline double's passes take `STEPS` pause points and record
 every admission, pack and step; a step can be held until the test lets it go. The gate's slice is a minute, so
-nothing here can pass because time went by: only the order of events counts.
+nothing here can pass because time went by: only the order of events counts. The batch's floor under an online
+client that never stops is shown with a clock the double moves by hand (`HandClock`).
 """
 
 from __future__ import annotations
@@ -225,8 +226,8 @@ def test_a_batch_line_is_not_admitted_while_an_online_pass_computes():
 
 
 def test_batch_host_work_waits_until_no_online_work_is_left_or_it_is_below_its_floor():
-    """`host_work` waits while a main lane has work, unless the long lane is below its floor (`long_share`): main-lane
-    device time while it waits counts against the floor, as if it waited for the device."""
+    """`host_work` waits while a main lane has work, unless the long lane is below its floor (`long_share`): the
+    main lanes' busy time while it waits counts against the floor, as if it waited for the device."""
 
     def waiting(gate: Gate) -> tuple[threading.Thread, threading.Event]:
         released = threading.Event()
