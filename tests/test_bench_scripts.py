@@ -277,11 +277,11 @@ def test_online_with_batch_bench_measures_both_ways_beside_a_running_batch(tmp_p
     """A `basal serve` child, a few online requests alone and beside a small batch: every part of the table."""
     from bench.compare import online_with_batch
 
-    result = online_with_batch.main(
-        ["--requests", "3", "--lines", "400", "--warm-lines", "10", "--out", str(tmp_path / "out.json")]
-    )
+    args = "--requests 3 --lines 400 --warm-lines 10 --alone-s 0.2".split()
+    result = online_with_batch.main([*args, "--out", str(tmp_path / "out.json")])
     row = result["rows"]["this"]
     for way in ("alone", "batch"):
         assert row[way]["total"]["p50"] > 0 and row[way]["compute"]["p50"] > 0
     assert row["batch_at_end"][0]["status"] == "in_progress"  # the batch still ran when the last request ended
+    assert row["batch_at_end"][0]["lines_per_s_alone"] > 0  # and ran by itself before the client started
     assert "| this | queue ms |" in capsys.readouterr().out

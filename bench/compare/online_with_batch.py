@@ -81,9 +81,25 @@ def online(client: httpx.Client, bodies: list[dict]) -> list[tuple[float, float,
     return out
 
 
-def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int) -> tuple[list, dict]:
+def batch_passes(client: httpx.Client) -> tuple[float, float]:
+    """(requests, passes) of the background lanes so far, from `/metrics` (the server's `--metrics`); zeros without."""
+    r = client.get("/metrics")
+    total = [0.0, 0.0]
+    for line in r.text.splitlines() if r.status_code == 200 else []:
+        for i, name in enumerate(("basal_batch_requests_sum{", "basal_batch_requests_count{")):
+            if line.startswith(name) and ('lane="long"' in line or 'lane="background"' in line):
+                total[i] += float(line.rsplit(" ", 1)[1])
+    return total[0], total[1]
+
+
+def per_pass(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return round((b[0] - a[0]) / (b[1] - a[1]), 1) if b[1] > a[1] else 0.0
+
+
+def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int, alone_s: float) -> tuple[list, dict]:
     """`bodies` online while a batch of `data` runs, from its `warm`-th recorded line on (past its start, when
-    the first lines are admitted and nothing is on the device yet); -> their times and the batch at the end."""
+    the first lines are admitted and nothing is on the device yet), after `alone_s` of the batch by itself; -> their
+    times and the batch at the end (with its lines/s alone and beside the online client)."""
     file = client.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}).json()
     batch = client.post("/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/basal",
                                              "completion_window": "24h"}).json()  # fmt: skip
@@ -93,11 +109,21 @@ def with_batch(client: httpx.Client, data: bytes, bodies: list[dict], warm: int)
         if now["request_counts"]["completed"] >= warm or time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    alone_started, passes_alone = time.perf_counter(), batch_passes(client)
+    time.sleep(alone_s)  # the batch by itself: its rate without the online client
+    before, passes_beside = now, batch_passes(client)
+    now = client.get(f"/v1/batches/{batch['id']}").json()
+    alone = (now["request_counts"]["completed"] - before["request_counts"]["completed"]) / (
+        time.perf_counter() - alone_started
+    )
     started = time.perf_counter()
     times = online(client, bodies)
     seconds = time.perf_counter() - started
     at_end = client.get(f"/v1/batches/{batch['id']}").json()
     at_end["lines_per_s"] = (at_end["request_counts"]["completed"] - now["request_counts"]["completed"]) / seconds
+    at_end["lines_per_s_alone"] = alone
+    # requests per pass of its lanes (with --serve-arg=--metrics): alone, and beside the online client
+    at_end["lines_per_pass"] = [per_pass(passes_alone, passes_beside), per_pass(passes_beside, batch_passes(client))]
     client.post(f"/v1/batches/{batch['id']}/cancel")
     while client.get(f"/v1/batches/{batch['id']}").json()["status"] not in ("cancelled", "completed", "failed"):
         time.sleep(0.1)
@@ -136,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lines", type=int, default=20000, help="lines of the batch (default 20000)")
     ap.add_argument("--state-tokens", type=int, default=64, help="tokens of each state, online and batch (64)")
     ap.add_argument("--warm-lines", type=int, default=1000, help="lines recorded before the online client starts")
+    ap.add_argument("--alone-s", type=float, default=2.0, help="seconds of the batch alone, before the client starts")
     ap.add_argument("--serve-arg", action="append", default=[], help="one more `basal serve` argument (repeat)")
     ap.add_argument("--before", metavar="DIR", help="also a server from this checkout (PYTHONPATH), rounds alternating")
     ap.add_argument("--out", default="bench/results/online_with_batch.json")
@@ -162,7 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
                     client, run = clients[name], runs[name]
                     run["alone"] += online(client, bodies(2 * 10**6 + 2 * r * n))
                     data = batch_file(model, a.lines, a.state_tokens, 3 * 10**6 + r * a.lines)
-                    times, at_end = with_batch(client, data, bodies(2 * 10**6 + (2 * r + 1) * n), a.warm_lines)
+                    times, at_end = with_batch(
+                        client, data, bodies(2 * 10**6 + (2 * r + 1) * n), a.warm_lines, a.alone_s
+                    )
                     run["batch"] += times
                     run["batches"].append(at_end)
             for client in clients.values():
@@ -177,7 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
             "alone": stats(run["alone"]),
             "batch": stats(run["batch"]),
             "batch_at_end": [
-                {"status": b["status"], **b["request_counts"], "lines_per_s_beside_online": round(b["lines_per_s"], 1)}
+                {
+                    "status": b["status"],
+                    **b["request_counts"],
+                    "lines_per_s_alone": round(b["lines_per_s_alone"], 1),
+                    "lines_per_s_beside_online": round(b["lines_per_s"], 1),
+                    "lines_per_pass_alone_beside": b["lines_per_pass"],
+                }
                 for b in run["batches"]
             ],
         }

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,13 +133,13 @@ class Lane:
         engine, metrics = self.engine, self.engine.metrics
         background = jobs[0].background  # a pass holds online jobs or background jobs, never both
         while True:  # packed without the device; packed again if a client leaves while the pass waits for it
-            if background:
-                engine.gate.host_turn()  # not while an online pass is packed, computed or answered
             jobs = self._drop_gone(jobs)
             if not jobs:
                 return None
             try:
-                packed = engine.pipeline.pack([job.state for job in jobs])
+                # background: not while an online pass is packed, computed or answered, unless below its floor
+                with engine.gate.host_work() if background else nullcontext():
+                    packed = engine.pipeline.pack([job.state for job in jobs])
             except Exception as e:  # a bug: fail these jobs, keep serving
                 log.exception("packing a pass of %d requests failed", len(jobs))
                 self._fail(jobs, e)
@@ -215,11 +216,10 @@ class Lane:
         metrics.packed_tokens.inc(engine.name, self.name, by=stats.packed_tokens)
         metrics.prompt_tokens.inc(engine.name, self.name, by=stats.prompt_tokens)
         for job in jobs:
-            if job.background:
-                engine.gate.host_turn()
             job.compute_ms += seconds * 1000
             try:
-                settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)
+                with engine.gate.host_work() if job.background else nullcontext():
+                    settled = engine.pipeline.settle(job.state, rows[job.state], job.arrival, job.cancelled)
                 if isinstance(settled, Next):  # a second stage: back into this lane, ahead of most by its long wait
                     job.tokenized, job.cost = settled.tokenized, settled.cost
                     self.submit(job)

@@ -10,7 +10,7 @@ import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from typing import Any
 
 from basal.core.engine.admission import prompt_chars
@@ -50,7 +50,7 @@ class Engines(InflightLimit):
         self._started = False
         self._start_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit")
-        # batch lines are admitted in a pool of their own, where each waits for the gate's `host_turn`: an online
+        # batch lines are admitted in a pool of their own, where each waits for the gate's `host_work`: an online
         # request's admission never queues behind them, and they never take the interpreter from an online pass
         self._background_pool = ThreadPoolExecutor(admitters, thread_name_prefix="basal-admit-bg")
 
@@ -128,10 +128,9 @@ class Engines(InflightLimit):
                     loop.call_soon_threadsafe(_settle, future, result)
 
             def prepare() -> Job:
-                if background:
-                    engine.gate.host_turn()
-                job = engine.admit(request, finish, cancelled, background)
-                engine.submit(job)  # a model-free request is answered here, off the loop when it is large
+                with engine.gate.host_work() if background else nullcontext():
+                    job = engine.admit(request, finish, cancelled, background)
+                    engine.submit(job)  # a model-free request is answered here, off the loop when it is large
                 return job
 
             if chars <= INLINE_ADMIT_CHARS and not background:  # a few short prompts cost less than a hop; Batch API
