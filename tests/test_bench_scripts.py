@@ -295,7 +295,7 @@ def test_caches_mixed_http_bench_serves_both_ways_and_compares_the_bytes(tmp_pat
     argv = ["--requests", "24", "--states", "20", "--state-tokens", "32", "--clients", "4"]
     result = caches_mixed_http.main([*argv, "--out", str(tmp_path / "out.json")])
     off, on = result["rows"]["off"], result["rows"]["on"]
-    assert result["identical_answers"] == "24/24"
+    assert result["identical_answers"] == {"off": "24/24", "on": "24/24"}
     assert off["answer_cache"] == {"none": 24} and on["answer_cache"]["hit"] > 0
     assert off["state_cache"]["hits"] == off["cached_tokens"] == 0 and on["state_cache"]["hits"] > 0
     assert on["cached_tokens"] > 0 and result["throughput_ratio"] > 0

@@ -5,11 +5,13 @@ cache on); decisions/s, each cache's hits, and the answers compared byte for byt
     python -m bench.lab.caches_mixed_http                              # mini shapes cut to 1 layer, 640 requests
     python -m bench.lab.caches_mixed_http --layers 1 --reps 2          # off, on, off, on: the best of each
     python -m bench.lab.caches_mixed_http --layers 4 --reps 1 --requests 320
+    python -m bench.lab.caches_mixed_http --ways off,answer,state,on   # also each cache alone: which gives what
 
 The requests are `bench/lab/state_cache_mixed.py`'s (the same states, questions and order), sent as `/v1/basal`
 bodies by `--clients` coroutines sharing one keep-alive `httpx.AsyncClient` to a `basal serve` child on a free
 loopback port (f32, torch CPU), a fresh child (cold caches) for every run. "off" is `--state-cache-mb 0
---answer-cache-entries 0`; "on" is the defaults. Both warm up on the first 4 requests, as the in-process bench does.
+--answer-cache-entries 0`; "on" is the defaults; `--ways` adds "answer" (the answer cache
+alone) and "state" (the state cache alone). Both warm up on the first 4 requests, as the in-process bench does.
 The answer cache's share is read from each response's `x-basal-cache` header, the state cache's counts from
 /metrics (the timed run's deltas). Answers on and off must be equal byte for byte once `usage.latency_ms` (a timing)
 and `usage.cached_tokens` (present only with the state cache on) are taken out (docs/caches.md).
@@ -34,7 +36,12 @@ from bench import report
 from bench.compare.online_with_batch import start
 from bench.lab.state_cache_mixed import mixed_bodies
 
-WAYS = {"off": ["--state-cache-mb", "0", "--answer-cache-entries", "0"], "on": []}
+WAYS = {  # `basal serve` flags per way: both caches off, one of them on, the defaults (both on)
+    "off": ["--state-cache-mb", "0", "--answer-cache-entries", "0"],
+    "answer": ["--state-cache-mb", "0"],
+    "state": ["--answer-cache-entries", "0"],
+    "on": [],
+}
 SERIES = ("hits", "partial_hits", "misses", "computed_tokens")
 _VARIABLE = re.compile(rb',"(?:latency_ms|cached_tokens)":[0-9.eE+-]+')  # never first in `usage`
 
@@ -107,8 +114,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--zipf", type=float, default=1.1, help="the exponent of the states' popularity")
     ap.add_argument("--reps", type=int, default=1, help="runs of each, alternating; the best one counts")
+    ap.add_argument("--ways", default="off,on", help=f"comma list of {', '.join(WAYS)}; off and on always run")
     ap.add_argument("--out", default="bench/results/caches_mixed_http.json")
     a = ap.parse_args(argv)
+    ways = [w for w in WAYS if w in {"off", "on", *a.ways.split(",")}]
+    if unknown := set(a.ways.split(",")) - set(WAYS):
+        ap.error(f"unknown --ways {sorted(unknown)}: choose from {', '.join(WAYS)}")
 
     with tempfile.TemporaryDirectory() as tmp:
         path = synth_model(Path(tmp) / "mini", "mini", layers=a.layers)
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         answers: dict[str, list[bytes]] = {}
         load = [os.getloadavg()]
         for rep in range(a.reps):
-            for way in WAYS:
+            for way in ways:
                 run = run_once(path, Path(tmp) / f"{way}{rep}", way, raw, a.clients)
                 load.append(os.getloadavg())
                 if answers.setdefault(way, run["answers"]) != run["answers"]:
@@ -129,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
                     rows[way] = {"decisions_per_s": a.requests / run["wall"], "seconds": run["wall"]}
                     rows[way].update({k: run[k] for k in ("answer_cache", "state_cache", "cached_tokens")})
                 rows[way]["runs_s"] = runs
-    same = sum(x == y for x, y in zip(answers["off"], answers["on"], strict=True))
+    same = {w: sum(x == y for x, y in zip(answers["off"], answers[w], strict=True)) for w in ways}
     on = rows["on"]
     hits = on["answer_cache"].get("hit", 0)
     sc = on["state_cache"]
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         "throughput_ratio": on["decisions_per_s"] / rows["off"]["decisions_per_s"],
         "answer_cache_hit_share": hits / a.requests,
         "state_cache_hit_rate": (sc["hits"] + sc["partial_hits"]) / looked if looked else 0.0,
-        "identical_answers": f"{same}/{a.requests}",
+        "identical_answers": {w: f"{n}/{a.requests}" for w, n in same.items()},
     }
     report.write_json(a.out, result)
     print(
@@ -154,8 +165,18 @@ def main(argv: list[str] | None = None) -> dict:
         f"{result['throughput_ratio']:.2f}×; answer cache hits {hits}/{a.requests} "
         f"({result['answer_cache_hit_share']:.0%}); the state cache on the rest: {sc['hits']:.0f} hits, "
         f"{sc['partial_hits']:.0f} partial, {sc['misses']:.0f} misses ({result['state_cache_hit_rate']:.0%}), "
-        f"{on['cached_tokens']:,} tokens read from it; answers byte-equal but timings {same}/{a.requests}"
+        f"{on['cached_tokens']:,} tokens read from it; answers byte-equal but timings {same['on']}/{a.requests}"
     )
+    if len(ways) > 2:
+        print("\n| caches | decisions/s | vs off | answer cache hits | state cache hits / looked up | equal to off |")
+        print("| --- | ---: | ---: | ---: | ---: | --- |")
+        for w in ways:
+            r, c = rows[w], rows[w]["state_cache"]
+            print(
+                f"| {w} | {r['decisions_per_s']:.1f} | {r['decisions_per_s'] / rows['off']['decisions_per_s']:.2f}× | "
+                f"{r['answer_cache'].get('hit', 0)} | {c['hits'] + c['partial_hits']:.0f} / "
+                f"{c['hits'] + c['partial_hits'] + c['misses']:.0f} | {same[w]}/{a.requests} |"
+            )
     return result
 
 
