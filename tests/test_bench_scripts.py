@@ -285,3 +285,27 @@ def test_online_with_batch_bench_measures_both_ways_beside_a_running_batch(tmp_p
     assert row["batch_at_end"][0]["status"] == "in_progress"  # the batch still ran when the last request ended
     assert row["batch_at_end"][0]["lines_per_s_alone"] > 0  # and ran by itself before the client started
     assert "| this | queue ms |" in capsys.readouterr().out
+
+
+def test_caches_mixed_http_bench_serves_both_ways_and_compares_the_bytes(tmp_path, capsys):
+    """Two `basal serve` children (caches off, defaults) answer a few Zipf-drawn requests: the answer cache hits only
+    on, the state cache counts only on, and the answers are equal once the timing and cached_tokens are out."""
+    from bench.lab import caches_mixed_http
+
+    argv = ["--requests", "24", "--states", "20", "--state-tokens", "32", "--clients", "4"]
+    result = caches_mixed_http.main([*argv, "--out", str(tmp_path / "out.json")])
+    off, on = result["rows"]["off"], result["rows"]["on"]
+    assert result["identical_answers"] == {"off": "24/24", "on": "24/24"}
+    assert off["answer_cache"] == {"none": 24} and on["answer_cache"]["hit"] > 0
+    assert off["state_cache"]["hits"] == off["cached_tokens"] == 0 and on["state_cache"]["hits"] > 0
+    assert on["cached_tokens"] > 0 and result["throughput_ratio"] > 0
+    assert "answers byte-equal but timings 24/24" in capsys.readouterr().out
+
+
+def test_caches_mixed_http_compares_every_byte_but_the_timing_and_cached_tokens():
+    from bench.lab.caches_mixed_http import comparable
+
+    body = b'{"answers":{"q":{"type":"noul","noul":0.25}},"usage":{"input_tokens":226,"questions":1,"latency_ms":%s%s}}'
+    assert comparable(body % (b"112.8", b',"cached_tokens":64')) == comparable(body % (b"0.495", b""))
+    assert comparable(body % (b"1.0", b"")) != comparable(body.replace(b"0.25", b"0.26") % (b"1.0", b""))
+    assert comparable(body % (b"1.0", b"")) != comparable(body.replace(b"226", b"227") % (b"1.0", b""))

@@ -38,6 +38,19 @@ from bench import report
 QUESTIONS = ["Is it urgent?", "Is it about money?", "Is the customer angry?", "Does it need a refund?"]
 
 
+def mixed_bodies(tokenizer, states: int, state_tokens: int, requests: int, zipf: float) -> tuple[dict, list[dict]]:
+    """The workload, the same for every seed-0 run: `requests` one-question `/v1/basal` bodies on states drawn with
+    popularity 1/rank^`zipf` from `states` -> the distinct states asked (index -> text) and the bodies in order."""
+    rng = random.Random(0)
+    weights = 1.0 / np.arange(1, states + 1) ** zipf
+    drawn = rng.choices(range(states), weights=weights.tolist(), k=requests)
+    texts = {s: state_of_tokens(tokenizer, state_tokens, "en", seed=s) for s in set(drawn)}
+    bodies = [
+        {"state": texts[s], "questions": {"q": {"type": "noul", "instructions": rng.choice(QUESTIONS)}}} for s in drawn
+    ]
+    return texts, bodies
+
+
 def engines_for(model: ModelDir, state_cache_mb: float) -> Engines:
     metrics = Metrics()
     pipeline = Pipeline(model, TorchBackend.load(model, dtype="f32"), state_cache_mb=state_cache_mb)
@@ -75,16 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     tmp = tempfile.TemporaryDirectory()
     model = ModelDir.load(synth_model(Path(tmp.name) / "mini", "mini", layers=a.layers))
-    rng = random.Random(0)
-    weights = 1.0 / np.arange(1, a.states + 1) ** a.zipf
-    drawn = rng.choices(range(a.states), weights=weights.tolist(), k=a.requests)
-    texts = {s: state_of_tokens(model.tokenizer, a.state_tokens, "en", seed=s) for s in set(drawn)}
+    texts, bodies = mixed_bodies(model.tokenizer, a.states, a.state_tokens, a.requests, a.zipf)
     resolve = ServedModels((model.name,), model.name)
-    requests = [
-        parse_basal({"state": texts[s], "questions": {"q": {"type": "noul", "instructions": rng.choice(QUESTIONS)}}},
-                    resolve)
-        for s in drawn
-    ]  # fmt: skip
+    requests = [parse_basal(body, resolve) for body in bodies]
     rows: dict[str, dict] = {}
     answers: dict[str, list[bytes]] = {}
     for _ in range(a.reps):
