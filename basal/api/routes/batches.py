@@ -304,10 +304,10 @@ async def create_batch(request: Request) -> Response:
 
 async def list_batches(request: Request) -> Response:
     sees = _auth(request)
-    store = _service(request).store
-    after, limit = _list_args(request, lambda batch_id: store.get_batch(batch_id, sees))
-    rows, more = store.list_batches(after, limit, sees)
-    return _ok(_page(BatchList, [batch_object(_live(_service(request), r)) for r in rows], more))
+    service = _service(request)
+    after, limit = _list_args(request, lambda batch_id: service.store.get_batch(batch_id, sees))
+    rows, more = service.store.list_batches(after, limit, sees)
+    return _ok(_page(BatchList, [batch_object(_live(service, r)) for r in rows], more))
 
 
 def _batch(service: BatchService, batch_id: str, sees: str | None) -> dict:
@@ -384,6 +384,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
         "content": {JSONL: {"schema": {"type": "string"}}},
     }
     no_file, no_batch = ("404", "no such file"), ("404", "no such batch")
+    on_every_route: dict[str, Any] = {"tags": ["batches"], "exception_handlers": STORE_REFUSALS}
     return [
         post(
             "/v1/files",
@@ -401,8 +402,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                 media_type="multipart/form-data",
             ),
             summary="Upload a batch input file (JSONL)",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
             status_code=200,
             request_max_body_size=None,  # the upload limit is checked while the stream is read
         )(upload),
@@ -412,30 +412,26 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                 responses("one page of files, newest first", FileList, ("400", "a bad limit or purpose")), secured=keys
             ),
             summary="List files",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
         )(list_files),
         get(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("the file", FileObject, no_file), secured=keys),
             summary="Retrieve a file",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
         )(get_file),
         delete(
             "/v1/files/{file_id:str}",
             operation_class=documented(responses("deleted", DeletedFile, no_file), secured=keys),
             summary="Delete a file",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
             status_code=200,
         )(delete_file),
         get(
             "/v1/files/{file_id:str}/content",
             operation_class=documented(content_responses, secured=keys),
             summary="Download a file's content",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
         )(file_content),
         post(
             "/v1/batches",
@@ -452,8 +448,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                 keys,
             ),
             summary="Create a batch",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
             status_code=200,
         )(create_batch),
         get(
@@ -462,15 +457,13 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                 responses("one page of batches, newest first", BatchList, ("400", "a bad limit")), secured=keys
             ),
             summary="List batches",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
         )(list_batches),
         get(
             "/v1/batches/{batch_id:str}",
             operation_class=documented(responses("the batch", BatchObject, no_batch), secured=keys),
             summary="Retrieve a batch",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
         )(get_batch),
         post(
             "/v1/batches/{batch_id:str}/cancel",
@@ -478,8 +471,7 @@ def batch_routes(settings: ApiSettings) -> list[HTTPRouteHandler]:
                 responses("the batch (cancelling; a terminal one unchanged)", BatchObject, no_batch), secured=keys
             ),
             summary="Cancel a batch",
-            tags=["batches"],
-            exception_handlers=STORE_REFUSALS,
+            **on_every_route,
             status_code=200,
         )(cancel_batch),
     ]
