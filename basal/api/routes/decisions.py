@@ -94,7 +94,16 @@ def warnings_header(messages: tuple[str, ...]) -> str:
     return value if len(value) <= MAX_WARNINGS_HEADER else value[: MAX_WARNINGS_HEADER - 3] + "..."
 
 
-async def _read(request: Request, dialect: str, settings: ApiSettings) -> bytes:
+def refuse_early(engines: EnginesFront) -> None:
+    """Refusals before a byte of the body is read: a closing server (503), a full one (529: a retry storm costs no
+    reading or parsing)."""
+    if engines.closed or engines.draining:
+        raise EngineClosed("the server is shutting down")
+    if engines.inflight >= engines.max_inflight:
+        raise Overloaded()
+
+
+async def read_decision_body(request: Request, dialect: str, settings: ApiSettings) -> bytes:
     """The body, read before a decision slot is taken (a slow body holds bytes in transit, not a slot)."""
     check_content_type(request.headers, dialect)
     limits = settings.limits
@@ -134,13 +143,10 @@ async def handle_decision(request: Request, dialect: str, context: ApiContext) -
     metrics.http_inflight.inc(endpoint)
     watcher = reuse = stored = None
     try:
-        if engines.closed or engines.draining:  # refused before a byte of the body is read
-            raise EngineClosed("the server is shutting down")
-        if engines.inflight >= engines.max_inflight:  # a retry storm costs no reading or parsing
-            raise Overloaded()
+        refuse_early(engines)
         check_auth(request, settings, dialect)
         diagnostics = wants_diagnostics(request, dialect)
-        body = await _read(request, dialect, settings)
+        body = await read_decision_body(request, dialect, settings)
         with engines.slot():
             plan = await _plan(request, body, dialect, settings, parse)
             if diagnostics:

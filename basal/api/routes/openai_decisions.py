@@ -21,8 +21,8 @@ from litestar.handlers import HTTPRouteHandler
 from basal.api.context import api_context
 from basal.api.errors import error_response
 from basal.api.http.auth import check_auth
-from basal.api.http.body import check_content_type, decompress, read_body
-from basal.api.routes.decisions import INLINE_BODY_BYTES, cache_scope
+from basal.api.http.body import decompress
+from basal.api.routes.decisions import INLINE_BODY_BYTES, cache_scope, read_decision_body, refuse_early
 from basal.api.settings import ApiSettings
 from basal.api.wire.decisions_types import (
     ChoiceAnswer,
@@ -43,7 +43,7 @@ from basal.api.wire.decisions_types import (
 )
 from basal.api.wire.openapi import documented, json_content
 from basal.core.decision.answers import BasalResponse
-from basal.core.errors import EngineClosed, Overloaded, RequestError
+from basal.core.errors import RequestError
 from basal.core.request.limits import echo
 from basal.core.request.model_names import model_resolver
 from basal.observability.request_context import current_request_id, note
@@ -171,19 +171,12 @@ async def decisions(request: Request) -> Response[DecisionsResponse]:
     started, rid, model = time.perf_counter(), current_request_id(), "-"
     engines.metrics.http_inflight.inc(ENDPOINT)
     try:
-        if engines.closed or engines.draining:
-            raise EngineClosed("the server is shutting down")
-        if engines.inflight >= engines.max_inflight:
-            raise Overloaded()
+        refuse_early(engines)
         check_auth(request, settings, DIALECT)
-        check_content_type(request.headers, DIALECT)
-        limit = settings.max_body_bytes
-        body = await read_body(
-            request.receive, request.headers, limit, DIALECT, settings.transit, settings.limits.max_transit_bytes
-        )
+        body = await read_decision_body(request, DIALECT, settings)
         with engines.slot():
             encoding = request.headers.get("content-encoding")
-            wire = parse_request(decompress(body, encoding, limit, DIALECT))
+            wire = parse_request(decompress(body, encoding, settings.max_body_bytes, DIALECT))
             model = model_resolver(engines.names, engines.default)(wire.model) or "-"
             if model == "-":
                 raise refusal(404, f"The model `{echo(wire.model, settings.limits)}` does not exist.")
