@@ -6,12 +6,16 @@ cache on); decisions/s, each cache's hits, and the answers compared byte for byt
     python -m bench.lab.caches_mixed_http --layers 1 --reps 2          # off, on, off, on: the best of each
     python -m bench.lab.caches_mixed_http --layers 4 --reps 1 --requests 320
     python -m bench.lab.caches_mixed_http --ways off,answer,state,on   # also each cache alone: which gives what
+    python -m bench.lab.caches_mixed_http --warm 640                   # a server that has been running: see below
 
 The requests are `bench/lab/state_cache_mixed.py`'s (the same states, questions and order), sent as `/v1/basal`
 bodies by `--clients` coroutines sharing one keep-alive `httpx.AsyncClient` to a `basal serve` child on a free
 loopback port (f32, torch CPU), a fresh child (cold caches) for every run. "off" is `--state-cache-mb 0
 --answer-cache-entries 0`; "on" is the defaults; `--ways` adds "answer" (the answer cache
 alone) and "state" (the state cache alone). Both warm up on the first 4 requests, as the in-process bench does.
+`--warm N` first sends N more requests of the same draw, untimed, to every server (the same N to each), and times
+the `--requests` after them: a server that has been running, whose caches hold what the traffic so far brought,
+instead of one started cold for the run; the states new to the timed part are counted apart.
 The answer cache's share is read from each response's `x-basal-cache` header, the state cache's counts from
 /metrics (the timed run's deltas). Answers on and off must be equal byte for byte once `usage.latency_ms` (a timing)
 and `usage.cached_tokens` (present only with the state cache on) are taken out (docs/caches.md).
@@ -80,11 +84,14 @@ async def drive(url: str, bodies: list[bytes], clients: int) -> tuple[list[tuple
     return out, wall
 
 
-def run_once(model: Path, home: Path, way: str, bodies: list[bytes], clients: int) -> dict:
-    """One fresh server child with `way`'s flags: warm-up, the timed run, its counters."""
+def run_once(model: Path, home: Path, way: str, bodies: list[bytes], clients: int, warm: list[bytes]) -> dict:
+    """One fresh server child with `way`'s flags: warm-up (the first 4 bodies, then `warm`), the timed run, its
+    counters."""
     proc, url = start(str(model), home, ["--metrics", *WAYS[way]], None)
     try:
         asyncio.run(drive(url, bodies[:4], 4))  # warm-up (these states and answers are then cached when on)
+        if warm:
+            asyncio.run(drive(url, warm, clients))
         with httpx.Client(base_url=url, timeout=60) as http:
             before = state_cache_counts(http)
             results, wall = asyncio.run(drive(url, bodies, clients))
@@ -111,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--states", type=int, default=1000)
     ap.add_argument("--state-tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=640)
+    ap.add_argument("--warm", type=int, default=0, help="requests of the same draw sent untimed before the timed ones")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--zipf", type=float, default=1.1, help="the exponent of the states' popularity")
     ap.add_argument("--reps", type=int, default=1, help="runs of each, alternating; the best one counts")
@@ -124,14 +132,17 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = synth_model(Path(tmp) / "mini", "mini", layers=a.layers)
         tokenizer = ModelDir.load(path).tokenizer
-        texts, bodies = mixed_bodies(tokenizer, a.states, a.state_tokens, a.requests, a.zipf)
-        raw = [json.dumps(b).encode() for b in bodies]
+        _, bodies = mixed_bodies(tokenizer, a.states, a.state_tokens, a.warm + a.requests, a.zipf)
+        encoded = [json.dumps(b).encode() for b in bodies]
+        warm, raw = encoded[: a.warm], encoded[a.warm :]
+        seen = {b["state"] for b in bodies[: a.warm]}
+        asked = {b["state"] for b in bodies[a.warm :]}
         rows: dict[str, dict] = {}
         answers: dict[str, list[bytes]] = {}
         load = [os.getloadavg()]
         for rep in range(a.reps):
             for way in ways:
-                run = run_once(path, Path(tmp) / f"{way}{rep}", way, raw, a.clients)
+                run = run_once(path, Path(tmp) / f"{way}{rep}", way, raw, a.clients, warm)
                 load.append(os.getloadavg())
                 if answers.setdefault(way, run["answers"]) != run["answers"]:
                     raise SystemExit(f"two runs with the caches {way} answered differently: a bug")
@@ -149,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": report.machine(),
         "load_average": load,
         "args": vars(a),
-        "distinct_states_asked": len(texts),
+        "distinct_states_asked": len(asked),
+        "states_new_to_timed_run": len(asked - seen),
         "rows": rows,
         "throughput_ratio": on["decisions_per_s"] / rows["off"]["decisions_per_s"],
         "answer_cache_hit_share": hits / a.requests,
@@ -157,9 +169,10 @@ def main(argv: list[str] | None = None) -> dict:
         "identical_answers": {w: f"{n}/{a.requests}" for w, n in same.items()},
     }
     report.write_json(a.out, result)
+    after = f" after {a.warm} untimed ({len(asked - seen)} of them new)" if a.warm else ""
     print(
         f"\n`basal serve`, mini shapes cut to {a.layers} layer(s), f32, torch CPU; {a.requests} requests from "
-        f"{a.clients} HTTP clients over {a.states} states (Zipf {a.zipf}: {len(texts)} distinct asked), "
+        f"{a.clients} HTTP clients over {a.states} states (Zipf {a.zipf}: {len(asked)} distinct asked{after}), "
         f"~{a.state_tokens}-token states; load average {' → '.join(f'{x[0]:.1f}' for x in load)}\n"
         f"caches off {rows['off']['decisions_per_s']:.1f} decisions/s, on {on['decisions_per_s']:.1f}: "
         f"{result['throughput_ratio']:.2f}×; answer cache hits {hits}/{a.requests} "
