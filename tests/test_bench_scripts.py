@@ -288,18 +288,21 @@ def test_online_with_batch_bench_measures_both_ways_beside_a_running_batch(tmp_p
 
 
 def test_caches_mixed_http_bench_serves_both_ways_and_compares_the_bytes(tmp_path, capsys):
-    """Two `basal serve` children (caches off, defaults) answer a few Zipf-drawn requests: the answer cache hits only
-    on, the state cache counts only on, and the answers are equal once the timing and cached_tokens are out."""
+    """Two `basal serve` children (caches off, defaults) answer a few Zipf-drawn requests after a few untimed ones:
+    the answer cache hits only on, the state cache counts only on, and the answers are equal once the timing and
+    cached_tokens are out."""
     from bench.lab import caches_mixed_http
 
-    argv = ["--requests", "24", "--states", "20", "--state-tokens", "32", "--clients", "4"]
+    argv = ["--requests", "24", "--warm", "8", "--states", "20", "--state-tokens", "32", "--clients", "4"]
     result = caches_mixed_http.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert 0 <= result["states_new_to_timed_run"] < result["distinct_states_asked"] <= 20
     off, on = result["rows"]["off"], result["rows"]["on"]
     assert result["identical_answers"] == {"off": "24/24", "on": "24/24"}
     assert off["answer_cache"] == {"none": 24} and on["answer_cache"]["hit"] > 0
     assert off["state_cache"]["hits"] == off["cached_tokens"] == 0 and on["state_cache"]["hits"] > 0
     assert on["cached_tokens"] > 0 and result["throughput_ratio"] > 0
-    assert "answers byte-equal but timings 24/24" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "answers byte-equal but timings 24/24" in out and "after 8 untimed" in out
 
 
 def test_caches_mixed_http_compares_every_byte_but_the_timing_and_cached_tokens():
