@@ -43,7 +43,8 @@ class PrefixSlab:
         self.version = 0  # bumps when a planned blob could read other bits at its rows
         self.generation = 0  # bumps when the buffers are reallocated (a graph holds the old addresses)
         self._freed = np.zeros(0, dtype=bool)  # rows a dropped entry held, not written since the last bump
-        self.k, self.v = self._buffers(0)
+        with torch.inference_mode():
+            self.k, self.v = self._buffers(0)
         sizes = sum(torch.empty(0, dtype=dt).element_size() for dt in (k_dtype, v_dtype))
         self.row_bytes = layers * kv_heads * head_dim * sizes  # one token's K and V, every layer
 
@@ -63,6 +64,7 @@ class PrefixSlab:
 
     # -- changes --------------------------------------------------------------------------------------------------
 
+    @torch.inference_mode()  # the buffers are written in inference mode, whoever calls
     def reserve(self, rows: int) -> None:
         """Room for `rows` more than the entries hold now (the state cache's budget), allocated now: before any graph
         is captured, so serving never grows the buffers unless the budget is passed."""
@@ -71,6 +73,7 @@ class PrefixSlab:
         if target > self.capacity:
             self._grow(target)
 
+    @torch.inference_mode()
     def place(
         self,
         key: str,
@@ -138,6 +141,7 @@ class PrefixSlab:
             at = max(at, a + m)
         return at if at + n <= limit else None
 
+    @torch.inference_mode()
     def compact(self, pinned: Iterable[str] = ()) -> None:
         """Slide every entry but the pinned ones down to the lowest rows where it fits, in row order, so the free rows
         gather at the end (between pinned entries where some stay). An entry never moves up: the rows below it are
@@ -160,6 +164,7 @@ class PrefixSlab:
         if moved:
             self._bump()
 
+    @torch.inference_mode()
     def _grow(self, capacity: int) -> None:
         """New buffers of `capacity` rows, every row where it was (a forward paused in flight reads the same rows)."""
         if capacity * self.kv_heads * self.head_dim >= OFFSET_LIMIT:  # the attention kernel's 32-bit offsets
