@@ -28,7 +28,8 @@ from basal.core.packing.tree import TokenizedQuestion, split_forwards
 CPU = torch.device("cpu")
 LETTERS = [0, 1, 2]
 TOY = LlamaConfig(64, 128, 2, 6, 1, 16, 64, 1e-5, 1e6, 256, False)  # two layers: a layer mix-up would show
-DTYPES = [("f32", "f32"), ("f16", "f16")]  # (dtype, attention precision): 32- and 64-key tiles
+# (dtype, attention precision): 32- and 64-key tiles; f16 in the slow run (the interpreter suite's time)
+DTYPES = [pytest.param(("f32", "f32"), id="f32"), pytest.param(("f16", "f16"), id="f16", marks=pytest.mark.slow)]
 
 _rng = random.Random(7)
 TEMPLATE = tuple(_rng.randrange(64) for _ in range(7))
@@ -82,7 +83,7 @@ def off(be_off: GpuBackend, state, question) -> bytes:
     return run(be_off, packed(state, question))
 
 
-@pytest.fixture(scope="module", params=DTYPES, ids=[d for d, _ in DTYPES])
+@pytest.fixture(scope="module", params=DTYPES)
 def pair(request):
     """A backend with the state cache's rows reserved, and one without (the cache off), on the same weights."""
     dtype, attention = request.param
