@@ -132,3 +132,17 @@ def test_a_wrong_layer_count_is_refused():
 def test_buffers_past_the_kernels_offsets_are_refused_with_the_key_to_lower():
     with pytest.raises(ValueError, match="lower state_cache_mb"):
         slab().reserve(2**31 // (KVH * D))
+
+
+def test_compaction_bumps_the_version_only_when_it_moves_an_entry():
+    s = slab()
+    s.reserve(15)
+    for seed, key in enumerate("abc"):
+        s.place(key, kv(5, seed))
+    s.drop("c")
+    version = s.version
+    s.compact()  # nothing below c's free rows to move into
+    assert s.version == version and s.rows["b"] == (5, 5)
+    s.drop("a")
+    s.compact()  # b slides into a's rows: a plan made before reads b at rows 5..9
+    assert s.rows["b"] == (0, 5) and s.version == version + 1

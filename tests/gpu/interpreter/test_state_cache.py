@@ -180,6 +180,31 @@ def test_a_pass_stopped_before_its_end_leaves_no_entry(pair):
     assert "stopped" not in be.net.prefix_rows and not be._reading
 
 
+def test_a_pass_paused_in_flight_reads_its_entry_where_it_was_planned(f32_pair):
+    """The long lane's pass pauses after a layer while another pass fills an entry that fits only if compaction
+    moved the paused pass's entry into the free rows below it: the entry stays (the buffers grow instead), and the
+    paused pass ends with the bits of the cache off."""
+    _, cold = f32_pair
+    be = make("f32", "f32", graphs=False)
+    slab = be.net.slab
+    be.reserve_states(slab.row_bytes * (30 + 27 + 10))
+    slab.place(
+        "pad", [(torch.zeros(30, *k.shape[1:], dtype=k.dtype), torch.zeros_like(v[:30])) for k, v in layers(slab)]
+    )
+    state = tokens(20, 50)
+    run(be, packed(state, QUESTIONS[0], fill="x"))
+    assert be.net.prefix_rows["x"] == (len(TEMPLATE) + 30, 27)
+    be.drop_prefix("pad")  # 30 free rows below x, 10 after it
+    steps = be.run(packed(state, QUESTIONS[1], prefix_key="x", entries={"x": state}), preemptible=True)
+    next(steps)  # paused after its first layer, reading x
+    other = tokens(25, 51)  # 32 rows: more than either free range
+    generation = slab.generation
+    assert run(be, packed(other, QUESTIONS[2], fill="y")) == off(cold, other, QUESTIONS[2])
+    assert be.net.prefix_rows["x"] == (len(TEMPLATE) + 30, 27) and slab.generation == generation + 1  # grown
+    assert run_to_end(steps).tobytes() == off(cold, state, QUESTIONS[1])
+    assert not be._reading
+
+
 @pytest.fixture(scope="module")
 def f32_pair():
     on = make("f32", "f32", graphs=False)
