@@ -212,6 +212,17 @@ def f32_pair():
     return on, make("f32", "f32", graphs=False)
 
 
+def test_a_pass_with_hidden_states_fills_its_entry_too(f32_pair):
+    """A diagnostics question's pass (`run_with_hidden`) fills the entry it is due to fill, with the bits of the
+    state computed alone, and keeps the logits of `run`."""
+    be, cold = f32_pair
+    miss = packed(STATE, QUESTIONS[0], fill="hidden")
+    logits, _ = run_to_end(be.run_with_hidden(miss))
+    assert logits.tobytes() == off(cold, STATE, QUESTIONS[0])
+    be.prefix("hidden-alone", STATE, "en")
+    assert entry_bits(be, "hidden") == entry_bits(be, "hidden-alone")
+
+
 def test_negative_control_a_fill_one_token_off_is_caught(f32_pair):
     be, cold = f32_pair
     miss = packed(STATE, QUESTIONS[0], fill="shifted")
