@@ -125,6 +125,7 @@ def test_miss_hit_partial_hit_and_off_give_the_same_bits(pair):
     assert slab.generation == generation and len(be.graphs.graphs) == 1  # the reservation held: no graph dropped
 
 
+@pytest.mark.slow  # 20 s a dtype under the interpreter; test_prefix_slab.py checks compaction on the host
 def test_eviction_refill_compaction_and_growth_keep_the_bits(pair):
     """Three entries fill the reserved rows; two are evicted; a longer one fits only once the third slides down
     (compaction: the graph that replays hits on it stays valid); the first comes back, past the reservation (the
