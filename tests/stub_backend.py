@@ -40,6 +40,9 @@ class FakeBackend:
     def warm_up(self) -> int:
         return 0
 
+    def reserve_states(self, nbytes: int) -> int:
+        return 0
+
 
 class StubBackend(FakeBackend):
     name, device, dtype = "stub", "cpu", "f32"

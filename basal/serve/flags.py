@@ -55,7 +55,7 @@ MODEL_FLAGS: dict[str, str] = {
     "long_tokens": "requests over this many packed tokens go to the long lane; 0: no long lane",
     "tree_max_tokens": "tokens per packed row of the prefix tree",
     "large_choice": "choices with 11..255 options: group rounds in one option order (luce2-1o) or both (luce2)",
-    "state_cache_mb": "MiB of states' K/V kept across requests (the state cache; 0: off; not on the GPU path)",
+    "state_cache_mb": "MiB of states' K/V kept across requests (the state cache; 0: off)",
 }
 LIMIT_HELP: dict[str, str] = {
     "max_questions": "questions per request",

@@ -674,10 +674,34 @@ def interleave_check(be, single, batched, single_ref, batched_ref) -> bool:
     return resumed.tobytes() == batched_ref.tobytes() and same_single
 
 
+def state_cache_check(be, question, prefix: tuple[int, ...], state_len: int, letters, alone) -> dict[str, bool]:
+    """The state cache on the device: a pass that fills the question's state entry (eager, its rows copied out after
+    every layer), then three passes that read the entry (eager, captured, replayed): each keeps the bits of the
+    question with the cache off (`alone`). Run last: reserving the entry's rows grows the prefix buffers, which
+    drops the graphs."""
+    from dataclasses import replace
+
+    from basal.core.packing.passes import run_to_end
+    from basal.core.packing.tree import split_forwards
+
+    n = len(prefix) + state_len
+    be.reserve_states(2 * n * be.net.slab.row_bytes)
+    (miss,) = split_forwards([replace(question, fill=("state-check", n))], letters, {"en": prefix})
+    filled = run_to_end(be.run(miss.packed))
+    cached = {"en": prefix, "state-check": question.prompts[0][:n]}
+    (hit,) = split_forwards([replace(question, prefix_key="state-check")], letters, cached)
+    hits = [run_to_end(be.run(hit.packed)) for _ in range(3)]
+    be.drop_prefix("state-check")
+    return {
+        "=state_cache_miss": filled.tobytes() == alone.tobytes(),
+        "=state_cache_hits": all(h.tobytes() == alone.tobytes() for h in hits),
+    }
+
+
 def model_checks(size: str, device, dry: bool) -> dict:
     """Bitwise: eager = graph = replay = a larger bucket = in a 16-question batch = the eager evidence pass = two in
-    flight = beside a paused long-lane pass; every logit finite; then single-decision latency and decisions/s at 2k
-    and 4k tokens per forward."""
+    flight = beside a paused long-lane pass = a state cache miss and its hits; every logit finite; then
+    single-decision latency and decisions/s at 2k and 4k tokens per forward."""
     import numpy as np
 
     from basal.core.packing.passes import run_to_end
@@ -732,6 +756,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
         throughput[str(target)] = timed_decisions(
             be, questions(n, rng, prefix, state_len, vocab), prefix, letters, device, dry
         )
+    graphs = len(be.graphs.graphs)
+    same.update(state_cache_check(be, single[0], prefix, state_len, letters, eager))
     described = be.describe()
     out = {
         "bitwise": same,
@@ -745,7 +771,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "fused_epilogues": described["fused_epilogues"],
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
-        "graphs": len(be.graphs.graphs),
+        "graphs": graphs,
         "seconds": time.perf_counter() - started,
     }
     return out

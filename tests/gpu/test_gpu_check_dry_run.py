@@ -47,7 +47,7 @@ def _check(done, tmp_path: Path) -> None:
     assert not any("partial" in r for r in report["phases"].values())  # every phase's final result
     assert all(r["bitwise_equal"] for k, r in report["phases"]["P2"].items() if "/" in k)
     toy = report["phases"]["P3"]["toy"]
-    assert all(toy["bitwise"].values()) and {"=overlapped", "=interleaved"} <= set(toy["bitwise"])
+    assert all(toy["bitwise"].values()) and {"=overlapped", "=interleaved", "=state_cache_hits"} <= set(toy["bitwise"])
     assert toy["overlap"]["forwards"] == 2 and toy["overlap"]["speedup"] > 0
     assert "two in flight" in done.stdout  # the table's overlap rows
     checkpoint = report["phases"]["P3"]["checkpoint basal-1.0"]  # basal serve's path: a model directory on disk

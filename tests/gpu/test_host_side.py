@@ -287,6 +287,7 @@ def _preparer(tokens_per_tile: int):
     )
     be = SimpleNamespace(net=net, _prefix_version=0)
     be._layout = functools.partial(GpuBackend._layout, be)
+    be._plan = functools.partial(GpuBackend._plan, be)
     return functools.partial(GpuBackend.prepare, be)
 
 

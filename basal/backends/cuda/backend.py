@@ -111,6 +111,10 @@ class TorchBackend:
     def prefix_bytes(self, key: str) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.net.prefix_kv.get(key, ()))
 
+    def reserve_states(self, nbytes: int) -> int:
+        """Nothing: an entry is tensors of its own, made when it is filled."""
+        return 0
+
     def prepare(self, packed: PackedForward) -> None:
         """Nothing: this path reads the packed forward as it is, under the gate."""
         return None

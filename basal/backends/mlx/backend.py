@@ -54,6 +54,10 @@ class MLXBackend:
     def prefix_bytes(self, key: str) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.net.prefix_kv.get(key, ()))
 
+    def reserve_states(self, nbytes: int) -> int:
+        """Nothing: an entry is tensors of its own, made when it is filled."""
+        return 0
+
     def prepare(self, packed: PackedForward) -> None:
         """Nothing: MLX builds its inputs from the packed forward under the gate."""
         return None

@@ -87,7 +87,9 @@ class Pipeline:
         # STATE CACHE hook: states kept across requests (needs the template prefixes and a backend that can)
         self.state_cache: StateCache | None = None
         if state_cache_mb > 0 and self.prefixes and backend.caches_states:
-            self.state_cache = StateCache(backend, int(state_cache_mb * (1 << 20)), self.prefixes, self.tokenizer)
+            budget = int(state_cache_mb * (1 << 20))
+            backend.reserve_states(budget)  # the GPU path's entries live in buffers sized now (prefix_slab.py)
+            self.state_cache = StateCache(backend, budget, self.prefixes, self.tokenizer)
 
     def tokenize(self, questions: Sequence[Question]) -> list[TokenizedQuestion]:
         """Token ids of every option order of every readout the questions ask (a multi: one per label).

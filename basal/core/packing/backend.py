@@ -40,6 +40,13 @@ class Backend(Protocol):
         """The bytes a cached prefix holds; 0 if there is none."""
         ...
 
+    def reserve_states(self, nbytes: int) -> int:
+        """The state cache is on with a budget of `nbytes` (called once the template prefixes are set, before
+        `warm_up`): a backend that keeps entries in buffers it must size up front (the GPU path: fixed addresses
+        that CUDA graphs read) allocates them now. -> the bytes it set aside; 0 where entries are tensors of their
+        own, made and freed as they come and go."""
+        ...
+
     def prepare(self, packed: PackedForward) -> Any:
         """The host work of a pass, done while packing, before the device is taken (the GPU path: the tile layout
         and the metadata blob); `run` gets it back as `prepared`. None from a backend that has no such work."""

@@ -93,10 +93,10 @@ def test_a_prepared_forward_has_the_bits_of_an_unprepared_one(plain, eager, monk
     b = batch(LETTERS[5])
     prepared = plain.prepare(b)
     planned = []
-    monkeypatch.setattr(plain, "prepare", lambda *a, **k: planned.append(1) or GpuBackend.prepare(plain, *a, **k))
+    monkeypatch.setattr(plain, "_plan", lambda *a, **k: planned.append(1) or GpuBackend._plan(plain, *a, **k))
     assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
     assert planned == []  # the prepared layout was used
-    monkeypatch.setattr(plain, "_prefix_version", plain._prefix_version + 1)  # as a new template prefix does
+    monkeypatch.setattr(plain, "_prefix_version", plain._prefix_version + 1)  # as moved prefix rows do
     assert run_to_end(plain.run(b, prepared=prepared)).tobytes() == eager[5].tobytes()
     assert planned == [1]  # planned again, not trusted
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
@@ -31,13 +32,14 @@ from basal.backends.cuda.gpu.graphs import CudaCapture, GraphCache
 from basal.backends.cuda.gpu.kernel_configs import ATTENTION, FUSED_EPILOGUES, READOUT_LETTERS
 from basal.backends.cuda.gpu.model import Buffers, GpuLlama
 from basal.backends.cuda.gpu.pacing import paced, until_done
+from basal.backends.cuda.gpu.prefix_slab import FillRows
 from basal.backends.cuda.gpu.readback import DoneEvent, StagingSlots
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.model import TORCH_DTYPE, head_logsumexp, inference_steps
 from basal.core.model.model_dir import ModelDir
 from basal.core.packing.passes import QUEUED, Queued, run_to_end
 from basal.core.packing.tile_layout import BlobLayout, lay_out_tiles, pack_blob
-from basal.core.packing.tree import PackedForward, single_prompt_forward
+from basal.core.packing.tree import PackedForward, continuation_forward, single_prompt_forward
 
 log = logging.getLogger(__name__)
 GRAPH_MAX_TOKENS = 8192  # the arena's size: main-lane forwards up to this run as graphs, longer ones eagerly
@@ -67,7 +69,7 @@ class Prepared:
 class GpuBackend:
     name = "torch"
     reads_hidden_states = True
-    caches_states = False  # a new prefix rebuilds the prefix buffers and drops every CUDA graph: no state cache
+    caches_states = True  # entries are row ranges of fixed prefix buffers (prefix_slab.py): graphs stay valid
 
     def __init__(
         self,
@@ -99,7 +101,7 @@ class GpuBackend:
         self.graphs = GraphCache()
         self._capture = capture or (CudaCapture(device) if self.use_graphs else None)
         self._blobs: dict[tuple[int, int], torch.Tensor] = {}
-        self._prefix_kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._reading: Counter[str] = Counter()  # cached prefixes the passes in flight read: compaction keeps them
         self.slots = StagingSlots(self._host_buffers, self._event)
         self.slots.reserve(layout_for(arena_tokens, READOUT_CAP, 2 * READOUT_CAP, self.net.tokens_per_tile).size)
         self.verify_graphs = False  # tests: replay a fresh capture and compare with the eager bits
@@ -193,12 +195,17 @@ class GpuBackend:
     # -- the Backend protocol -----------------------------------------------------------------------------------
 
     def prefix(self, key: str, tokens: Sequence[int], base: str | None = None) -> int:
-        """K/V of a template prefix, layer by layer, by a forward over the prefix alone (R9) -> bytes kept. Template
-        prefixes only (`caches_states` is False): a `base` is refused."""
-        if base is not None:
-            raise ValueError("the GPU path keeps template prefixes only (no state cache)")
-        packed = single_prompt_forward(list(tokens))
+        """K/V of a prefix by an eager forward over its tokens alone (R9) -> the entry's bytes: a template prefix at
+        positions 0.., or (`base`) a state that continues a cached prefix, at positions len(base).. reading base's
+        K/V as its cached prefix; the entry is then base's rows followed by these. Set once every layer is done."""
+        tokens = list(tokens)
         n = len(tokens)
+        if base is None:
+            packed = single_prompt_forward(tokens)
+        elif base in self.net.prefix_rows:
+            packed = continuation_forward(tokens, self.net.prefix_rows[base][1], base)
+        else:
+            raise KeyError(f"no cached prefix {base!r} to continue")
         kv: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def keep(_layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -206,29 +213,60 @@ class GpuBackend:
 
         with torch.inference_mode():
             run_to_end(self._forward(packed, on_kv=keep, eager=True))
-            self._prefix_kv[key] = kv
-            self.net.set_prefixes(self._prefix_kv)
-            self._prefix_version += 1  # forwards prepared before point at the old prefix rows
-        self.graphs.clear()  # graphs captured the old prefix buffers' addresses
+            return self._place([(key, base, kv)])
+
+    def _place(self, entries: list[tuple[str, str | None, list[tuple[torch.Tensor, torch.Tensor]]]]) -> int:
+        """Keep entries (key, base, per layer the K/V of the tokens after base) in the slab -> their bytes. Plans made
+        before see the change through `_prefix_version` where their rows could read other bits now; graphs are
+        dropped only where the buffers grew (they hold the buffers' addresses)."""
+        slab = self.net.slab
+        version, generation = slab.version, slab.generation
+        pinned = {*self._reading, *(base for _, base, _ in entries if base is not None)}
+        try:
+            with torch.inference_mode():
+                return sum(slab.place(key, kv, base, pinned) for key, base, kv in entries)
+        finally:
+            self._after_slab_change(version, generation)
+
+    def _after_slab_change(self, version: int, generation: int) -> None:
+        """Bumped after the rows changed, never before: a plan that read the old version is made again."""
+        if self.net.slab.generation != generation:
+            self._drop_graphs()
+        if self.net.slab.version != version:
+            self._prefix_version += 1  # forwards prepared before may point at rows that hold other bits now
+
+    def _drop_graphs(self) -> None:
+        """The prefix buffers moved: every graph holds their old addresses."""
+        if self.dev.type == "cuda":  # replays queued before must not outlive their graphs and memory pool
+            torch.cuda.synchronize(self.dev)
+        self.graphs.clear()
         if isinstance(self._capture, CudaCapture):  # and a new pool: the old one still holds the cuBLAS workspace
             self._capture = CudaCapture(self.dev)  # that a capture allocated in it, which a new capture would trip on
-        return sum(k.nbytes + v.nbytes for k, v in kv)
 
     def drop_prefix(self, key: str) -> None:
-        """Forget a cached prefix (the buffers are rebuilt and the graphs dropped, as when one is set)."""
-        if self._prefix_kv.pop(key, None) is not None:
-            with torch.inference_mode():
-                self.net.set_prefixes(self._prefix_kv)
-                self._prefix_version += 1
-            self.graphs.clear()
+        """Forget a cached prefix: its rows are free (and keep their bits until another entry is placed there, so
+        nothing planned before changes; the graphs stay)."""
+        self.net.slab.drop(key)
 
     def prefix_bytes(self, key: str) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self._prefix_kv.get(key, ()))
+        """The bytes of the entry's rows in the prefix buffers: K and V, every layer."""
+        return self.net.slab.nbytes(key)
+
+    def reserve_states(self, nbytes: int) -> int:
+        """Rows for `nbytes` of state cache entries, allocated in the prefix buffers now (before `warm_up` captures
+        graphs, which hold the buffers' addresses) -> the bytes the prefix buffers hold in all."""
+        slab = self.net.slab
+        version, generation = slab.version, slab.generation
+        with torch.inference_mode():
+            slab.reserve(nbytes // slab.row_bytes)
+        self._after_slab_change(version, generation)
+        return max(slab.capacity, 1) * slab.row_bytes
 
     def warm_up(self, max_tokens: int = WARM_TOKENS) -> int:
-        """Capture the graphs of the common buckets now, after the template prefixes are set (a new prefix drops
-        every graph), so no request pays a bucket's eager first pass and its capture: the p99 spike of a new
-        bucket. Each pair runs twice over a dummy forward: eager (compiles the kernels), then captured and replayed.
+        """Capture the graphs of the common buckets now, after the template prefixes and the state cache's rows are
+        set (growing the prefix buffers drops every graph), so no request pays a bucket's eager first pass and its
+        capture: the p99 spike of a new bucket. Each pair runs twice over a dummy forward: eager (compiles the
+        kernels), then captured and replayed.
         -> the number of graphs captured (0 without graphs: the CPU, the interpreter)."""
         if not self.use_graphs:
             return 0
@@ -248,31 +286,50 @@ class GpuBackend:
         )
         return len(pairs)
 
-    def prepare(self, packed: PackedForward, pad_to: int = 0) -> Prepared:
+    def prepare(self, packed: PackedForward, pad_to: int = 0) -> Prepared | None:
         """The forward's host work, done before the device is taken (the pipeline calls it while packing): the
-        tile layout and the metadata blob. Under the gate only a copy of the blob is left."""
+        tile layout and the metadata blob. Under the gate only a copy of the blob is left. None where a cached
+        prefix it reads is not in the slab now (a state cache entry evicted or not yet computed: the state cache
+        computes it before the forward runs, which is planned then)."""
+        try:
+            return self._plan(packed, pad_to)
+        except KeyError:
+            return None
+
+    def _plan(self, packed: PackedForward, pad_to: int = 0) -> Prepared:
+        version = self._prefix_version  # read first: a change while planning (another lane) makes it plan again
         table = self.net.cfg.max_position_embeddings  # the RoPE table's rows, which its kernel reads unmasked
         if packed.n_tokens and int(packed.positions.max()) >= table:
             raise ValueError(f"a token at position {int(packed.positions.max())} is past the model's {table} positions")
         layout = self._layout(packed, pad_to)
         blob = np.zeros(layout.size, dtype=np.int32)
         pack_blob(packed, lay_out_tiles(packed, self.net.prefix_rows, self.net.tokens_per_tile), layout, blob)
-        return Prepared(layout, blob, self._prefix_version)
+        return Prepared(layout, blob, version)
 
     def run(
         self, packed: PackedForward, prepared: Prepared | None = None, preemptible: bool = False, *, pad_to: int = 0
     ) -> Generator[Queued | None, None, np.ndarray]:
         """`pad_to`: run at the bucket of at least that many tokens (tests: a larger bucket gives the same bits).
         `prepared`: what `prepare(packed, pad_to)` returned. `preemptible` (the long lane): eager layers, paced, so
-        the pass can step aside between layers; a graph replay cannot pause (the same kernels, the same bits)."""
-        return (yield from self._forward(packed, pad_to=pad_to, prepared=prepared, eager=preemptible))
+        the pass can step aside between layers; a graph replay cannot pause (the same kernels, the same bits).
+        A pass with `packed.fills` runs eagerly too (a replay cannot hand rows out between layers; the same bits):
+        each layer's K/V of the fills' rows are kept (`on_kv`) and placed as entries once the pass is done."""
+        if not packed.fills:
+            return (yield from self._forward(packed, pad_to=pad_to, prepared=prepared, eager=preemptible))
+        fills = FillRows(packed.fills, self.dev)
+        logits = yield from self._forward(packed, on_kv=fills, eager=True, pad_to=pad_to, prepared=prepared)
+        self._place(fills.entries())  # no pause after it: a pass stopped before its end leaves no entry
+        return logits
 
     def run_with_hidden(self, packed: PackedForward) -> Generator[Queued | None, None, tuple[np.ndarray, np.ndarray]]:
         """`run`, and the final-normed hidden states f32 [R + H, d] of the readouts, then of `packed.hidden`: the
         last layer runs at those rows too, eagerly (evidence questions only; every row is computed on its own, so
         the readouts keep their bits)."""
         states: list[np.ndarray] = []
-        logits = yield from self._forward(packed.with_hidden_as_readouts(), eager=True, states=states)
+        fills = FillRows(packed.fills, self.dev) if packed.fills else None
+        logits = yield from self._forward(packed.with_hidden_as_readouts(), on_kv=fills, eager=True, states=states)
+        if fills is not None:  # a diagnostics question's pass fills entries as `run` does
+            self._place(fills.entries())
         return logits[: len(packed.readouts)], states[0]
 
     def vocab_logsumexp(self, states: np.ndarray) -> np.ndarray:
@@ -288,9 +345,20 @@ class GpuBackend:
         states: list | None = None,
         prepared: Prepared | None = None,
     ) -> Generator[Queued | None, None, np.ndarray]:
-        """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass."""
+        """`states`: receives the final-normed rows of the readouts (f32, host) of an eager pass. The cached prefixes
+        it reads count as in use until it ends: compaction moves no row they hold meanwhile."""
+        self._reading.update(packed.prefix_keys)
+        try:
+            return (yield from self._pass(packed, on_kv, eager, pad_to, states, prepared))
+        finally:
+            self._reading.subtract(packed.prefix_keys)
+            self._reading = +self._reading  # keys no pass reads any more leave
+
+    def _pass(
+        self, packed: PackedForward, on_kv, eager: bool, pad_to: int, states: list | None, prepared: Prepared | None
+    ) -> Generator[Queued | None, None, np.ndarray]:
         if prepared is None or prepared.prefix_version != self._prefix_version:
-            prepared = self.prepare(packed, pad_to)
+            prepared = self._plan(packed, pad_to)
         layout = prepared.layout
         slot = self.slots.acquire(layout.size)
         try:
@@ -354,8 +422,10 @@ class GpuBackend:
         """Capture (the bucket's second use) and replay. Everything a graph reads lives at fixed addresses: the
         arena's rows of the bucket, the bucket's metadata blob, the letters' rows in `buffers.letters`."""
 
+        prefix = self.net.prefix_buffers()  # a capture keeps these addresses, as it keeps the arena's
+
         def run_all() -> torch.Tensor:
-            return run_to_end(self.net.forward(buffers, meta))
+            return run_to_end(self.net.forward(buffers, meta, prefix=prefix))
 
         if step == "capture":
             try:

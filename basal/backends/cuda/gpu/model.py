@@ -15,11 +15,13 @@ from basal.backends.cuda.gpu import triton_attention as attn_kernels
 from basal.backends.cuda.gpu import triton_gemm as tri
 from basal.backends.cuda.gpu import triton_rowwise as rows
 from basal.backends.cuda.gpu.kernel_configs import READOUT_LETTERS, AttentionConfig
+from basal.backends.cuda.gpu.prefix_slab import PrefixSlab
 from basal.backends.cuda.gpu.weights_direct import DeviceWeights
 from basal.backends.cuda.ops import rope_tables
 from basal.core.model.model_dir import LlamaConfig
 
 Linear = Callable[..., torch.Tensor]  # (x, w, out, bias=None) -> out = x · wᵀ (+ bias)
+Prefixes = tuple[list[torch.Tensor], list[torch.Tensor]]  # every layer's prefix K buffer, then its V buffer
 
 
 @dataclass
@@ -96,11 +98,19 @@ class GpuLlama:
         self.group = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         self.tokens_per_tile = attention.tokens_per_tile(self.group)
         self._linear_for = linear_for
-        empty = torch.zeros(1, self.cfg.num_key_value_heads, self.cfg.head_dim, device=weights.device)
-        n_layers = self.cfg.num_hidden_layers
-        self.prefix_k = [empty.to(self.att_dtype)] * n_layers  # [P, KVH, D] per layer: every cached prefix
-        self.prefix_v = [empty.to(weights.dtype)] * n_layers
-        self.prefix_rows: dict[str, tuple[int, int]] = {}  # key -> (first row, length)
+        cfg = self.cfg
+        self.slab = PrefixSlab(  # every cached prefix, at stable addresses (prefix_slab.py)
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.att_dtype, weights.dtype, weights.device
+        )
+
+    @property
+    def prefix_rows(self) -> dict[str, tuple[int, int]]:
+        """key -> (first row, length) of every cached prefix in the prefix buffers."""
+        return self.slab.rows
+
+    def prefix_buffers(self) -> Prefixes:
+        """The layers' prefix buffers as they are now: what a forward (or a graph's capture) reads throughout."""
+        return list(self.slab.k), list(self.slab.v)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x · wᵀ (+ bias: basal-1.0 checkpoints, added in the GEMM's epilogue) on the shape's probed GEMM."""
@@ -132,9 +142,13 @@ class GpuLlama:
         gate_up = not self.fuses(self.w.layers[0].gate_up)  # every layer's gate_up has one shape
         return Buffers.allocate(self.cfg, tokens, readouts, self.w.dtype, self.att_dtype, self.w.device, gate_up)
 
-    def layer(self, i: int, b: Buffers, meta: dict[str, torch.Tensor], last: bool, on_kv=None) -> None:
+    def layer(
+        self, i: int, b: Buffers, meta: dict[str, torch.Tensor], last: bool, on_kv=None, prefix: Prefixes | None = None
+    ) -> None:
         """One decoder layer. The residual adds happen in the o and down GEMMs where they fuse, else in the next
-        norm (the previous layer's down projection in the first one)."""
+        norm (the previous layer's down projection in the first one). `prefix`: the prefix buffers to read (by
+        default the slab's now)."""
+        prefix_k, prefix_v = prefix if prefix is not None else self.prefix_buffers()
         cfg, lw = self.cfg, self.w.layers[i]
         eps = cfg.rms_norm_eps
         rows.rmsnorm(b.h, lw.input_norm, eps, b.x, self._pending(i - 1, b.y))
@@ -144,7 +158,7 @@ class GpuLlama:
             on_kv(i, b.k, b.v)
         tiles, count = (meta["readout_tiles"], meta["counts"][1:2]) if last else (meta["tiles"], meta["counts"][0:1])
         attn_kernels.tree_attention(
-            b.q, b.k, b.v, self.prefix_k[i], self.prefix_v[i], b.attn, tiles, count, meta["ranges"], self.att
+            b.q, b.k, b.v, prefix_k[i], prefix_v[i], b.attn, tiles, count, meta["ranges"], self.att
         )
         attn = b.attn.view(b.attn.shape[0], -1)  # [T, H D]
         if last:  # queries, MLP and head only at the readouts
@@ -165,22 +179,16 @@ class GpuLlama:
         rows.rmsnorm(b.hr, self.w.norm, self.cfg.rms_norm_eps, b.xr, last_down)
         return rows.letter_readout(b.xr, b.letters, READOUT_LETTERS, b.logits)
 
-    def forward(self, b: Buffers, meta: dict[str, torch.Tensor], on_kv=None) -> Generator[None, None, torch.Tensor]:
+    def forward(
+        self, b: Buffers, meta: dict[str, torch.Tensor], on_kv=None, prefix: Prefixes | None = None
+    ) -> Generator[None, None, torch.Tensor]:
         """Eager, layer by layer (yields after each, for the long lane); returns the device logits [R, 16]. The
-        letters' LM-head rows must be in `b.letters`."""
+        letters' LM-head rows must be in `b.letters`. `prefix`: the prefix buffers, taken at the start by default,
+        so a pass paused while the slab grows reads the buffers its blob was planned for (the rows are the same)."""
+        prefix = prefix if prefix is not None else self.prefix_buffers()
         torch.index_select(self.w.embed, 0, meta["tokens"], out=b.h)
         n_layers = self.cfg.num_hidden_layers
         for i in range(n_layers):
-            self.layer(i, b, meta, last=i == n_layers - 1, on_kv=on_kv)
+            self.layer(i, b, meta, last=i == n_layers - 1, on_kv=on_kv, prefix=prefix)
             yield
         return self.head(b)
-
-    def set_prefixes(self, kv: dict[str, list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Cached prefixes -> one [P, KVH, D] buffer per layer; chain range 0 of a prefixed root points there."""
-        self.prefix_rows, row = {}, 0
-        for key, layers in kv.items():
-            self.prefix_rows[key] = (row, layers[0][0].shape[0])
-            row += layers[0][0].shape[0]
-        for i in range(self.cfg.num_hidden_layers):
-            self.prefix_k[i] = torch.cat([layers[i][0] for layers in kv.values()])
-            self.prefix_v[i] = torch.cat([layers[i][1] for layers in kv.values()])
