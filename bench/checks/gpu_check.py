@@ -674,11 +674,14 @@ def interleave_check(be, single, batched, single_ref, batched_ref) -> bool:
     return resumed.tobytes() == batched_ref.tobytes() and same_single
 
 
-def state_cache_check(be, question, prefix: tuple[int, ...], state_len: int, letters, alone) -> dict[str, bool]:
+def state_cache_check(
+    be, question, prefix: tuple[int, ...], state_len: int, letters, alone, device, dry: bool
+) -> tuple[dict[str, bool], dict[str, float]]:
     """The state cache on the device: a pass that fills the question's state entry (eager, its rows copied out after
     every layer), then three passes that read the entry (eager, captured, replayed): each keeps the bits of the
-    question with the cache off (`alone`). Run last: reserving the entry's rows grows the prefix buffers, which
-    drops the graphs."""
+    question with the cache off (`alone`). Then what each costs: a miss's pass (eager, filling) and a hit's (a
+    replay of the question's tokens after the entry), median ms, beside the cache-off single decision. Run last:
+    reserving the entry's rows grows the prefix buffers, which drops the graphs."""
     from dataclasses import replace
 
     from basal.core.packing.passes import run_to_end
@@ -691,11 +694,20 @@ def state_cache_check(be, question, prefix: tuple[int, ...], state_len: int, let
     cached = {"en": prefix, "state-check": question.prompts[0][:n]}
     (hit,) = split_forwards([replace(question, prefix_key="state-check")], letters, cached)
     hits = [run_to_end(be.run(hit.packed)) for _ in range(3)]
-    be.drop_prefix("state-check")
-    return {
+    same = {
         "=state_cache_miss": filled.tobytes() == alone.tobytes(),
         "=state_cache_hits": all(h.tobytes() == alone.tobytes() for h in hits),
     }
+
+    def refill() -> None:
+        be.drop_prefix("state-check")
+        run_to_end(be.run(miss.packed))
+
+    repeats = 1 if dry else 30
+    miss_ms = cuda_timer(refill, repeats, device)
+    hit_ms = cuda_timer(lambda: run_to_end(be.run(hit.packed)), repeats, device)
+    be.drop_prefix("state-check")
+    return same, {"miss_ms_median": statistics.median(miss_ms), "hit_ms_median": statistics.median(hit_ms)}
 
 
 def model_checks(size: str, device, dry: bool) -> dict:
@@ -757,7 +769,8 @@ def model_checks(size: str, device, dry: bool) -> dict:
             be, questions(n, rng, prefix, state_len, vocab), prefix, letters, device, dry
         )
     graphs = len(be.graphs.graphs)
-    same.update(state_cache_check(be, single[0], prefix, state_len, letters, eager))
+    cache_bits, cache_ms = state_cache_check(be, single[0], prefix, state_len, letters, eager, device, dry)
+    same.update(cache_bits)
     described = be.describe()
     out = {
         "bitwise": same,
@@ -772,6 +785,7 @@ def model_checks(size: str, device, dry: bool) -> dict:
         "max_abs_logit": float(abs(eager).max()),
         "max_abs_residual": residual.get("max_abs"),  # f16 overflows at 65504
         "graphs": graphs,
+        "state_cache": cache_ms,  # a miss (eager, filling) and a hit (replayed), against single_ms_median
         "seconds": time.perf_counter() - started,
     }
     return out
@@ -971,6 +985,12 @@ def summary(phases: dict) -> str:
         lines += ["", "single decisions back to back   ms/forward one by one   two in flight   speedup"]
     for size, o in overlaps.items():
         lines.append(f"{size:<31} {o['sequential_ms']:21.3f} {o['overlapped_ms']:15.3f} {o['speedup']:8.2f}x")
+    cached = {k: r for k, r in model_rows.items() if isinstance(r, dict) and "state_cache" in r}
+    if cached:
+        lines += ["", "state cache, one question   cache off ms   miss ms (eager, fills)   hit ms (replayed)"]
+    for size, r in cached.items():
+        c = r["state_cache"]
+        lines.append(f"{size:<27} {r['single_ms_median']:12.3f} {c['miss_ms_median']:24.3f} {c['hit_ms_median']:19.3f}")
     lines += attention_lines(phases.get("P2", {}), mm_tflops)
     lines += gemm_lines(phases.get("P1", {}), copy_tbps, mm_tflops)
     lines += difference_lines(phases)
