@@ -311,3 +311,19 @@ def test_negative_control_wrong_hidden_states_are_caught(demo_model, wrong):
     assert same_bits(list(hit), list(off))  # the K/V are right: only the hidden states are wrong
     assert not _same_result(hit, off)
     assert _answer(pipeline, ev[1].state, "Czy zwrot?") != _answer(h.cached, ev[1].state, "Czy zwrot?")
+
+
+def test_evidence_rows_past_the_entry_come_from_the_hit_forward(harness):
+    """Evidence rows that run past the entry (as a state's last token merged with the question's text would): a
+    hit takes the entry's rows, then its forward's, in token order, with the bits of the cache off."""
+    ev = _evidence_on(harness, 101, 2)
+    pipeline = _state_pipeline(harness)
+    n = len(pipeline.state_cache.state_ids(ev[0]))
+    _logits(pipeline, ev[:1])
+    past = replace(ev[1], hidden=range(ev[1].hidden[0], n + 3))
+    hit = _logits(pipeline, [past])[0]
+    assert pipeline.state_cache.counts.hits == 1
+    assert _same_result(hit, harness.logits([past])[0])
+    assert np.asarray(hit.states).shape[0] == n + 3 - ev[1].hidden[0] + 1
+    (forward,) = pipeline.pack_questions([past])
+    assert len(forward.packed.hidden) == 3 and forward.packed.positions.min() == n  # only those past the entry
