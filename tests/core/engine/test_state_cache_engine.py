@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from litestar.testing import TestClient
 
@@ -222,3 +223,29 @@ def test_evidence_hits_count_in_usage_cost_and_metrics(demo_model):
     assert f'basal_state_cache_misses_total{{model="{model}"}} 2.0' in text
     assert f'basal_state_cache_bytes{{model="{model}"}} {float(entry.nbytes)}' in text
     assert entry.nbytes == backend.prefix_bytes(entry.key) + entry.hidden.nbytes
+
+
+@pytest.mark.parametrize("filler_runs_first", [True, False])
+def test_an_evidence_pass_beside_one_that_fills_its_state(demo_model, filler_runs_first):
+    """A plain pass claims a new state; an evidence pass packed before it runs computes the state itself (it needs
+    the rows' hidden states) and leaves them with the entry if the entry is filled by then, else nothing."""
+    backend = TorchBackend.load(demo_model)
+    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
+    plain = _question(pipeline, STATES[0], "Czy szybko?")
+    item = Item("q", "noul", ("Tak", "Nie"), ("Tak", "Nie"), "pl", STATES[0], "Czy zwrot?")
+    evidence = pipeline.tokenize_items([item], {id(item): None})[0]
+    off = run_to_end(Pipeline(demo_model, backend).letter_logits([evidence]))[0]
+    first, second = pipeline.pack_questions([plain]), pipeline.pack_questions([evidence])
+    (entry,) = first[0].states
+    assert not second[0].states and second[0].keeps[0][0] is entry  # computes its state, keeps its rows' states
+    runs = [([plain], first), ([evidence], second)]
+    results = [run_to_end(pipeline.run_forwards(q, f)) for q, f in (runs if filler_runs_first else runs[::-1])]
+    got = results[1 if filler_runs_first else 0][0]
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in off]
+    assert np.asarray(got.states).tobytes() == np.asarray(off.states).tobytes()
+    assert entry.ready and (entry.hidden is not None) == filler_runs_first
+    assert (
+        pipeline.state_cache.bytes
+        == entry.nbytes
+        == backend.prefix_bytes(entry.key) + (entry.hidden.nbytes if filler_runs_first else 0)
+    )
