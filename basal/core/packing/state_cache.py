@@ -132,9 +132,15 @@ class StateCache:
 
     def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """State tokens of these questions that computed entries hold (each distinct state once): what their cost
-        leaves out."""
-        found = {hit for t in tokenized if (hit := self.computed(t)) is not None}
-        return sum(n for _, n in found) - sum(len(self.templates[key.lang]) for key, _ in found)
+        leaves out; not a state that one of them computes anyway (evidence on an entry without hidden states)."""
+        found, computes = set(), set()
+        for t in tokenized:
+            hit = self.computed(t)
+            if hit is not None:
+                found.add(hit)
+            elif t.hidden and (ids := self.state_ids(t)) is not None:
+                computes.add((t.cache_scope, t.lang, ids))
+        return sum(n - len(self.templates[e.lang]) for e, n in found if (e.scope, e.lang, e.ids) not in computes)
 
     def computed(self, t: TokenizedQuestion) -> tuple[Entry, int] | None:
         """The computed entry a question reads if it is packed now, and its tokens (the template's included); an

@@ -208,6 +208,8 @@ def test_evidence_hits_count_in_usage_cost_and_metrics(demo_model):
         plain = client.post("/v1/basal", json=body("Czy szybko?", evidence=False)).json()["usage"]
         (entry,) = [e for e in pipeline.state_cache._entries.values() if e.ready]
         assert entry.hidden is None and pipeline.cost([evidence_question("Czy zwrot?")]) == cold
+        beside = [evidence_question("Czy zwrot?"), _question(pipeline, STATES[2], "Czy szybko?")]
+        assert pipeline.cost(beside) == Pipeline(demo_model, backend).cost(beside)  # the state is computed anyway
         assert pipeline.cached_prefix(evidence_question("Czy zwrot?")) is None  # no hidden states: not a hit
         upgrade = client.post("/v1/basal", json=body("Czy zwrot?")).json()
         assert entry.hidden is not None
