@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -15,7 +16,9 @@ from basal.backends.load import load_backend_class
 from basal.core.engine.pipeline import Pipeline
 from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
-from tests.determinism.harness import Harness, same_bits
+from basal.core.request.dialects import parse_basal
+from tests.determinism.harness import WORDS, Harness, bits, same_bits
+from tests.determinism.test_evidence_rows import _evidence_question
 
 STATE_WORDS = 90  # past a 64-key tile: the cached state ends inside its second tile
 
@@ -171,3 +174,156 @@ def test_negative_control_wrong_entries_are_caught(demo_model, source):
     wrong = _state_pipeline(h, backend=_WrongEntries(h.backend, other))
     got = [_logits(wrong, [q])[0] for q in questions]
     assert not all(same_bits(a, h.logits([q])[0]) for a, q in zip(got, questions, strict=True))
+
+
+# -- evidence questions: the hidden states of their state tokens kept with the entry -----------------------------
+
+
+def _evidence_on(h: Harness, seed: int, n: int, state: str | None = None) -> list[TokenizedQuestion]:
+    rng = random.Random(seed)
+    state = state or " ".join(rng.choice(WORDS["pl"]) for _ in range(STATE_WORDS))
+    return [_evidence_question(h.cached, rng, "pl", state=state) for _ in range(n)]
+
+
+def _same_result(a, b) -> bool:
+    """Letter logits of every order and the evidence rows (the state tokens', then the readout's), as bit patterns."""
+    return same_bits(list(a), list(b)) and bits(np.asarray(a.states)) == bits(np.asarray(b.states))
+
+
+def _entry(pipeline: Pipeline, question: TokenizedQuestion):
+    cache = pipeline.state_cache
+    return cache._entries[(question.cache_scope, question.lang, cache.state_ids(question))]
+
+
+def test_evidence_miss_hit_upgrade_and_refill_give_the_same_bits(harness):
+    ev = _evidence_on(harness, 61, 3)
+    (other,) = _evidence_on(harness, 62, 1)
+    off = [harness.logits([q])[0] for q in (*ev, other)]  # the template prefix only, each alone
+    assert all(r.states is not None for r in off)
+    pipeline = _state_pipeline(harness)
+    cache = pipeline.state_cache
+    miss = _logits(pipeline, ev[:1])[0]  # fills the entry: its K/V and its state rows' hidden states
+    entry = _entry(pipeline, ev[0])
+    template = len(pipeline.prefixes["pl"])
+    assert cache.counts.misses == 1 and entry.ready and entry.hidden.shape[0] == len(entry.ids) - template
+    assert (
+        entry.hidden.dtype == np.float32
+        and entry.nbytes == harness.backend.prefix_bytes(entry.key) + entry.hidden.nbytes
+    )
+    assert cache.bytes == entry.nbytes  # the hidden states counted in the budget
+    hit = _logits(pipeline, ev[1:2])[0]
+    assert cache.counts.hits == 1 and cache.counts.misses == 1
+    (forward,) = pipeline.pack_questions(ev[2:3])  # a hit computes its question only: no state rows at all
+    assert forward.packed.positions.min() == len(entry.ids) and len(forward.packed.hidden) == 0
+    assert _same_result(miss, off[0]) and _same_result(hit, off[1])
+
+    upgraded = _state_pipeline(harness)  # an entry filled by a plain question, without hidden states
+    _logits(upgraded, [replace(ev[0], hidden=())])
+    assert _entry(upgraded, ev[0]).hidden is None
+    computed = _logits(upgraded, ev[:1])[0]  # computes its state and keeps its rows' hidden states
+    assert upgraded.state_cache.counts.misses == 2 and _entry(upgraded, ev[0]).hidden is not None
+    after = _logits(upgraded, ev[1:2])[0]
+    assert upgraded.state_cache.counts.hits == 1
+    assert _same_result(computed, off[0]) and _same_result(after, off[1])
+
+    small = _state_pipeline(harness, mb=entry.nbytes * 1.5 / (1 << 20))  # room for one entry
+    first = _logits(small, ev[:1])[0]
+    stranger = _logits(small, [other])[0]  # evicts the first state
+    assert small.state_cache.counts.evictions == 1 and small.state_cache.bytes <= small.state_cache.budget
+    refilled = _logits(small, ev[1:2])[0]  # a miss again: fills anew
+    again = _logits(small, ev[2:3])[0]
+    assert small.state_cache.counts.misses == 3 and small.state_cache.counts.hits == 1
+    assert all(
+        _same_result(a, b) for a, b in ((first, off[0]), (stranger, off[3]), (refilled, off[1]), (again, off[2]))
+    )
+
+
+def test_evidence_batched_and_partial_hits_give_the_same_bits(harness):
+    (short,) = _evidence_on(harness, 71, 1)
+    (longer,) = _evidence_on(harness, 72, 1, state=short.state + " zwrot faktura termin płatność klient paczka")
+    third, fourth = _evidence_on(harness, 73, 2, state=longer.state)
+    plain = harness.question(random.Random(74), "pl", state=longer.state)
+    pipeline = _state_pipeline(harness)
+    _logits(pipeline, [short])
+    got = _logits(pipeline, [longer])[0]  # reads the short state's K/V and hidden states, computes the rest
+    assert pipeline.state_cache.counts.partial_hits == 1 and _entry(pipeline, longer).hidden is not None
+    assert _same_result(got, harness.logits([longer])[0])
+    # a hit, a plain question on the same state and a miss on another state, in one batch
+    (stranger,) = _evidence_on(harness, 75, 1)
+    together = _logits(pipeline, [third, plain, stranger, fourth])
+    assert pipeline.state_cache.counts.hits == 1  # the state of third, fourth and plain, counted once
+    alone = [harness.logits([q])[0] for q in (third, plain, stranger, fourth)]
+    assert _same_result(together[0], alone[0]) and _same_result(together[3], alone[3])
+    assert same_bits(list(together[1]), list(alone[1])) and _same_result(together[2], alone[2])
+
+
+def _answer(pipeline: Pipeline, state: str, question: str) -> bytes:
+    """A request's whole answer as served, less the fields that say how it was computed (latency, cached tokens)."""
+    request = parse_basal(
+        {"state": state, "questions": {"q": {"type": "noul", "instructions": question, "evidence": True}}},
+        lambda _m: "m",
+        serves_evidence=lambda _m: True,
+    )
+    response = pipeline.decide(request)
+    response.usage.latency_ms, response.usage.cached_tokens = 0.0, msgspec.UNSET
+    return msgspec.json.encode(response)
+
+
+def test_evidence_answers_are_byte_identical_with_the_cache_on_and_off(harness):
+    rng = random.Random(81)
+    state, other = (" ".join(rng.choice(WORDS["pl"]) for _ in range(STATE_WORDS)) for _ in range(2))
+    asked = ["Czy zwrot?", "Czy szybko?", "Czy faktura?"]
+    off = [_answer(harness.cached, state, q) for q in asked]
+    assert b'"evidence":[{' in off[0]
+    pipeline = _state_pipeline(harness)
+    assert [_answer(pipeline, state, q) for q in asked] == off  # a miss that fills, then hits
+    assert pipeline.state_cache.counts.hits == 2
+    longer = state + " zwrot faktura termin"  # a partial hit: the cached part's rows from the entry
+    assert _answer(pipeline, longer, asked[0]) == _answer(harness.cached, longer, asked[0])
+    assert pipeline.state_cache.counts.partial_hits == 1
+    plain = Pipeline(harness.cached.model, harness.backend, state_cache_mb=64)  # entry first filled without rows
+    run_to_end(plain.letter_logits([harness.question(rng, "pl", state=state)]))
+    assert [_answer(plain, state, q) for q in asked] == off and plain.state_cache.counts.hits == 2
+    entry = next(e for e in pipeline.state_cache._entries.values() if e.ready)
+    small = _state_pipeline(harness, mb=entry.nbytes * 1.5 / (1 << 20))
+    _answer(small, state, asked[0]), _answer(small, other, asked[0])  # the second evicts the first
+    assert [_answer(small, state, q) for q in asked[1:]] == off[1:] and small.state_cache.counts.evictions >= 1
+
+
+@pytest.mark.parametrize("wrong", ["shifted", "bf16"])
+def test_negative_control_wrong_hidden_states_are_caught(demo_model, wrong):
+    """An entry whose hidden states are one token off, or were computed in bf16: its hits must differ from off."""
+    h = Harness(demo_model, "torch", "cpu", "f32")
+    ev = _evidence_on(h, 91, 2)
+    off = h.logits(ev[1:2])[0]
+    pipeline = _state_pipeline(h)
+    _logits(pipeline, ev[:1])
+    entry = _entry(pipeline, ev[0])
+    if wrong == "shifted":
+        entry.hidden = np.ascontiguousarray(np.roll(entry.hidden, 1, axis=0))
+    else:
+        other = Harness(demo_model, "torch", "cpu", "bf16")
+        bf16 = _state_pipeline(other)
+        _logits(bf16, ev[:1])
+        entry.hidden = _entry(bf16, ev[0]).hidden
+    hit = _logits(pipeline, ev[1:2])[0]
+    assert pipeline.state_cache.counts.hits == 1
+    assert same_bits(list(hit), list(off))  # the K/V are right: only the hidden states are wrong
+    assert not _same_result(hit, off)
+    assert _answer(pipeline, ev[1].state, "Czy zwrot?") != _answer(h.cached, ev[1].state, "Czy zwrot?")
+
+
+def test_evidence_rows_past_the_entry_come_from_the_hit_forward(harness):
+    """Evidence rows that run past the entry (as a state's last token merged with the question's text would): a
+    hit takes the entry's rows, then its forward's, in token order, with the bits of the cache off."""
+    ev = _evidence_on(harness, 101, 2)
+    pipeline = _state_pipeline(harness)
+    n = len(pipeline.state_cache.state_ids(ev[0]))
+    _logits(pipeline, ev[:1])
+    past = replace(ev[1], hidden=range(ev[1].hidden[0], n + 3))
+    hit = _logits(pipeline, [past])[0]
+    assert pipeline.state_cache.counts.hits == 1
+    assert _same_result(hit, harness.logits([past])[0])
+    assert np.asarray(hit.states).shape[0] == n + 3 - ev[1].hidden[0] + 1
+    (forward,) = pipeline.pack_questions([past])
+    assert len(forward.packed.hidden) == 3 and forward.packed.positions.min() == n  # only those past the entry

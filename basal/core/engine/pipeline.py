@@ -345,11 +345,18 @@ class Pipeline:
 
     @staticmethod
     def _with_states(f: Forward, entries: dict, tokenized: Sequence[TokenizedQuestion]) -> Forward:
-        """The forward with the state cache entries it reads or fills, and its questions' tokens served from them."""
+        """The forward with the state cache entries it reads or fills, its questions' tokens served from them, and
+        the entries whose hidden states it keeps (after a state entry's: those taken now, while it holds them)."""
         keys = (*f.packed.prefix_keys, *(key for key, _, _ in f.packed.fills))
         states = tuple(entries[k] for k in keys if k in entries)
         cached = {qi: tokenized[qi].cached_tokens for qi, _ in f.readout_of if tokenized[qi].cached_tokens}
-        return replace(f, states=states, cached_tokens=cached)
+        keeps = []
+        for key, prefix, rows in f.hidden_fills:
+            before = entries[prefix].hidden if prefix in entries else None
+            if prefix not in entries or before is not None:  # after the template, or after an entry's hidden states
+                keeps.append((entries[key], before, rows))
+        read = {qi: tokenized[qi].hidden_cached for qi in f.hidden_of if tokenized[qi].hidden_cached is not None}
+        return replace(f, states=states, cached_tokens=cached, keeps=tuple(keeps), cached_states=read)
 
     @staticmethod
     def _with_letter_mass(f: Forward, tokenized: Sequence[TokenizedQuestion]) -> Forward:
@@ -376,9 +383,13 @@ class Pipeline:
             for (qi, order), row in f.readout_of.items():
                 out[qi][order] = logits[row]
                 out[qi].cached_tokens += f.cached_tokens.get(qi, 0)  # STATE CACHE hook: usage.cached_tokens
+            first = len(f.packed.readouts)
             for qi, rows in f.hidden_of.items():  # state rows, then the order-1 readout row (the head's query)
                 at = f.readout_of[(qi, 0)]
-                out[qi].states = StateRows(states, len(f.packed.readouts), rows, at)
+                out[qi].states = StateRows(states, first, rows, at, f.cached_states.get(qi))
+            if f.keeps and self.state_cache is not None:  # STATE CACHE hook: entries' hidden states, kept with them
+                for entry, before, rows in f.keeps:
+                    self.state_cache.keep_hidden(entry, before, states[first + rows])
             if f.letter_mass:  # diagnostics: one vocabulary log-sum-exp per readout of the questions that ask
                 rows = [f.readout_of[(qi, o)] for qi in f.letter_mass for o in range(len(tokenized[qi].ids))]
                 norms = iter(self.backend.vocab_logsumexp(states[rows]))

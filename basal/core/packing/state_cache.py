@@ -18,6 +18,13 @@ Entries are evicted least recently used first once the kept bytes pass the budge
 reads or fills is pinned until that forward ends, so the kept bytes stay within the budget plus the states of the
 passes running at that moment. A pass stopped before an entry is complete leaves no entry: the backend sets it
 only once every layer is done.
+
+Evidence questions read the final-normed hidden states of their state tokens too, which only an evidence forward
+computes (`run_with_hidden`): an entry keeps them (host f32, in its bytes) once such a forward on its state has
+run, whether it filled the entry or computed its state again beside an entry filled without them. An evidence
+question on an entry with hidden states reads both, and its forward computes only its question (and the state's
+last tokens past the entry, if any); on one without, it computes its state as without the cache. A row's final
+hidden state, like its K/V, depends only on the tokens before it, so either way it gets the same bits.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from basal.core.model.prompt import template_prefix
 from basal.core.model.tokenizer import Tokenizer
@@ -51,6 +60,9 @@ class Entry:
     pins: int = 0  # forwards running with it
     ready: bool = False  # computed and held by the backend
     filler: object = None  # the packing whose forward fills it (None: no forward is due to)
+    # final-normed hidden states f32 [state tokens, d] of its tokens after the template (an evidence forward's),
+    # counted in `nbytes`; None until an evidence forward on its state has run
+    hidden: np.ndarray | None = None
 
 
 @dataclass
@@ -94,10 +106,10 @@ class StateCache:
         """The ids an entry for this question would hold: its prompts' tokens that the template and its state
         give alone (a state's last token may merge with the text after it; then it is left out), when they go past
         the template prefix (else None: nothing to cache). Without the text between the state and the question,
-        an entry's ids are a prefix of a longer state's that extends it (a partial hit). Evidence questions read the
-        hidden states of their state's tokens, which an entry does not keep: they compute their state."""
+        an entry's ids are a prefix of a longer state's that extends it (a partial hit). An evidence question whose
+        state tokens start inside the template (a state found in the system prompt) computes its state."""
         template = self.templates.get(t.lang)
-        if template is None or t.hidden or not t.ids:
+        if template is None or not t.ids or (t.hidden and t.hidden[0] < len(template)):
             return None
         first = t.ids[0]
         digest = hashlib.blake2b(f"{t.lang}\0{t.state}".encode("utf-8", "surrogatepass"), digest_size=16).digest()
@@ -120,18 +132,27 @@ class StateCache:
 
     def cached_tokens(self, tokenized: Sequence[TokenizedQuestion]) -> int:
         """State tokens of these questions that computed entries hold (each distinct state once): what their cost
-        leaves out."""
-        found = {hit for t in tokenized if (hit := self.computed(t)) is not None}
-        return sum(n for _, n in found) - sum(len(self.templates[key.lang]) for key, _ in found)
+        leaves out; not a state that one of them computes anyway (evidence on an entry without hidden states)."""
+        found, computes = set(), set()
+        for t in tokenized:
+            hit = self.computed(t)
+            if hit is not None:
+                found.add(hit)
+            elif t.hidden and (ids := self.state_ids(t)) is not None:
+                computes.add((t.cache_scope, t.lang, ids))
+        return sum(n - len(self.templates[e.lang]) for e, n in found if (e.scope, e.lang, e.ids) not in computes)
 
     def computed(self, t: TokenizedQuestion) -> tuple[Entry, int] | None:
-        """The computed entry a question reads if it is packed now, and its tokens (the template's included)."""
+        """The computed entry a question reads if it is packed now, and its tokens (the template's included); an
+        evidence question reads only one with hidden states."""
         ids = self.state_ids(t)
         if ids is None:
             return None
         with self._lock:
             entry = self._entries.get((t.cache_scope, t.lang, ids))
-            return (entry, len(ids)) if entry is not None and entry.ready else None
+            if entry is None or not entry.ready or (t.hidden and entry.hidden is None):
+                return None
+            return entry, len(ids)
 
     # -- packing ------------------------------------------------------------------------------------------------
 
@@ -151,6 +172,9 @@ class StateCache:
                 out.append(t)
                 continue
             first = all(e.ids != ids or e.lang != t.lang or e.scope != t.cache_scope for e in used.values())
+            if t.hidden:
+                out.append(self._assign_evidence(t, ids, first, packing, used))
+                continue
             entry, cached = self._claim(t.cache_scope, t.lang, ids, first, packing)
             used[entry.key] = entry
             if entry.ready or entry.filler is not packing:  # computed, or another packing's forward fills it
@@ -162,6 +186,66 @@ class StateCache:
             fill = (entry.key, len(ids)) if first else None  # its state's other questions share its rows
             out.append(replace(t, prefix_key=None if base is None else base.key, cached_tokens=cached, fill=fill))
         return out, {k: e.ids for k, e in used.items()}, used
+
+    def _assign_evidence(
+        self, t: TokenizedQuestion, ids: tuple[int, ...], first: bool, packing: object, used: dict[str, Entry]
+    ) -> TokenizedQuestion:
+        """An evidence question as it is packed: on an entry with hidden states, after it, its state tokens' hidden
+        states read from it (`hidden_cached`; the forward computes those past the entry, if any); else after the
+        template, or after the entry its new state extends where that one has hidden states, its forward keeping
+        the entry's hidden states (`hidden_fill`) and filling its K/V if this packing claimed it."""
+        template = len(self.templates[t.lang])
+        t0, t1 = t.hidden[0], t.hidden[-1] + 1
+        entry, how, base, hidden = self._claim_evidence(t.cache_scope, t.lang, ids, first, packing)
+        used[entry.key] = entry
+        start = len(base.ids) if base is not None else template
+        if base is not None:
+            used[base.key] = base
+        cached = None if hidden is None else hidden[t0 - template : max(min(t1, start), t0) - template]
+        t = replace(
+            t,
+            prefix_key=None if base is None else base.key,
+            cached_tokens=start - template,
+            hidden=range(max(t0, start), t1),
+            hidden_cached=cached,
+        )
+        if how == "hit":
+            return t
+        return replace(
+            t, fill=(entry.key, len(ids)) if how == "fill" and first else None, hidden_fill=(entry.key, len(ids))
+        )
+
+    def _claim_evidence(
+        self, scope: str, lang: str, ids: tuple[int, ...], first: bool, packing: object
+    ) -> tuple[Entry, str, Entry | None, np.ndarray | None]:
+        """The entry of an evidence question's state, how the question uses it, and the entry it reads K/V and
+        hidden states from with those hidden states (taken under the lock: an eviction drops them). How: "hit"
+        (computed with hidden states: it reads both), "fill" (claimed by this packing: its forward fills it, after
+        the entry it extends where that one has hidden states) or "compute" (computed without hidden states, or
+        another packing fills it: it computes its state, and its forward's hidden states are kept if the entry is
+        computed by then)."""
+        with self._lock:
+            entry = self._entries.get((scope, lang, ids))
+            if entry is not None:
+                self._entries.move_to_end((scope, lang, ids))
+                if entry.ready and entry.hidden is not None:
+                    self.counts.hits += first
+                    return entry, "hit", entry, entry.hidden
+            else:
+                entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
+                self._entries[(scope, lang, ids)] = entry
+            if entry.ready or (entry.filler is not None and entry.filler is not packing):
+                self.counts.misses += first
+                return entry, "compute", None, None
+            if entry.filler is None:
+                entry.filler = packing
+                entry.base = self._longest_base(scope, lang, ids)
+            base = entry.base
+            if base is None or base.hidden is None:  # computed from the template prefix
+                self.counts.misses += first
+                return entry, "fill", None, None
+            self.counts.partial_hits += first
+            return entry, "fill", base, base.hidden
 
     def _claim(self, scope: str, lang: str, ids: tuple[int, ...], first: bool, packing: object) -> tuple[Entry, int]:
         """The entry of a state (a new one claimed by `packing`, whose forward fills it, unless another packing
@@ -180,7 +264,6 @@ class StateCache:
                 self._entries[(scope, lang, ids)] = entry
             if entry.filler is None:
                 entry.filler = packing
-            if entry.filler is packing:
                 entry.base = self._longest_base(scope, lang, ids)
             if entry.base is not None:
                 self.counts.partial_hits += first
@@ -232,6 +315,19 @@ class StateCache:
                         e.filler = None
                 self._evict()
 
+    def keep_hidden(self, e: Entry, before: np.ndarray | None, rows: np.ndarray) -> None:
+        """An evidence forward's final-normed hidden states of an entry's tokens after its cached prefix (`before`:
+        that prefix's own, when it is a state cache entry): kept with the entry if it is computed and has none
+        (else nothing: an entry evicted or not yet filled gets them from a later evidence forward on its state)."""
+        hidden = rows if before is None else np.concatenate([before, rows])
+        with self._lock:
+            if not e.ready or e.hidden is not None or len(hidden) != len(e.ids) - len(self.templates[e.lang]):
+                return
+            e.hidden = hidden
+            e.nbytes += hidden.nbytes
+            self.bytes += hidden.nbytes
+            self._evict()
+
     def _fill(self, e: Entry) -> int:
         """Compute an entry (under the gate) -> tokens computed."""
         base = e.base
@@ -282,7 +378,7 @@ class StateCache:
     def _drop(self, ids_key: tuple[str, str, tuple[int, ...]], e: Entry) -> None:
         self.backend.drop_prefix(e.key)
         self.bytes -= e.nbytes
-        e.nbytes, e.ready = 0, False
+        e.nbytes, e.ready, e.hidden = 0, False, None
         if self._entries.get(ids_key) is e:
             del self._entries[ids_key]
 

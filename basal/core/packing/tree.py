@@ -260,6 +260,17 @@ class TokenizedQuestion:
     # a state cache entry its forward fills from the rows of its first prompt's tokens after its cached prefix:
     # (the entry's key, the entry's tokens, template and state), set just before packing
     fill: tuple[str, int] | None = None
+    # evidence on a cached state: the final-normed hidden states f32 of its first state tokens, read from a state
+    # cache entry (`hidden` then holds only the state tokens after the entry, which its forward computes)
+    hidden_cached: np.ndarray | None = field(default=None, compare=False)
+    # a state cache entry whose hidden states its forward keeps: (the entry's key, the entry's tokens); the rows of
+    # its first prompt's tokens after its cached prefix, up to that many
+    hidden_fill: tuple[str, int] | None = None
+
+    @property
+    def evidence(self) -> bool:
+        """It reads the final hidden states of its state tokens (from its forward, a state cache entry, or both)."""
+        return bool(self.hidden) or self.hidden_cached is not None
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -282,9 +293,11 @@ class StateRows:
     first: int  # R: the row of `packed.hidden`'s first token in `states`
     rows: np.ndarray  # rows of `packed.hidden` for the question's state tokens, in token order (shared)
     query: int  # row of its order-0 readout in `states`
+    cached: np.ndarray | None = None  # the rows of its first state tokens, from a state cache entry (before `rows`)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = np.concatenate([self.states[self.first + self.rows], self.states[self.query : self.query + 1]])
+        parts = [self.states[self.first + self.rows], self.states[self.query : self.query + 1]]
+        out = np.concatenate(parts if self.cached is None else [self.cached, *parts])
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
@@ -311,6 +324,13 @@ class Forward:
     letter_mass: tuple[int, ...] = ()  # question indices whose readouts' vocabulary log-sum-exp is computed
     states: tuple = ()  # state cache entries its rows start with (`state_cache.Entry`), filled before it runs
     cached_tokens: dict[int, int] = field(default_factory=dict)  # question index -> tokens per prompt from them
+    # state cache entries whose hidden states it computes: (entry key, the cached prefix its rows follow, rows of
+    # `packed.hidden` for the entry's tokens after that prefix, in position order)
+    hidden_fills: tuple[tuple[str, str, np.ndarray], ...] = ()
+    # the same as the pipeline keeps them: (`state_cache.Entry`, the prefix entry's hidden rows or None, rows)
+    keeps: tuple = ()
+    # question index -> the hidden states of its first state tokens, read from a state cache entry (evidence hits)
+    cached_states: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -503,15 +523,17 @@ def _build_row(questions, members, prefix: tuple[int, ...], max_depth: int = MAX
     wants = {
         i: (unique[_cut(questions[i].ids[0], prefix, cut_bases)], questions[i].hidden)
         for i in members
-        if questions[i].hidden
+        if questions[i].evidence
     }
-    fills = {
-        questions[i].fill[0]: (unique[_cut(questions[i].ids[0], prefix, cut_bases)], range(len(prefix), n))
-        for i in members
-        if questions[i].fill is not None
-        for n in (questions[i].fill[1],)
-    }
-    return row, slots, wants, fills
+
+    def after_prefix(name: str) -> dict[str, tuple[int, range]]:  # entry key -> (its prompt, the rows to keep)
+        return {
+            spec[0]: (unique[_cut(questions[i].ids[0], prefix, cut_bases)], range(len(prefix), spec[1]))
+            for i in members
+            if (spec := getattr(questions[i], name)) is not None
+        }
+
+    return row, slots, wants, after_prefix("fill"), after_prefix("hidden_fill")
 
 
 def _cut(prompt: Ids, prefix: tuple[int, ...], cut_bases: dict) -> Ids:
@@ -549,7 +571,8 @@ def _assemble(group, letter_ids) -> Forward:
     hidden_of: dict[int, np.ndarray] = {}
     rows_of: dict[tuple[int, ...], np.ndarray] = {}  # questions on one state share one array of its rows
     fills: list[tuple[str, str, np.ndarray]] = []
-    for key, row, slots, wants, fills_of in group:  # key: the cached prefix the row starts with (None: none)
+    hidden_fills: list[tuple[str, str, np.ndarray]] = []
+    for key, row, slots, wants, fills_of, hidden_fills_of in group:  # key: the row's cached prefix (None: none)
         base_token, base_block = len(tokens), len(starts)
         tokens += row.tokens
         positions += row.positions
@@ -580,6 +603,11 @@ def _assemble(group, letter_ids) -> Forward:
                 raise ValueError("a state cache entry is filled only after a cached prefix; this is a bug")
             rows = np.asarray(_flat_positions(row, row.ends[u], wanted), dtype=np.int64) + base_token
             fills.append((entry, key, rows))
+        for entry, (u, wanted) in hidden_fills_of.items():  # evidence: the entry's rows among the hidden rows
+            if key is None:
+                raise ValueError("a state cache entry's hidden states follow a cached prefix; this is a bug")
+            flat = (base_token + i for i in _flat_positions(row, row.ends[u], wanted))
+            hidden_fills.append((entry, key, np.asarray([hidden.setdefault(i, len(hidden)) for i in flat], np.int64)))
 
     def i32(x):
         return np.asarray(x, dtype=np.int32)
@@ -598,4 +626,4 @@ def _assemble(group, letter_ids) -> Forward:
         i32(list(hidden)),
         tuple(fills),
     )
-    return Forward(packed, readout_of, hidden_of)
+    return Forward(packed, readout_of, hidden_of, hidden_fills=tuple(hidden_fills))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from litestar.testing import TestClient
 
@@ -179,3 +180,74 @@ def test_a_scope_reads_only_its_own_entries(demo_model):
     assert pipeline.cost([replace(a, cache_scope="key-c")]) > pipeline.cost([replace(a, cache_scope="key-a")])
     run_to_end(pipeline.letter_logits([replace(a, cache_scope="key-a")]))
     assert cache.counts.hits == 1
+
+
+def test_evidence_hits_count_in_usage_cost_and_metrics(demo_model):
+    """An evidence request on a state whose entry keeps hidden states is a hit like any other: its usage, its cost
+    and the counters say so; one on an entry without them computes its state and counts a miss."""
+    backend = TorchBackend.load(demo_model)
+    metrics = Metrics()
+    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
+    engine = Engine(demo_model.name, pipeline, Gate(100.0), metrics, EngineSettings())
+    engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
+    metrics.add_collector(state_cache_series(engines))
+
+    def body(question: str, evidence: bool = True) -> dict:
+        return {
+            "state": STATES[2],
+            "questions": {"q": {"type": "noul", "instructions": question, "evidence": evidence}},
+        }
+
+    def evidence_question(question: str):
+        item = Item("q", "noul", ("Tak", "Nie"), ("Tak", "Nie"), "pl", STATES[2], question)
+        found = {id(item): None}
+        return pipeline.tokenize_items([item], found)[0]
+
+    cold = pipeline.cost([evidence_question("Czy zwrot?")])
+    with TestClient(create_app(engines, ApiSettings(metrics=True))) as client:
+        plain = client.post("/v1/basal", json=body("Czy szybko?", evidence=False)).json()["usage"]
+        (entry,) = [e for e in pipeline.state_cache._entries.values() if e.ready]
+        assert entry.hidden is None and pipeline.cost([evidence_question("Czy zwrot?")]) == cold
+        beside = [evidence_question("Czy zwrot?"), _question(pipeline, STATES[2], "Czy szybko?")]
+        assert pipeline.cost(beside) == Pipeline(demo_model, backend).cost(beside)  # the state is computed anyway
+        assert pipeline.cached_prefix(evidence_question("Czy zwrot?")) is None  # no hidden states: not a hit
+        upgrade = client.post("/v1/basal", json=body("Czy zwrot?")).json()
+        assert entry.hidden is not None
+        hit = client.post("/v1/basal", json=body("Czy faktura?")).json()
+        text = client.get("/metrics").text
+    assert plain["cached_tokens"] == 0 and upgrade["usage"]["cached_tokens"] == 0
+    assert 0 < hit["usage"]["cached_tokens"] < hit["usage"]["input_tokens"] and hit["answers"]["q"]["evidence"]
+    state = len(entry.ids) - len(pipeline.prefixes["pl"])
+    assert pipeline.cost([evidence_question("Czy zwrot?")]) == cold - state
+    assert pipeline.cached_prefix(evidence_question("Czy zwrot?")) == (entry.key, len(entry.ids))
+    model = demo_model.name
+    assert f'basal_state_cache_hits_total{{model="{model}"}} 1.0' in text
+    assert f'basal_state_cache_misses_total{{model="{model}"}} 2.0' in text
+    assert f'basal_state_cache_bytes{{model="{model}"}} {float(entry.nbytes)}' in text
+    assert entry.nbytes == backend.prefix_bytes(entry.key) + entry.hidden.nbytes
+
+
+@pytest.mark.parametrize("filler_runs_first", [True, False])
+def test_an_evidence_pass_beside_one_that_fills_its_state(demo_model, filler_runs_first):
+    """A plain pass claims a new state; an evidence pass packed before it runs computes the state itself (it needs
+    the rows' hidden states) and leaves them with the entry if the entry is filled by then, else nothing."""
+    backend = TorchBackend.load(demo_model)
+    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
+    plain = _question(pipeline, STATES[0], "Czy szybko?")
+    item = Item("q", "noul", ("Tak", "Nie"), ("Tak", "Nie"), "pl", STATES[0], "Czy zwrot?")
+    evidence = pipeline.tokenize_items([item], {id(item): None})[0]
+    off = run_to_end(Pipeline(demo_model, backend).letter_logits([evidence]))[0]
+    first, second = pipeline.pack_questions([plain]), pipeline.pack_questions([evidence])
+    (entry,) = first[0].states
+    assert not second[0].states and second[0].keeps[0][0] is entry  # computes its state, keeps its rows' states
+    runs = [([plain], first), ([evidence], second)]
+    results = [run_to_end(pipeline.run_forwards(q, f)) for q, f in (runs if filler_runs_first else runs[::-1])]
+    got = results[1 if filler_runs_first else 0][0]
+    assert [x.tobytes() for x in got] == [x.tobytes() for x in off]
+    assert np.asarray(got.states).tobytes() == np.asarray(off.states).tobytes()
+    assert entry.ready and (entry.hidden is not None) == filler_runs_first
+    assert (
+        pipeline.state_cache.bytes
+        == entry.nbytes
+        == backend.prefix_bytes(entry.key) + (entry.hidden.nbytes if filler_runs_first else 0)
+    )
