@@ -296,3 +296,33 @@ def test_the_pipelines_state_cache_keeps_the_bits_on_the_demo_model(demo_model, 
     again = run_to_end(pipeline.letter_logits([on_state[0]]))[0]  # its entry was evicted: computed again
     assert same_bits(again, want[0])
     assert cache.bytes == sum(gpu.prefix_bytes(e.key) for e in cache._entries.values() if e.ready)
+
+
+@pytest.mark.slow
+def test_evidence_questions_read_and_fill_entries_with_the_same_bits(demo_model):
+    """Evidence questions on the GPU path: a miss fills the entry (its K/V and its state rows' hidden states), a hit
+    reads both and computes no state row; letter logits and evidence rows bitwise the cache off."""
+    import numpy as np
+
+    from basal.core.engine.pipeline import Pipeline
+    from tests.determinism.harness import WORDS, bits, same_bits
+    from tests.determinism.test_evidence_rows import _evidence_question
+
+    gpu = GpuBackend.load(
+        demo_model, dtype="f32", device="cpu", arena_tokens=128, progress=False, graphs=True, capture=rerun_capture
+    )
+    plain = Pipeline(demo_model, gpu)
+    rng = random.Random(7)
+    state = " ".join(rng.choice(WORDS["pl"]) for _ in range(40))
+    asked = [_evidence_question(plain, rng, "pl", state=state) for _ in range(3)]
+    want = [run_to_end(plain.letter_logits([q]))[0] for q in asked]
+
+    pipeline = Pipeline(demo_model, gpu, state_cache_mb=8)
+    cache = pipeline.state_cache
+    got = [run_to_end(pipeline.letter_logits([q]))[0] for q in asked[:2]]  # a miss that fills, then a hit
+    assert cache.counts.misses == 1 and cache.counts.hits == 1
+    (forward,) = pipeline.pack_questions(asked[2:])
+    assert len(forward.packed.hidden) == 0  # the hit's forward computes no state row
+    got.append(run_to_end(pipeline.letter_logits(asked[2:]))[0])
+    for a, b in zip(got, want, strict=True):
+        assert same_bits(list(a), list(b)) and bits(np.asarray(a.states)) == bits(np.asarray(b.states))
