@@ -10,7 +10,7 @@ import numpy as np
 from basal.backends.load import DTYPES, load_backend_class, torch_installed
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
-from basal.core.model.prompt import option_orders, render_prompt
+from basal.core.model.prompt import Item, option_orders, render_prompt
 from basal.core.packing.passes import run_to_end
 from basal.core.packing.tree import TokenizedQuestion
 from basal.progress import Progress
@@ -55,6 +55,27 @@ def _questions(model: ModelDir, n: int = 6) -> list[TokenizedQuestion]:
     return out
 
 
+def _evidence_questions(pipeline: Pipeline, n: int = 3) -> list[TokenizedQuestion]:
+    """`n` questions that ask for evidence about one state: the first fills its state cache entry, the rest hit."""
+    rng = random.Random(1)
+    words = "order late damaged refund invoice parcel courier address".split()
+    state = " ".join(rng.choice(words) for _ in range(40))
+    items = [
+        Item("q", "choice", ("a", "b", "c"), tuple(f"option {j} {rng.choice(words)}" for j in range(3)), "en", state,
+             f"Which one, {i}?")
+        for i in range(n)
+    ]  # fmt: skip
+    found: dict = {id(item): None for item in items}
+    return pipeline.tokenize_items(items, found)
+
+
+def _evidence_bits(results) -> list[bytes]:
+    """Letter logits of every order and the evidence rows (the state tokens' hidden states), as bytes."""
+    return [
+        b"".join(np.asarray(o, dtype=np.float32).tobytes() for o in r) + np.asarray(r.states).tobytes() for r in results
+    ]
+
+
 def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool, float, dict]:
     """Alone vs batched vs without the prefix cache, compared as bits. -> (invariant, seconds, backend facts)."""
     started = time.perf_counter()
@@ -78,8 +99,15 @@ def check(model: ModelDir, backend: str, device: str, dtype: str) -> tuple[bool,
         ok = ok and bits(miss) == bits(hit) == bits(alone)
         cache = states.state_cache
         per_token = cache.bytes / max(1, cache.tokens)
+        evidence = ""
+        if states.serves_evidence:  # evidence: the entry keeps its state rows' hidden states too
+            asked = _evidence_questions(cached)
+            off = _evidence_bits(run_to_end(cached.letter_logits([q]))[0] for q in asked)
+            on = _evidence_bits(run_to_end(states.letter_logits([q]))[0] for q in asked)
+            ok = ok and on == off
+            evidence = "; evidence questions too"
         facts["state_cache"] = (
-            f"miss = hit = off, bitwise ({cache.counts.hits} hits, {cache.counts.misses} misses); "
+            f"miss = hit = off, bitwise ({cache.counts.hits} hits, {cache.counts.misses} misses{evidence}); "
             f"{cache.entries} entries hold {cache.bytes} bytes (~{per_token:.0f} per token)"
         )
         cache.clear()

@@ -80,7 +80,8 @@ def test_doctor_lists_paths_and_verifies_them(demo_dir, capsys):
 
     assert f"compiled CPU kernels (torch CPU attention and SwiGLU): {cpu_kernels.status()}" in out
     assert "    attention tile GEMMs: " in out
-    assert out.count("    state cache: miss = hit = off, bitwise (6 hits, 6 misses)") == 6  # every path checks it
+    line = "    state cache: miss = hit = off, bitwise (8 hits, 7 misses; evidence questions too)"
+    assert out.count(line) == 6  # every path checks it, evidence questions too (a miss, then two hits)
 
 
 def test_doctor_says_which_torch_path_serves_on_cuda(monkeypatch):
