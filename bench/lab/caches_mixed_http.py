@@ -38,7 +38,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench import report
 from bench.compare.online_with_batch import start
-from bench.lab.state_cache_mixed import mixed_bodies
+from bench.lab.state_cache_mixed import mixed_bodies, workload_args
 
 WAYS = {  # `basal serve` flags per way: both caches off, one of them on, the defaults (both on)
     "off": ["--state-cache-mb", "0", "--answer-cache-entries", "0"],
@@ -114,14 +114,8 @@ def run_once(model: Path, home: Path, way: str, bodies: list[bytes], clients: in
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--states", type=int, default=1000)
-    ap.add_argument("--state-tokens", type=int, default=256)
-    ap.add_argument("--requests", type=int, default=640)
+    workload_args(ap)
     ap.add_argument("--warm", type=int, default=0, help="requests of the same draw sent untimed before the timed ones")
-    ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--zipf", type=float, default=1.1, help="the exponent of the states' popularity")
-    ap.add_argument("--reps", type=int, default=1, help="runs of each, alternating; the best one counts")
     ap.add_argument("--ways", default="off,on", help=f"comma list of {', '.join(WAYS)}; off and on always run")
     ap.add_argument("--out", default="bench/results/caches_mixed_http.json")
     a = ap.parse_args(argv)

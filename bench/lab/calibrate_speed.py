@@ -35,8 +35,7 @@ import numpy as np
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
-from bench.lab.http_speed import healthy
-from tests.servers import free_port
+from bench.compare.online_with_batch import start
 
 
 def labelled_file(model: ModelDir, path: Path, requests: int, states: int, per: int, tokens: int) -> Path:
@@ -69,21 +68,8 @@ def computed_tokens(client: httpx.Client, url: str) -> int:
 
 def online(model_dir: Path, labelled: Path) -> tuple[float, int, int]:
     """Every request over HTTP, one after another: (seconds, requests, tokens computed)."""
-    port = free_port()
-    args = [
-        sys.executable,
-        "-m",
-        "basal",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--addr",
-        f"127.0.0.1:{port}",
-        "--metrics",
-    ]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = start(str(model_dir), labelled.parent / "serve", ["--metrics"], None)
     try:
-        url = healthy(proc, f"http://127.0.0.1:{port}", 300)
         bodies = []
         for raw in labelled.read_text().splitlines():
             body = json.loads(raw)

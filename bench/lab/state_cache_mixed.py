@@ -73,16 +73,22 @@ async def drive(front: Engines, requests, clients: int) -> tuple[list, float]:
     return out, time.perf_counter() - t0
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_args(ap: argparse.ArgumentParser) -> None:
+    """The flags that make the workload (the model's depth, `mixed_bodies`'s arguments, the clients) and the runs:
+    the same in process and over HTTP (`caches_mixed_http.py`)."""
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--states", type=int, default=1000)
     ap.add_argument("--state-tokens", type=int, default=256)
     ap.add_argument("--requests", type=int, default=640)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--zipf", type=float, default=1.1, help="the exponent of the states' popularity")
-    ap.add_argument("--state-cache-mb", type=float, default=1024)
     ap.add_argument("--reps", type=int, default=1, help="runs of each, alternating; the best one counts")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_args(ap)
+    ap.add_argument("--state-cache-mb", type=float, default=1024)
     ap.add_argument("--out", default="bench/results/state_cache_mixed.json")
     a = ap.parse_args(argv)
 

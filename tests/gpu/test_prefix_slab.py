@@ -78,8 +78,8 @@ def test_an_entry_with_a_base_is_the_base_rows_then_its_own():
     assert s.nbytes("s2") == 11 * s.row_bytes
 
 
-def test_compaction_gathers_the_free_rows_and_keeps_every_bit():
-    """Two free ranges of 5 rows, an entry of 8: first fit fails, the entries slide down, it fits after them."""
+def two_gaps() -> tuple[PrefixSlab, dict]:
+    """Room for 20 rows: entries b and d of 5 rows each, with the 5-row gaps a and c left before them."""
     s = slab()
     s.reserve(20)
     parts = {key: kv(5, seed) for seed, key in enumerate("abcd")}
@@ -87,6 +87,12 @@ def test_compaction_gathers_the_free_rows_and_keeps_every_bit():
         s.place(key, part)
     s.drop("a")
     s.drop("c")
+    return s, parts
+
+
+def test_compaction_gathers_the_free_rows_and_keeps_every_bit():
+    """Two free ranges of 5 rows, an entry of 8: first fit fails, the entries slide down, it fits after them."""
+    s, parts = two_gaps()
     buffers, version, generation = [t.data_ptr() for t in (*s.k, *s.v)], s.version, s.generation
     big = kv(8, 9)
     s.place("e", big)
@@ -97,13 +103,7 @@ def test_compaction_gathers_the_free_rows_and_keeps_every_bit():
 
 
 def test_compaction_leaves_the_entries_a_forward_reads_where_they_are():
-    s = slab()
-    s.reserve(20)
-    parts = {key: kv(5, seed) for seed, key in enumerate("abcd")}
-    for key, part in parts.items():
-        s.place(key, part)
-    s.drop("a")
-    s.drop("c")
+    s, parts = two_gaps()
     s.place("e", kv(8, 9), pinned={"b"})  # b is read by a pass in flight: it stays at rows 5..9
     assert s.rows["b"] == (5, 5) and s.rows["d"] == (0, 5) and s.rows["e"] == (10, 8)
     assert all(rows_of(s, key) == expected(parts[key]) for key in "bd")
