@@ -312,3 +312,50 @@ def test_caches_mixed_http_compares_every_byte_but_the_timing_and_cached_tokens(
     assert comparable(body % (b"112.8", b',"cached_tokens":64')) == comparable(body % (b"0.495", b""))
     assert comparable(body % (b"1.0", b"")) != comparable(body.replace(b"0.25", b"0.26") % (b"1.0", b""))
     assert comparable(body % (b"1.0", b"")) != comparable(body.replace(b"226", b"227") % (b"1.0", b""))
+
+
+def test_calibrate_speed_ceiling_counts_the_gemm_work_a_forward_does(demo_model, monkeypatch):
+    """The ceiling's GEMM work per token is what the forward's GEMMs do: counted from the checkpoint's tensor shapes,
+    and by counting every GEMM row of a real pass (its computed tokens at that rate, its readouts at the rest of
+    the last layer)."""
+    from basal.backends.cuda import model as tree_model
+    from basal.backends.cuda.backend import TorchBackend
+    from basal.core.engine.pipeline import Pipeline, Stats
+    from basal.core.model.prompt import LETTERS
+    from basal.core.request.dialects import parse_systemone
+    from basal.core.request.model_names import model_resolver
+    from bench.lab.calibrate_speed import gemm_flops_per_token
+
+    cfg = demo_model.config
+    shapes, last = cfg.weight_shapes(), cfg.num_hidden_layers - 1
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    by_shapes = sum(
+        2 * shape[0] * shape[1]
+        for name, shape in shapes.items()
+        if name.endswith("proj.weight")
+        and (int(name.split(".")[2]) < last or name.split(".")[-2] in ("k_proj", "v_proj"))
+    )
+    assert gemm_flops_per_token(cfg) == by_shapes and any(p in n for n in shapes for p in projections)
+
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model))
+
+    def request(state: str):
+        questions = {f"q{i}": {"type": "noul", "instructions": f"Is point {i} true?"} for i in range(3)}
+        body = {"model": "jev-latest", "state": state, "questions": questions}
+        return parse_systemone(body, model_resolver([demo_model.name], demo_model.name))
+
+    pipeline.decide(request("A state of some length. " * 30))  # warm-up: what runs once per process runs now
+    counted = [0]
+    real = tree_model.K.linear_steps
+
+    def counting(x, w, *args, **kwargs):
+        counted[0] += 2 * x.shape[0] * w.shape[0] * w.shape[1]
+        return (yield from real(x, w, *args, **kwargs))
+
+    monkeypatch.setattr(tree_model.K, "linear_steps", counting)
+    stats = Stats()
+    pipeline.decide(request("Another state, never seen. " * 30), stats)
+    readouts = 3 * 2  # three yes/no questions, two option orders each
+    d, f, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
+    at_readouts = 2 * (d * q + q * d + d * 2 * f + f * d + d * len(LETTERS))  # last layer's rest, letter logits
+    assert counted[0] == stats.packed_tokens * gemm_flops_per_token(cfg) + readouts * at_readouts

@@ -11,7 +11,11 @@ so no two requests are equal), random gold answers. Then, in this order on one m
    and the whole command (model load included);
 3. the fit and the certification alone, in this process, from the records `basal calibrate` left.
 The ratio online / batch path is the number to read; the machine's load is printed with it (a shared machine is
-noisy: compare ratios within one run, not across runs). Each side's tokens computed (the server's
+noisy: compare ratios within one run, not across runs). Last, the ceiling: this machine's best f32 GEMM rate
+(torch, the server's thread count, measured in the same run) and the GEMM work of a computed token (every layer's
+projections but the last's, which computes keys and values only; readouts, attention and norms left out) give the
+shortest time any batch path could take for its tokens, and so the largest ratio it could reach against the online
+time just measured. Each side's tokens computed (the server's
 `basal_packed_tokens_total`, the count `basal calibrate` prints) and the distinct states' tokens say how much of
 the work sharing could ever remove: online, a request's questions share its state, and the state cache keeps it
 for the next request on that state.
@@ -31,9 +35,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import torch
 
 from basal.benchsuite.workloads import questions, state_of_tokens
-from basal.core.model.model_dir import ModelDir
+from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.synth import synth_model
 from bench.compare.online_with_batch import start
 
@@ -125,6 +130,30 @@ def fit_alone(model_dir: Path, labelled: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
+def gemm_flops_per_token(cfg: LlamaConfig) -> int:
+    """GEMM floating-point operations of one computed (non-readout) token: the full projections of every layer but
+    the last, whose keys and values alone run at every token (its queries, output and MLP run at the readouts)."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, f = cfg.num_attention_heads * hd, 2 * cfg.num_key_value_heads * hd, cfg.intermediate_size
+    layer = d * (q + kv) + q * d + d * 2 * f + f * d  # qkv, o, gate/up, down: multiply-adds
+    return 2 * ((cfg.num_hidden_layers - 1) * layer + d * kv)
+
+
+def gemm_peak(cfg: LlamaConfig, rows: tuple[int, ...] = (512, 2048, 4096), reps: int = 5) -> float:
+    """The best f32 GEMM rate (FLOP/s) torch reaches here on the model's widest projection (gate/up), plain calls
+    with no row chunking, at the thread count a server uses (torch's default): a ceiling, not what basal runs."""
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    w, best = torch.randn(2 * f, d), 0.0
+    for m in rows:
+        x = torch.randn(m, d)
+        torch.nn.functional.linear(x, w)  # warm-up
+        for _ in range(reps):
+            started = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best = max(best, 2 * m * d * 2 * f / (time.perf_counter() - started))
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1000, help="labelled requests (default 1000)")
@@ -155,6 +184,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fit and certification alone: {fit_alone(model_dir, labelled, out):.2f} s")
         print(f"batch path vs online one by one: {seconds_online / run_s:.2f}x faster (run phase), "
               f"{seconds_online / command_s:.2f}x (whole command, model load included)")  # fmt: skip
+        flops, peak = gemm_flops_per_token(model.config), gemm_peak(model.config)
+        floor_s = batch_tokens * flops / peak
+        print(f"ceiling: {flops / 1e6:.1f} MFLOP of GEMMs a computed token, best f32 GEMM here {peak / 1e9:.0f} "
+              f"GFLOP/s "
+              f"({torch.get_num_threads()} threads); the batch path ran its GEMMs at "
+              f"{batch_tokens * flops / run_s / peak:.0%} of that, online at "
+              f"{online_tokens * flops / seconds_online / peak:.0%}; its {batch_tokens} tokens take at least "
+              f"{floor_s:.1f} s at the peak, so no batch path can be more than {seconds_online / floor_s:.2f}x "
+              f"faster than this online run")  # fmt: skip
         print(f"load after: {os.getloadavg()[0]:.1f}")
     return 0
 
