@@ -8,6 +8,7 @@ cannot start raises: a test that needs one fails, it is not skipped.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -59,12 +60,14 @@ class Browser:
             self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         self.events: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
+        self._connection = contextlib.ExitStack()  # websockets wants its connection entered, closed on exit
         try:
             port = self._port(profile / "DevToolsActivePort")
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
                 targets = json.load(r)
             page = next(t for t in targets if t["type"] == "page")
-            self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+            ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
+            self.ws = self._connection.enter_context(ws)
             self.call("Network.enable")
             self.call("Page.enable")
             self.call("Runtime.enable")
@@ -139,9 +142,7 @@ class Browser:
         path.write_bytes(base64.b64decode(data))
 
     def close(self) -> None:
-        ws = getattr(self, "ws", None)
-        if ws is not None:
-            ws.close()
+        self._connection.close()
         if self.process.poll() is None:
             self.process.terminate()
             try:
