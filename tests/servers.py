@@ -138,3 +138,15 @@ def running_server(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def replica_stats(handle, replicas: int = 2, tries: int = 40) -> dict[str, dict]:
+    """Each Ray Serve replica's `stats`, keyed by replica: the router spreads the calls, so ask until every one of
+    `replicas` has answered (a few extra calls cover them)."""
+    seen: dict[str, dict] = {}
+    for _ in range(tries):
+        stats = handle.stats.remote().result()
+        seen[stats["replica"]] = stats
+        if len(seen) == replicas:
+            break
+    return seen

@@ -26,7 +26,7 @@ from basal.benchsuite.workloads import state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from basal.serve.config import parse_config
-from tests.servers import live_server, make_engines
+from tests.servers import live_server, make_engines, replica_stats
 
 
 def workload(model: ModelDir, n: int, states: int, seed: int = 0) -> list[dict]:
@@ -90,14 +90,8 @@ def run_router(model_dir: Path, router: str, requests: list[dict], clients: int)
 
 
 def _totals(handle) -> dict[str, int]:
-    """Sum of the replicas' counters: ask each replica in turn until every one has answered (the router spreads
-    `stats` calls; a few extra calls cover both replicas)."""
-    seen: dict[str, dict] = {}
-    for _ in range(40):
-        stats = handle.stats.remote().result()
-        seen[stats["replica"]] = stats
-        if len(seen) == 2:
-            break
+    """Sum of the replicas' counters."""
+    seen = replica_stats(handle)
     return {k: sum(s[k] for s in seen.values()) for k in ("packed_tokens", "prompt_tokens")}
 
 

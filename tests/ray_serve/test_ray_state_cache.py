@@ -12,7 +12,7 @@ pytest.importorskip("ray")
 
 from basal.ray_serve.app import start
 from basal.serve.config import parse_config
-from tests.servers import live_server
+from tests.servers import live_server, replica_stats
 
 MODEL = "basal-synthetic-demo"
 STATES = [f"Zgłoszenie {i}: klient pisze, że paczka nr {i} dotarła uszkodzona i żąda zwrotu. " * 5 for i in range(24)]
@@ -25,15 +25,8 @@ def zipf_states(n: int, seed: int = 0) -> list[str]:
 
 
 def cache_counts(engines) -> dict[str, dict[str, int]]:
-    """Each replica's state cache lookups (the router spreads `stats` calls: ask until both answered)."""
-    handle = engines.handles[MODEL]
-    seen: dict[str, dict] = {}
-    for _ in range(40):
-        stats = handle.stats.remote().result()
-        seen[stats["replica"]] = stats
-        if len(seen) == 2:
-            break
-    return seen
+    """Each replica's state cache lookups."""
+    return replica_stats(engines.handles[MODEL])
 
 
 @pytest.mark.slow

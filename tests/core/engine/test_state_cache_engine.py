@@ -41,6 +41,16 @@ def _stub_pipeline(demo_model, mb: float) -> Pipeline:
     return Pipeline(demo_model, StubBackend(demo_model, uniform), state_cache_mb=mb)
 
 
+def _served(demo_model) -> tuple[Pipeline, Engines]:
+    """A torch pipeline with a 16 MiB state cache behind an engine whose metrics carry the cache's series."""
+    metrics = Metrics()
+    pipeline = Pipeline(demo_model, TorchBackend.load(demo_model), state_cache_mb=16)
+    engine = Engine(demo_model.name, pipeline, Gate(100.0), metrics, EngineSettings())
+    engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
+    metrics.add_collector(state_cache_series(engines))
+    return pipeline, engines
+
+
 def test_least_recently_used_goes_first_within_the_budget(demo_model):
     probe = _stub_pipeline(demo_model, 1)
     run_to_end(probe.letter_logits([_question(probe, STATES[0])]))
@@ -116,12 +126,7 @@ def test_a_pass_that_fails_inside_a_state_leaves_no_entry(demo_model):
 
 
 def test_usage_cost_and_metrics(demo_model):
-    backend = TorchBackend.load(demo_model)
-    metrics = Metrics()
-    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
-    engine = Engine(demo_model.name, pipeline, Gate(100.0), metrics, EngineSettings())
-    engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
-    metrics.add_collector(state_cache_series(engines))
+    pipeline, engines = _served(demo_model)
     body = {"state": STATES[1], "questions": {"refund": {"type": "noul", "instructions": "Czy zwrot?"}}}
     other = {**body, "questions": {"fast": {"type": "noul", "instructions": "Czy szybko?"}}}
     cold = pipeline.cost([_question(pipeline, STATES[1])])
@@ -185,12 +190,8 @@ def test_a_scope_reads_only_its_own_entries(demo_model):
 def test_evidence_hits_count_in_usage_cost_and_metrics(demo_model):
     """An evidence request on a state whose entry keeps hidden states is a hit like any other: its usage, its cost
     and the counters say so; one on an entry without them computes its state and counts a miss."""
-    backend = TorchBackend.load(demo_model)
-    metrics = Metrics()
-    pipeline = Pipeline(demo_model, backend, state_cache_mb=16)
-    engine = Engine(demo_model.name, pipeline, Gate(100.0), metrics, EngineSettings())
-    engines = Engines({demo_model.name: engine}, demo_model.name, metrics)
-    metrics.add_collector(state_cache_series(engines))
+    pipeline, engines = _served(demo_model)
+    backend = pipeline.backend
 
     def body(question: str, evidence: bool = True) -> dict:
         return {
