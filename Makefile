@@ -53,7 +53,7 @@ gpu-wheels:
 # `basal serve` from the carried wheels, as on the device), the kernels under the interpreter and the host-side
 # tests. Not in `make test`: PyPI's torch 2.11 is a CUDA build (about 4.7 GB with its libraries). IMAGE_ALSO: what
 # the image has that basal serve uses (unpinned: the image's versions are not all known); pytest and msgspec are
-# for the test suite's conftest (the dry run refuses msgspec).
+# for the test suite's conftest (the dry run refuses msgspec), hypothesis for the host-side property tests.
 IMAGE_PYTHON ?= python3.12
 IMAGE_VENV   ?= .venv-image
 IMAGE_ALSO   := anyio click httpx multidict rich h11 uvloop
@@ -63,7 +63,7 @@ gpu-image-check: gpu-wheels
 		|| { echo "gpu-image-check needs the image's Python 3.12: make gpu-image-check IMAGE_PYTHON=/path/to/python3.12" \
 		"(pyenv: IMAGE_PYTHON=\$$(pyenv root)/versions/3.12.1/bin/python)"; exit 2; }
 	test -x $(IMAGE_VENV)/bin/python || $(IMAGE_PYTHON) -m venv $(IMAGE_VENV)
-	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec
+	$(IMAGE_VENV)/bin/python -m pip install -q -r tests/gpu/image-versions.txt $(IMAGE_ALSO) pytest msgspec hypothesis
 	rm -rf $(IMAGE_SITE) $(IMAGE_VENV)/dry-run
 	$(IMAGE_VENV)/bin/python -m pip install -q --no-index --no-deps --no-compile --target $(IMAGE_SITE) .whl/*.whl
 	PYTHONPATH=$(CURDIR):$(IMAGE_SITE) $(IMAGE_VENV)/bin/python tests/gpu/image_guard.py bench/checks/gpu_check.py \

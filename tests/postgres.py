@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port
+from tests.ports import free_port
 
 KINDS = ("sqlite", "postgresql")
 USER = "nobody"  # who runs the server when the tests run as root

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from basal.core.engine.gate import Gate
 from basal.core.engine.metrics import Metrics
 from basal.core.engine.pipeline import Pipeline
 from basal.core.model.model_dir import ModelDir
+from tests.ports import free_port
 from tests.stub_backend import FakeBackend
 
 
@@ -92,12 +92,6 @@ def make_engines(
     metrics, gate = Metrics(max_inflight), Gate(slice_ms)
     engine = Engine(model.name, Pipeline(model, backend), gate, metrics, EngineSettings(**settings))
     return Engines({model.name: engine}, model.name, metrics, max_inflight)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -16,7 +16,8 @@ import pytest
 from basal.cli import build_parser, main
 from basal.serve.flags import serve_config
 from basal.serve.server import build_engines
-from tests.servers import free_port, live_server
+from tests.ports import free_port
+from tests.servers import live_server
 
 REPO = "basal-test/basal-demo"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

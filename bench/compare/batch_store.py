@@ -43,8 +43,9 @@ from basal.batch.store import open_store
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench.lab.http_speed import healthy
+from tests.ports import free_port
 from tests.postgres import Postgres, binaries
-from tests.servers import free_port, live_server, make_engines
+from tests.servers import live_server, make_engines
 
 
 def lines_of(n: int, per_state: int) -> list[dict]:

@@ -34,7 +34,7 @@ from basal.backends.cuda.cpu.gemm_chunks import _cpu_model
 from basal.benchsuite.workloads import questions, state_of_tokens
 from bench.lab.cpu_speed import cpu_flags
 from bench.lab.http_speed import healthy
-from tests.servers import free_port
+from tests.ports import free_port
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from bench import report
 from bench.lab.http_speed import healthy
-from tests.servers import free_port
+from tests.ports import free_port
 
 PER_STATE = 10  # questions per state in the batch, one line each (a ticket-scoring job)
 

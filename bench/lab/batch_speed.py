@@ -36,7 +36,7 @@ from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench.lab.http_speed import healthy, percentile
-from tests.servers import free_port
+from tests.ports import free_port
 
 
 def start(model_dir: Path, store: Path) -> tuple[subprocess.Popen, str]:

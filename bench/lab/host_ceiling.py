@@ -25,7 +25,7 @@ from pathlib import Path
 from basal.core.engine.memory import freeze_startup_heap
 from bench.checks.serve_check import SERVE_BODY
 from bench.lab.http_speed import healthy, in_process, over_http
-from tests.servers import free_port
+from tests.ports import free_port
 
 ONE_QUESTION = {**SERVE_BODY, "questions": {"urgent": SERVE_BODY["questions"]["urgent"]}}
 REQUESTS = {"README request (noul + choice)": SERVE_BODY, "one yes/no question": ONE_QUESTION}

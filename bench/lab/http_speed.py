@@ -34,7 +34,8 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from basal.core.request.dialects import parse_systemone
 from bench.compare.tree_speed import MIX
-from tests.servers import free_port, make_engines
+from tests.ports import free_port
+from tests.servers import make_engines
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -29,7 +29,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench.lab.http_speed import healthy, over_http
 from bench.lab.otlp_sink import Sink
-from tests.servers import free_port
+from tests.ports import free_port
 
 
 def micro(n: int = 20000) -> dict[str, float]:

@@ -16,7 +16,8 @@ import pytest
 
 from basal.api.app import create_app
 from basal.api.http.listener import DrainingServer, server_config
-from tests.servers import free_port, make_engines
+from tests.ports import free_port
+from tests.servers import make_engines
 
 BODY = {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
 

@@ -15,7 +15,8 @@ import basal.serve.server
 from basal.api.settings import ApiSettings
 from basal.core.errors import ModelDirError
 from basal.serve.config import parse_config
-from tests.servers import free_port, make_engines, running_server
+from tests.ports import free_port
+from tests.servers import make_engines, running_server
 
 BODY = {"model": "jev-latest", "state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}}
 

@@ -16,7 +16,8 @@ from basal.api.app import create_app
 from basal.api.settings import ApiSettings
 from basal.core.engine.metrics import Metrics
 from tests.api.test_http import REQUEST, post
-from tests.servers import free_port, live_server, make_engines
+from tests.ports import free_port
+from tests.servers import live_server, make_engines
 
 # (kind, labels) of every series basal-rs exports (its metrics.rs): one dashboard serves both engines
 PINNED = {

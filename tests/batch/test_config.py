@@ -55,7 +55,7 @@ def test_the_database_key_and_its_environment_variable(tmp_path, monkeypatch):
 def test_an_unreachable_database_is_a_clear_error_without_its_password(tmp_path):
     pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'basal-bitwise[postgres]'")
     from basal.batch.store import StoreError
-    from tests.servers import free_port
+    from tests.ports import free_port
 
     url = f"postgresql://basal:s3cret@127.0.0.1:{free_port()}/basal"
     with pytest.raises(StoreError, match="cannot use the batch database at postgresql://basal:\\*\\*\\*@") as e:

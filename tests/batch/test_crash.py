@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from basal_client import BasalClient
 
-from tests.servers import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = 3000  # enough that the batch cannot finish between two looks at the store (about 10 s of the demo model)

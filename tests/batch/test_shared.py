@@ -16,7 +16,7 @@ import pytest
 from basal_client import BasalClient
 
 from tests.batch.test_crash import start, wait_ready
-from tests.servers import free_port
+from tests.ports import free_port
 
 LEASE_S = 2  # a killed server's chunks go to the other this soon
 

@@ -220,7 +220,7 @@ def test_sighup_reloads_basal_serve(calibrated, tmp_path) -> None:
     import sys
     import time
 
-    from tests.servers import free_port
+    from tests.ports import free_port
 
     model_path, doc = calibrated
     mine = tmp_path / "mine.json"

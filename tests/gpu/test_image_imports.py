@@ -56,6 +56,25 @@ def test_the_guard_refuses_what_the_image_lacks(tmp_path):
     assert "No module named 'msgspec' on the GPU machine's image" in done.stderr
 
 
+def test_the_suites_conftest_and_plugins_load_with_the_images_imports():
+    """`make gpu-image-check` runs the GPU tests in a venv of the image's versions plus pytest and msgspec: the
+    conftest and every plugin it registers must load there (a plugin that reaches Litestar stops that whole run)."""
+    code = (
+        "import importlib, sys\n"
+        "from tests.gpu.image_guard import IMAGE_LACKS, SUITE_ADDS, RefuseMissing\n"
+        "sys.meta_path.insert(0, RefuseMissing(IMAGE_LACKS - SUITE_ADDS))\n"
+        "import tests.conftest\n"
+        "for plugin in tests.conftest.pytest_plugins:\n"
+        "    importlib.import_module(plugin)\n"
+        "print('loaded')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
+
+
 def image_versions() -> dict[str, str | None]:
     """tests/gpu/image-versions.txt as {import name: pinned version or None}."""
     pins: dict[str, str | None] = {}
