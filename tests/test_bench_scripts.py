@@ -359,3 +359,22 @@ def test_calibrate_speed_ceiling_counts_the_gemm_work_a_forward_does(demo_model,
     d, f, q = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim
     at_readouts = 2 * (d * q + q * d + d * 2 * f + f * d + d * len(LETTERS))  # last layer's rest, letter logits
     assert counted[0] == stats.packed_tokens * gemm_flops_per_token(cfg) + readouts * at_readouts
+
+
+def test_metric_total_sums_a_sample_over_the_label_sets_it_admits():
+    from bench.lab.http_speed import metric_total
+
+    text = (
+        "# TYPE basal_batch_requests histogram\n"
+        'basal_batch_requests_sum{lane="main"} 5.0\n'
+        'basal_batch_requests_sum{lane="long"} 7.0\n'
+        'basal_batch_requests_sum{lane="background"} 11.0\n'
+        'basal_batch_requests_count{lane="long"} 2.0\n'
+        "# TYPE basal_packed_tokens counter\n"
+        'basal_packed_tokens_total{model="a"} 3.0\n'
+        'basal_packed_tokens_total{model="b"} 4.0\n'
+    )
+    assert metric_total(text, "basal_packed_tokens_total") == 7.0
+    assert metric_total(text, "basal_batch_requests_sum") == 23.0
+    assert metric_total(text, "basal_batch_requests_sum", lambda labels: labels["lane"] != "main") == 18.0
+    assert metric_total(text, "basal_state_cache_hits_total") == metric_total("", "basal_packed_tokens_total") == 0

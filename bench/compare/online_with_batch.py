@@ -37,7 +37,7 @@ from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import demo_model
 from bench import report
-from bench.lab.http_speed import healthy
+from bench.lab.http_speed import healthy, metric_total
 from tests.ports import free_port
 
 PER_STATE = 10  # questions per state in the batch, one line each (a ticket-scoring job)
@@ -84,12 +84,12 @@ def online(client: httpx.Client, bodies: list[dict]) -> list[tuple[float, float,
 def batch_passes(client: httpx.Client) -> tuple[float, float]:
     """(requests, passes) of the background lanes so far, from `/metrics` (the server's `--metrics`); zeros without."""
     r = client.get("/metrics")
-    total = [0.0, 0.0]
-    for line in r.text.splitlines() if r.status_code == 200 else []:
-        for i, name in enumerate(("basal_batch_requests_sum{", "basal_batch_requests_count{")):
-            if line.startswith(name) and ('lane="long"' in line or 'lane="background"' in line):
-                total[i] += float(line.rsplit(" ", 1)[1])
-    return total[0], total[1]
+    text = r.text if r.status_code == 200 else ""
+
+    def background(labels: dict[str, str]) -> bool:
+        return labels.get("lane") in ("long", "background")
+
+    return tuple(metric_total(text, f"basal_batch_requests_{part}", background) for part in ("sum", "count"))
 
 
 def per_pass(a: tuple[float, float], b: tuple[float, float]) -> float:

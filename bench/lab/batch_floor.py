@@ -29,12 +29,8 @@ PER_STATE, WINDOW = 10, 256
 GATE_COUNTERS = ("long_seconds", "host_seconds", "main_seconds_over_long", "floor_turns", "preemptions")
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-
-
 async def phases(requests: int, lines: int, alone_s: float) -> dict:
+    from basal.benchsuite.report import pct
     from basal.benchsuite.workloads import questions, state_of_tokens
     from basal.core.model.synth import demo_model
     from basal.core.request.dialects import parse_basal
@@ -103,8 +99,8 @@ async def phases(requests: int, lines: int, alone_s: float) -> dict:
     engines.close(drain=False, timeout=10)
     batch_alone, beside = delta(a, b, d1 - d0), delta(b, c, d2 - d1, requests)
     return {
-        "online_alone_ms": [round(pct(alone_ms, 0.5), 1), round(pct(alone_ms, 0.99), 1)],
-        "online_beside_ms": [round(pct(beside_ms, 0.5), 1), round(pct(beside_ms, 0.99), 1)],
+        "online_alone_ms": [round(pct(alone_ms, 50), 1), round(pct(alone_ms, 99), 1)],
+        "online_beside_ms": [round(pct(beside_ms, 50), 1), round(pct(beside_ms, 99), 1)],
         "lines_per_s_alone": round(batch_alone["lines"] / batch_alone["seconds"], 1),
         "lines_per_s_beside": round(beside["lines"] / beside["seconds"], 1),
         "gate_batch_alone": batch_alone,

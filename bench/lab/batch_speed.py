@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,10 +31,11 @@ from pathlib import Path
 import httpx
 from basal_client import BasalClient
 
+from basal.benchsuite.report import pct
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
-from bench.lab.http_speed import healthy, percentile
+from bench.lab.http_speed import healthy, metric_total
 from tests.ports import free_port
 
 
@@ -51,8 +51,8 @@ def start(model_dir: Path, store: Path) -> tuple[subprocess.Popen, str]:
 
 
 def counter(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return sum(float(m) for m in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE))
+    """A counter of the server's, summed over its labels."""
+    return metric_total(httpx.get(f"{url}/metrics").text, name)
 
 
 def workload(model: ModelDir, states: int, per_state: int, state_tokens: int) -> list[dict]:
@@ -134,10 +134,10 @@ def run_model(name: str, path: Path, a: argparse.Namespace, tmp: Path) -> dict:
         "packed_over_prompt_tokens": packed / prompt if prompt else None,
         "one_by_one_packed_over_prompt_tokens": single_packed / single_prompt if single_prompt else None,
         "probe_requests_during_batch": len(busy),
-        "online_idle_p50_ms": percentile(idle, 50) * 1000,
-        "online_idle_p99_ms": percentile(idle, 99) * 1000,
-        "online_busy_p50_ms": percentile(busy, 50) * 1000 if busy else None,
-        "online_busy_p99_ms": percentile(busy, 99) * 1000 if busy else None,
+        "online_idle_p50_ms": pct(idle, 50) * 1000,
+        "online_idle_p99_ms": pct(idle, 99) * 1000,
+        "online_busy_p50_ms": pct(busy, 50) * 1000 if busy else None,
+        "online_busy_p99_ms": pct(busy, 99) * 1000 if busy else None,
     }
     print(json.dumps(row), flush=True)
     return row

@@ -38,6 +38,7 @@ from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
 from bench import report
 from bench.compare.online_with_batch import start
+from bench.lab.http_speed import metric_total
 from bench.lab.state_cache_mixed import mixed_bodies, workload_args
 
 WAYS = {  # `basal serve` flags per way: both caches off, one of them on, the defaults (both on)
@@ -58,11 +59,7 @@ def comparable(body: bytes) -> bytes:
 def state_cache_counts(client: httpx.Client) -> dict[str, float]:
     """The server's `basal_state_cache_*_total` counters, summed over models (a missing series reads 0)."""
     text = client.get("/metrics").text
-    counts = dict.fromkeys(SERIES, 0.0)
-    for name in SERIES:
-        for m in re.finditer(rf"^basal_state_cache_{name}_total(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M):
-            counts[name] += float(m.group(1))
-    return counts
+    return {name: metric_total(text, f"basal_state_cache_{name}_total") for name in SERIES}
 
 
 async def drive(url: str, bodies: list[bytes], clients: int) -> tuple[list[tuple[int, bytes, str]], float]:

@@ -41,6 +41,7 @@ from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import LlamaConfig, ModelDir
 from basal.core.model.synth import synth_model
 from bench.compare.online_with_batch import start
+from bench.lab.http_speed import metric_total
 
 
 def labelled_file(model: ModelDir, path: Path, requests: int, states: int, per: int, tokens: int) -> Path:
@@ -68,7 +69,7 @@ def labelled_file(model: ModelDir, path: Path, requests: int, states: int, per: 
 def computed_tokens(client: httpx.Client, url: str) -> int:
     """The server's tokens computed so far (`basal_packed_tokens_total`, every model and lane)."""
     text = client.get(f"{url}/metrics").raise_for_status().text
-    return int(sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("basal_packed_tokens_total")))
+    return int(metric_total(text, "basal_packed_tokens_total"))
 
 
 def online(model_dir: Path, labelled: Path) -> tuple[float, int, int]:

@@ -24,11 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from basal.benchsuite.report import pct
 from basal.benchsuite.workloads import questions, state_of_tokens
 from basal.core.model.model_dir import ModelDir
 from basal.core.model.synth import synth_model
@@ -38,20 +41,15 @@ from tests.ports import free_port
 from tests.servers import make_engines
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
-
-
 def summary(latencies: list[float], wall: float, outside: list[float]) -> dict[str, float]:
     """`outside`: each request's time outside its batch (total - x-basal-queue-ms - x-basal-compute-ms)."""
     return {
-        "outside_p50_ms": percentile(outside, 50) * 1000,
+        "outside_p50_ms": pct(outside, 50) * 1000,
         "requests": len(latencies),
         "rps": len(latencies) / wall,
-        "p50_ms": percentile(latencies, 50) * 1000,
-        "p90_ms": percentile(latencies, 90) * 1000,
-        "p99_ms": percentile(latencies, 99) * 1000,
+        "p50_ms": pct(latencies, 50) * 1000,
+        "p90_ms": pct(latencies, 90) * 1000,
+        "p99_ms": pct(latencies, 99) * 1000,
         "max_ms": max(latencies) * 1000,
     }
 
@@ -103,8 +101,8 @@ def over_http(url: str, body: dict, clients: int, per_client: int) -> dict[str, 
     result = summary([r[0] for r in rows], time.perf_counter() - t0, [r[1] for r in rows])
     server = [r[2] for r in rows]  # the server's own time per request (x-basal-total-ms), without the client's
     return result | {
-        "server_p50_ms": percentile(server, 50),
-        "server_p99_ms": percentile(server, 99),
+        "server_p50_ms": pct(server, 50),
+        "server_p99_ms": pct(server, 99),
         "server_max_ms": max(server),
     }
 
@@ -139,6 +137,16 @@ def start_server(model_dir: Path) -> tuple[subprocess.Popen, str]:
     )
     url = f"http://127.0.0.1:{port}"
     return proc, healthy(proc, url)
+
+
+def metric_total(text: str, name: str, where: Callable[[dict[str, str]], bool] = lambda labels: True) -> float:
+    """A sample of a server's /metrics text summed over its label sets (those `where` admits); 0 where it has none."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and where(sample.labels)
+    )
 
 
 def healthy(proc: subprocess.Popen, url: str, timeout_s: float = 60.0) -> str:

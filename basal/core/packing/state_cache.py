@@ -225,15 +225,10 @@ class StateCache:
         another packing fills it: it computes its state, and its forward's hidden states are kept if the entry is
         computed by then)."""
         with self._lock:
-            entry = self._entries.get((scope, lang, ids))
-            if entry is not None:
-                self._entries.move_to_end((scope, lang, ids))
-                if entry.ready and entry.hidden is not None:
-                    self.counts.hits += first
-                    return entry, "hit", entry, entry.hidden
-            else:
-                entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
-                self._entries[(scope, lang, ids)] = entry
+            entry = self._touch(scope, lang, ids)
+            if entry.ready and entry.hidden is not None:
+                self.counts.hits += first
+                return entry, "hit", entry, entry.hidden
             if entry.ready or (entry.filler is not None and entry.filler is not packing):
                 self.counts.misses += first
                 return entry, "compute", None, None
@@ -253,15 +248,10 @@ class StateCache:
         in this packing (the counts count states)."""
         template = len(self.templates[lang])
         with self._lock:
-            entry = self._entries.get((scope, lang, ids))
-            if entry is not None:
-                self._entries.move_to_end((scope, lang, ids))
-                if entry.ready:
-                    self.counts.hits += first
-                    return entry, len(ids) - template
-            else:
-                entry = Entry(f"state-{next(self._names)}", lang, ids, scope)
-                self._entries[(scope, lang, ids)] = entry
+            entry = self._touch(scope, lang, ids)
+            if entry.ready:
+                self.counts.hits += first
+                return entry, len(ids) - template
             if entry.filler is None:
                 entry.filler = packing
                 entry.base = self._longest_base(scope, lang, ids)
@@ -270,6 +260,16 @@ class StateCache:
                 return entry, len(entry.base.ids) - template
             self.counts.misses += first
             return entry, 0
+
+    def _touch(self, scope: str, lang: str, ids: tuple[int, ...]) -> Entry:
+        """The entry of a state, now the most recently used; a new one (not computed, nobody fills it) where there
+        is none. The caller holds the lock."""
+        entry = self._entries.get((scope, lang, ids))
+        if entry is None:
+            entry = self._entries[(scope, lang, ids)] = Entry(f"state-{next(self._names)}", lang, ids, scope)
+        else:
+            self._entries.move_to_end((scope, lang, ids))
+        return entry
 
     def _longest_base(self, scope: str, lang: str, ids: tuple[int, ...]) -> Entry | None:
         best = None
